@@ -1,0 +1,76 @@
+"""Failure classes shared by every layer (stdlib only, safe on the workflow side).
+
+DESIGN §3: BadConfig / BadData are non-retryable and name the field or file plus the fix;
+HardwareFault / StorageUnavailable are retryable; Diverged goes back to the workflow.
+The class name is the Temporal ApplicationError type, so retry policies match on it.
+"""
+
+from __future__ import annotations
+
+
+class MainspringError(Exception):
+    """Base class; subclasses keep their values as attributes."""
+
+    retryable = True
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    @property
+    def kind(self) -> str:
+        return type(self).__name__
+
+
+class BadConfig(MainspringError):
+    """A run spec field is wrong. `field` is a dotted path such as `train.total_steps`."""
+
+    retryable = False
+
+    def __init__(self, field: str, problem: str, fix: str = "") -> None:
+        self.field, self.problem, self.fix = field, problem, fix
+        text = f"{field}: {problem}"
+        super().__init__(f"{text}. Fix: {fix}" if fix else text)
+
+
+class BadData(MainspringError):
+    """An input file or shard cannot be used. `path` names it."""
+
+    retryable = False
+
+    def __init__(self, path: str, problem: str, fix: str = "") -> None:
+        self.path, self.problem, self.fix = path, problem, fix
+        text = f"{path}: {problem}"
+        super().__init__(f"{text}. Fix: {fix}" if fix else text)
+
+
+class StorageUnavailable(MainspringError):
+    """The durable tier cannot be reached; retry with backoff."""
+
+    def __init__(self, url: str, cause: str) -> None:
+        self.url, self.cause = url, cause
+        super().__init__(f"storage unavailable at {url}: {cause}")
+
+
+class HardwareFault(MainspringError):
+    """A trainer process died, hung or lost a rank; retry from the last durable commit."""
+
+    def __init__(self, evidence: str, exit_code: int | None = None) -> None:
+        self.evidence, self.exit_code = evidence, exit_code
+        super().__init__(f"hardware fault: {evidence}")
+
+
+class Diverged(MainspringError):
+    """The loss-spike budget is exhausted; the workflow decides what happens next."""
+
+    retryable = False
+
+    def __init__(self, step: int, reason: str) -> None:
+        self.step, self.reason = step, reason
+        super().__init__(f"diverged at step {step}: {reason}")
+
+
+ERROR_TYPES: dict[str, type[MainspringError]] = {
+    c.__name__: c for c in (BadConfig, BadData, StorageUnavailable, HardwareFault, Diverged)
+}
+NON_RETRYABLE = tuple(name for name, c in ERROR_TYPES.items() if not c.retryable)

@@ -1,0 +1,369 @@
+"""RunSpec: the one root config of a run (DESIGN §9). Stdlib only — the workflow imports it.
+
+Every section is a frozen, kw-only dataclass that validates itself in `__post_init__`
+and raises `BadConfig` naming the dotted field and the fix. `RunSpec.from_dict` is the
+only way JSON/TOML becomes a spec: it rejects unknown fields and wrong types by name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+from ops.errors import BadConfig
+
+RUN_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+
+
+def _require(ok: bool, name: str, problem: str, fix: str) -> None:
+    if not ok:
+        raise BadConfig(name, problem, fix)
+
+
+def _positive(obj: Any, *names: str) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        _require(value > 0, name, f"must be > 0, got {value!r}", f"set {name} to a positive number")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CleaningConfig:
+    """Per-document filters applied before dedup (counted in the dataset manifest)."""
+
+    normalize: str = "NFC"  # Unicode normal form applied to every document
+    min_chars: int = 64  # documents shorter than this are dropped
+    max_chars: int = 200_000  # documents longer than this are dropped
+
+    def __post_init__(self) -> None:
+        _require(self.normalize in ("NFC", "NFKC", "none"), "normalize",
+                 f"unknown form {self.normalize!r}", "use NFC, NFKC or none")
+        _positive(self, "min_chars", "max_chars")
+        _require(self.max_chars >= self.min_chars, "max_chars", "is below min_chars",
+                 "raise max_chars or lower min_chars")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DedupConfig:
+    exact: bool = True  # drop documents whose normalised text hash was already seen
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenizerConfig:
+    vocab_size: int = 2048  # byte-level BPE trained on the cleaned corpus
+    path: str = ""  # an existing tokenizer.json (fsspec URL) instead of training one
+
+    def __post_init__(self) -> None:
+        _require(257 <= self.vocab_size <= 1 << 20, "vocab_size",
+                 f"must be in [257, 1048576], got {self.vocab_size}",
+                 "byte-level BPE needs at least 256 byte tokens plus specials")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    """Where the corpus is and how it becomes token shards."""
+
+    # fsspec URL or glob; `stdlib:<glob>` means this Python's standard library sources.
+    corpus: str = "stdlib:*.py"
+    format: str = "auto"  # auto (by extension) | txt | jsonl
+    text_field: str = "text"  # the text key of .jsonl records
+    max_documents: int = 0  # 0 = all; otherwise the first N documents in path order
+    cleaning: CleaningConfig = field(default_factory=CleaningConfig)
+    dedup: DedupConfig = field(default_factory=DedupConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    shard_tokens: int = 1 << 20  # tokens per shard file
+    val_fraction: float = 0.05  # share of documents (by hash) held out for validation
+
+    def __post_init__(self) -> None:
+        _require(bool(self.corpus.strip()), "corpus", "is empty",
+                 "point it at a file, directory glob or fsspec URL of .txt/.jsonl files")
+        _require(self.format in ("auto", "txt", "jsonl"), "format",
+                 f"unknown format {self.format!r}", "use auto, txt or jsonl")
+        _require(self.max_documents >= 0, "max_documents", "must be >= 0", "use 0 for all")
+        _positive(self, "shard_tokens")
+        _require(0.0 < self.val_fraction < 0.5, "val_fraction",
+                 f"must be in (0, 0.5), got {self.val_fraction}", "use e.g. 0.05")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """Llama-style decoder; vocab size comes from the dataset's tokenizer."""
+
+    d_model: int = 128
+    n_layers: int = 4
+    n_heads: int = 4
+    n_kv_heads: int = 4
+    ffn_mult: float = 4.0  # SwiGLU hidden = ffn_mult * d_model * 2/3, rounded up to 64
+    seq_len: int = 128
+    tie_embeddings: bool = True
+    attention: str = "auto"  # auto | flash | sdpa
+    activation_checkpointing: bool = False
+
+    def __post_init__(self) -> None:
+        _positive(self, "d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_mult", "seq_len")
+        _require(self.d_model % self.n_heads == 0, "d_model",
+                 f"{self.d_model} is not divisible by n_heads={self.n_heads}",
+                 "choose d_model as a multiple of n_heads")
+        _require(self.n_heads % self.n_kv_heads == 0, "n_kv_heads",
+                 f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}",
+                 "choose n_kv_heads dividing n_heads")
+        _require((self.d_model // self.n_heads) % 2 == 0, "d_model",
+                 "head dimension must be even for RoPE", "make d_model / n_heads even")
+        _require(self.attention in ("auto", "flash", "sdpa"), "attention",
+                 f"unknown attention {self.attention!r}", "use auto, flash or sdpa")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    total_steps: int = 200
+    segment_steps: int = 100  # steps per train_segment activity
+    segments_per_run: int = 4  # continue-as-new after this many segments (history bound)
+    micro_batch_tokens: int = 1024  # tokens per rank per micro-batch (multiple of seq_len)
+    grad_accum: int = 1
+    lr: float = 3e-3
+    min_lr: float = 3e-4
+    warmup_steps: int = 20
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    precision: str = "fp32"  # fp32 | bf16 | fp16
+    zero_stage: int = 0
+    nodes: int = 1
+    procs_per_node: int = 1
+    checkpoint_every: int = 25
+    eval_batches: int = 8  # validation micro-batches per evaluation
+
+    def __post_init__(self) -> None:
+        _positive(self, "total_steps", "segment_steps", "segments_per_run", "micro_batch_tokens",
+                  "grad_accum", "lr", "checkpoint_every", "nodes", "procs_per_node",
+                  "eval_batches", "eps")
+        _require(0 <= self.min_lr <= self.lr, "min_lr", "must be in [0, lr]", "lower min_lr")
+        _require(0 <= self.warmup_steps < self.total_steps, "warmup_steps",
+                 "must be in [0, total_steps)", "lower warmup_steps")
+        _require(self.precision in ("fp32", "bf16", "fp16"), "precision",
+                 f"unknown precision {self.precision!r}", "use fp32, bf16 or fp16")
+        _require(self.zero_stage in (0, 1, 2, 3), "zero_stage",
+                 f"must be 0..3, got {self.zero_stage}", "use a ZeRO stage between 0 and 3")
+        _require(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "betas",
+                 f"must be two numbers in [0, 1), got {self.betas}", "use e.g. [0.9, 0.95]")
+        _require(self.grad_clip >= 0, "grad_clip", "must be >= 0", "use 0 to disable")
+        _require(self.weight_decay >= 0, "weight_decay", "must be >= 0", "use e.g. 0.1")
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.procs_per_node
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchDim:
+    low: float
+    high: float
+    log: bool = True
+
+    def __post_init__(self) -> None:
+        _require(self.low < self.high, "low", "must be below high", "swap low and high")
+        _require(not self.log or self.low > 0, "low", "log scale needs low > 0",
+                 "use a positive low or log=false")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SweepConfig:
+    """Warm-up sweep: short trials over `space`, best held-out loss wins."""
+
+    enabled: bool = True
+    space: dict[str, SearchDim] = field(
+        default_factory=lambda: {"lr": SearchDim(low=1e-3, high=1e-2, log=True)})
+    trials: int = 2
+    parallel: int = 1
+    trial_steps: int = 30
+
+    def __post_init__(self) -> None:
+        _positive(self, "trials", "parallel", "trial_steps")
+        _require(set(self.space) <= {"lr", "weight_decay", "warmup_steps"}, "space",
+                 f"unknown parameter(s) {sorted(set(self.space) - {'lr', 'weight_decay', 'warmup_steps'})}",
+                 "sweep lr, weight_decay or warmup_steps")
+        _require(not self.enabled or self.trials >= 2, "trials", "a sweep needs >= 2 trials",
+                 "raise trials or set enabled=false")
+
+
+@dataclass(frozen=True, kw_only=True)
+class StorageConfig:
+    durable: str = ".mainspring/store"  # fsspec URL (file://, s3://, memory://) or a local path
+    fast: str = ".mainspring/fast"  # local path of the fast tier
+    keep_last: int = 0  # 0 = keep every committed checkpoint
+
+    def __post_init__(self) -> None:
+        _require(bool(self.durable), "durable", "is empty", "give a path or s3://bucket/prefix")
+        _require(self.keep_last >= 0, "keep_last", "must be >= 0", "use 0 to keep all")
+
+
+FAULT_KINDS = ("kill_worker",)
+
+
+@dataclass(frozen=True, kw_only=True)
+class FaultSpec:
+    """An injected fault (tests and demo only)."""
+
+    kind: str
+    at_step: int
+    attempt: int = 1  # fires only on this activity attempt, so the retry recovers
+
+    def __post_init__(self) -> None:
+        _require(self.kind in FAULT_KINDS, "kind", f"unknown fault {self.kind!r}",
+                 f"use one of {', '.join(FAULT_KINDS)}")
+        _require(self.at_step > 0, "at_step", "must be > 0", "inject after step 0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class OpsConfig:
+    heartbeat_timeout_s: float = 30.0
+    hang_timeout_s: float = 600.0  # no progress for this long = hung trainer
+    segment_budget_s: float = 7 * 24 * 3600.0  # schedule-to-close across all retries
+    otlp_endpoint: str = ""
+    metrics_port: int = 0
+
+    def __post_init__(self) -> None:
+        _positive(self, "heartbeat_timeout_s", "hang_timeout_s", "segment_budget_s")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSpec:
+    run_id: str
+    seed: int = 1234
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
+    storage: StorageConfig = field(default_factory=StorageConfig)
+    faults: tuple[FaultSpec, ...] = ()
+    ops: OpsConfig = field(default_factory=OpsConfig)
+
+    def __post_init__(self) -> None:
+        _require(bool(RUN_ID_RE.match(self.run_id)), "run_id",
+                 f"{self.run_id!r} is not a valid run id",
+                 "use lowercase letters, digits and '-', starting with a letter or digit, "
+                 "at most 63 characters")
+        t, m = self.train, self.model
+        _require(t.micro_batch_tokens % m.seq_len == 0, "train.micro_batch_tokens",
+                 f"{t.micro_batch_tokens} is not a multiple of model.seq_len={m.seq_len}",
+                 "make micro_batch_tokens a multiple of seq_len")
+        _require(t.checkpoint_every <= t.segment_steps, "train.checkpoint_every",
+                 "is longer than a segment", "make checkpoint_every <= segment_steps")
+
+    # ---- (de)serialisation -------------------------------------------------
+    @classmethod
+    def from_dict(cls, raw: Any) -> "RunSpec":
+        return _build(cls, raw, "")
+
+    def to_dict(self) -> dict[str, Any]:
+        return json.loads(json.dumps(dataclasses.asdict(self)))
+
+    def spec_hash(self) -> str:
+        blob = json.dumps(self.to_dict(), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    def replace(self, **sections: Any) -> "RunSpec":
+        """Override fields by dotted name: spec.replace(**{"train.lr": 1e-3})."""
+        return RunSpec.from_dict(deep_merge(self.to_dict(), dotted_to_nested(sections)))
+
+
+def dotted_to_nested(flat: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in flat.items():
+        node = out
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return out
+
+
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict) and key != "space":
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _build(tp: Any, raw: Any, path: str) -> Any:
+    """Turn JSON-ish `raw` into type `tp`, naming `path` in every error."""
+    name = path or "spec"
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(raw, dict):
+            raise BadConfig(name, f"expected an object, got {type(raw).__name__}",
+                            "write it as a JSON object")
+        hints = typing.get_type_hints(tp)
+        known = {f.name for f in dataclasses.fields(tp) if f.init}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise BadConfig(f"{path + '.' if path else ''}{unknown[0]}", "unknown field",
+                            f"remove it; known fields here: {', '.join(sorted(known))}")
+        kwargs = {k: _build(hints[k], v, f"{path + '.' if path else ''}{k}")
+                  for k, v in raw.items()}
+        try:
+            return tp(**kwargs)
+        except BadConfig as exc:  # the section's own check: prefix its field with the path
+            full = f"{path + '.' if path else ''}{exc.field}"
+            raise BadConfig(full, exc.problem, exc.fix) from None
+        except TypeError as exc:  # a required field is missing
+            raise BadConfig(name, str(exc), "add the missing field") from None
+    if origin is tuple:
+        args = typing.get_args(tp)
+        if not isinstance(raw, (list, tuple)):
+            raise BadConfig(name, f"expected a list, got {type(raw).__name__}", "write a JSON list")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_build(args[0], v, f"{name}[{i}]") for i, v in enumerate(raw))
+        if len(raw) != len(args):
+            raise BadConfig(name, f"expected {len(args)} items, got {len(raw)}",
+                            f"give exactly {len(args)} values")
+        return tuple(_build(a, v, f"{name}[{i}]") for i, (a, v) in enumerate(zip(args, raw)))
+    if origin is dict:
+        _, vt = typing.get_args(tp)
+        if not isinstance(raw, dict):
+            raise BadConfig(name, f"expected an object, got {type(raw).__name__}",
+                            "write it as a JSON object")
+        return {k: _build(vt, v, f"{name}.{k}") for k, v in raw.items()}
+    if origin in (typing.Union, types.UnionType):
+        raise BadConfig(name, "unsupported union type", "report this as a bug")
+    if tp is float:
+        if isinstance(raw, bool) or not isinstance(raw, (int, float)):
+            raise BadConfig(name, f"expected a number, got {raw!r}", "write a number")
+        return float(raw)
+    if tp in (int, bool, str):
+        if type(raw) is not tp:
+            raise BadConfig(name, f"expected {tp.__name__}, got {raw!r}",
+                            f"write a JSON {'boolean' if tp is bool else tp.__name__}")
+        return raw
+    raise BadConfig(name, f"unsupported type {tp!r}", "report this as a bug")
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # Small enough for 2 CPU cores in a few minutes; loss falls visibly.
+    "demo": {
+        "run_id": "demo",
+        "data": {"corpus": "stdlib:*.py", "max_documents": 120,
+                 "tokenizer": {"vocab_size": 1024}},
+        "model": {"d_model": 128, "n_layers": 2, "n_heads": 4, "n_kv_heads": 4, "seq_len": 128},
+        "train": {"total_steps": 160, "segment_steps": 80, "segments_per_run": 1,
+                  "micro_batch_tokens": 1024, "warmup_steps": 10, "checkpoint_every": 20},
+        "sweep": {"trials": 2, "trial_steps": 15},
+        "faults": [{"kind": "kill_worker", "at_step": 50}],
+        "ops": {"heartbeat_timeout_s": 10.0},
+    },
+}
+
+
+def preset(name: str, **overrides: Any) -> RunSpec:
+    if name not in PRESETS:
+        raise BadConfig("preset", f"unknown preset {name!r}", f"use one of {', '.join(PRESETS)}")
+    return RunSpec.from_dict(deep_merge(PRESETS[name], dotted_to_nested(overrides)))

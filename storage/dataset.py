@@ -1,0 +1,143 @@
+"""Token shards and the DatasetManifest (the contract between data prep and the trainer).
+
+Layout: `<durable>/datasets/<content_hash>/` holding `tokenizer.json`,
+`<split>-<nnnnn>.bin` (raw little-endian token arrays, dtype by vocab size),
+`<split>-<nnnnn>.docs.bin` (uint64 start offsets of each document inside the shard),
+and `MANIFEST.json`, written last: a dataset exists only once its manifest does.
+Documents are separated by the tokenizer's end-of-document token (`eos_id`).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ops.errors import BadData
+from storage.fs import join, resolve, sha256_stream
+
+MANIFEST = "MANIFEST.json"
+SPLITS = ("train", "val")
+
+
+def token_dtype(vocab_size: int) -> str:
+    return "uint16" if vocab_size <= 1 << 16 else "uint32"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShardInfo:
+    path: str  # relative to the dataset directory
+    split: str  # train | val
+    tokens: int
+    documents: int
+    sha256: str
+    docs_path: str  # relative path of the uint64 document-offset array
+    docs_sha256: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class DatasetManifest:
+    content_hash: str  # hash of (inputs, data config): the cache key
+    vocab_size: int
+    eos_id: int
+    dtype: str
+    tokenizer: str = "tokenizer.json"  # relative path
+    shards: tuple[ShardInfo, ...] = ()
+    stats: dict[str, Any] = field(default_factory=dict)  # filter/dedup counts, timings
+
+    def split_shards(self, split: str) -> tuple[ShardInfo, ...]:
+        return tuple(s for s in self.shards if s.split == split)
+
+    def tokens(self, split: str) -> int:
+        return sum(s.tokens for s in self.split_shards(split))
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> "DatasetManifest":
+        raw = json.loads(text)
+        raw["shards"] = tuple(ShardInfo(**s) for s in raw["shards"])
+        return cls(**raw)
+
+
+def dataset_dir(durable_url: str, content_hash: str) -> str:
+    """URL of a dataset's directory on the durable tier."""
+    return join(durable_url.rstrip("/"), "datasets", content_hash)
+
+
+def manifest_url(durable_url: str, content_hash: str) -> str:
+    return join(dataset_dir(durable_url, content_hash), MANIFEST)
+
+
+def load_manifest(url: str) -> DatasetManifest:
+    fs, path = resolve(url)
+    try:
+        with fs.open(path, "r") as f:
+            return DatasetManifest.from_json(f.read())
+    except FileNotFoundError:
+        raise BadData(url, "dataset manifest not found",
+                      "run the prepare_data stage first or fix the dataset URL") from None
+
+
+def write_array(fs, path: str, array: np.ndarray) -> str:
+    """Write a raw array; return its sha256."""
+    data = np.ascontiguousarray(array).tobytes()
+    with fs.open(path, "wb") as f:
+        f.write(data)
+    return sha256_stream(io.BytesIO(data))[0]
+
+
+def read_array(fs, path: str, dtype: str, expected_sha256: str, url_for_errors: str) -> np.ndarray:
+    data = fs.cat_file(path)
+    digest = sha256_stream(io.BytesIO(data))[0]
+    if digest != expected_sha256:
+        raise BadData(url_for_errors, f"checksum {digest} does not match manifest {expected_sha256}",
+                      "the shard is corrupt: delete the dataset directory and rerun prepare_data")
+    return np.frombuffer(data, dtype=dtype)
+
+
+def write_shard(fs, directory: str, name: str, split: str, tokens: np.ndarray,
+                doc_starts: np.ndarray) -> ShardInfo:
+    """Write one shard (tokens + document offsets) under directory; return its manifest entry."""
+    path, docs_path = f"{name}.bin", f"{name}.docs.bin"
+    sha = write_array(fs, join(directory, path), tokens)
+    docs_sha = write_array(fs, join(directory, docs_path), doc_starts.astype(np.uint64))
+    return ShardInfo(path=path, split=split, tokens=int(tokens.size),
+                     documents=int(doc_starts.size), sha256=sha, docs_path=docs_path,
+                     docs_sha256=docs_sha)
+
+
+def commit_manifest(fs, directory: str, manifest: DatasetManifest) -> None:
+    """The commit point of a dataset: MANIFEST.json, written after every shard."""
+    with fs.open(join(directory, MANIFEST), "w") as f:
+        f.write(manifest.to_json())
+
+
+def read_split(manifest_uri: str, split: str) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens, document start offsets) of a whole split, concatenated in shard order.
+
+    Every shard's checksum is verified; a mismatch is BadData naming the shard.
+    """
+    man = load_manifest(manifest_uri)
+    fs, mpath = resolve(manifest_uri)
+    directory = mpath.rsplit("/", 1)[0]
+    parts, starts, offset = [], [], 0
+    for shard in man.split_shards(split):
+        url = fs.unstrip_protocol(join(directory, shard.path))
+        parts.append(read_array(fs, join(directory, shard.path), man.dtype, shard.sha256, url))
+        docs = read_array(fs, join(directory, shard.docs_path), "uint64", shard.docs_sha256, url)
+        starts.append(docs.astype(np.int64) + offset)
+        offset += shard.tokens
+    if not parts:
+        raise BadData(manifest_uri, f"dataset has no {split!r} shards",
+                      "use a larger corpus or a different val_fraction")
+    return np.concatenate(parts), np.concatenate(starts)
+
+
+def tokenizer_path(manifest_uri: str) -> str:
+    man = load_manifest(manifest_uri)
+    return join(manifest_uri.rsplit("/", 1)[0], man.tokenizer)

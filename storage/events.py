@@ -1,0 +1,108 @@
+"""Append-only event log (DESIGN §3).
+
+Writers buffer events and put immutable batch objects
+`runs/<run_id>/events/<writer>-<seq>.jsonl`; nothing is ever rewritten. Each writer id is
+unique per process, so two writers never race for one object. An `event_id` given by the
+caller makes an event idempotent across activity retries: readers merge all batches,
+drop repeated ids (first write wins) and order by (ts, event_id).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import uuid
+from typing import Any, Iterator
+
+import structlog
+
+from ops.errors import StorageUnavailable
+from storage.fs import join, resolve, storage_errors
+
+log = structlog.get_logger(__name__)
+
+
+def events_root(root: str, run_id: str) -> str:
+    return join(root, "runs", run_id, "events")
+
+
+class EventLog:
+    """One writer's view of a run's event log. Thread-safe; call flush() at commit points."""
+
+    def __init__(self, durable_url: str, run_id: str, writer: str, *, attempt: int = 0,
+                 trace_id: str = "") -> None:
+        self.fs, root = resolve(durable_url)
+        self.url, self.run_id, self.attempt, self.trace_id = durable_url, run_id, attempt, trace_id
+        self.writer = f"{writer}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.dir = events_root(root, run_id)
+        self._buffer: list[dict[str, Any]] = []
+        self._seq = 0
+        self._lock = threading.Lock()
+
+    def emit(self, kind: str, *, step: int | None = None, event_id: str | None = None,
+             **payload: Any) -> dict[str, Any]:
+        event = {
+            "event_id": event_id or uuid.uuid4().hex,
+            "run_id": self.run_id,
+            "kind": kind,
+            "ts": time.time(),
+            "step": step,
+            "attempt": self.attempt,
+            "trace_id": self.trace_id,
+            "writer": self.writer,
+            "payload": payload,
+        }
+        with self._lock:
+            self._buffer.append(event)
+        log.info("event", kind=kind, step=step, **{k: v for k, v in payload.items()
+                                                   if isinstance(v, (int, float, str))})
+        return event
+
+    def flush(self) -> None:
+        """Write the buffered events as one new immutable object."""
+        with self._lock:
+            if not self._buffer:
+                return
+            batch, self._buffer = self._buffer, []
+            path = join(self.dir, f"{self.writer}-{self._seq:06d}.jsonl")
+            self._seq += 1
+        body = "".join(json.dumps(e, sort_keys=True) + "\n" for e in batch)
+        try:
+            self.fs.makedirs(self.dir, exist_ok=True)
+            with self.fs.open(path, "w") as f:
+                f.write(body)
+        except storage_errors() as exc:
+            with self._lock:  # keep them for the next flush rather than losing them
+                self._buffer[:0] = batch
+            raise StorageUnavailable(self.url, repr(exc)) from exc
+
+    def __enter__(self) -> "EventLog":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.flush()
+
+
+def read_events(durable_url: str, run_id: str, kinds: tuple[str, ...] = ()) -> list[dict]:
+    """Merged, deduplicated, ordered events of a run."""
+    fs, root = resolve(durable_url)
+    directory = events_root(root, run_id)
+    fs.invalidate_cache()
+    if not fs.exists(directory):
+        return []
+    seen: dict[str, dict] = {}
+    for path in sorted(fs.ls(directory, detail=False)):
+        if not path.endswith(".jsonl"):
+            continue
+        for event in _parse(fs.cat_file(path).decode()):
+            seen.setdefault(event["event_id"], event)
+    events = sorted(seen.values(), key=lambda e: (e["ts"], e["event_id"]))
+    return [e for e in events if not kinds or e["kind"] in kinds]
+
+
+def _parse(text: str) -> Iterator[dict]:
+    for line in text.splitlines():
+        if line.strip():
+            yield json.loads(line)

@@ -1,0 +1,98 @@
+"""fsspec filesystems by URL: local paths, file://, s3:// (any S3-compatible store), memory://.
+
+S3 endpoint and credentials come from the environment, as with the AWS CLI:
+`AWS_ENDPOINT_URL` (or `MAINSPRING_S3_ENDPOINT`), `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`.
+Listing caches are off: several processes write the same prefixes and must see each
+other's commits at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import IO, Iterator
+
+import fsspec
+from fsspec.spec import AbstractFileSystem
+
+from ops.errors import StorageUnavailable
+
+CHUNK = 8 << 20
+
+
+def s3_options() -> dict:
+    endpoint = os.environ.get("MAINSPRING_S3_ENDPOINT") or os.environ.get("AWS_ENDPOINT_URL")
+    opts: dict = {"use_listings_cache": False, "skip_instance_cache": True}
+    if endpoint:
+        opts["client_kwargs"] = {"endpoint_url": endpoint}
+        # S3-compatible stores (SeaweedFS, MinIO) do not need AWS's checksum trailers.
+        opts["config_kwargs"] = {"request_checksum_calculation": "when_required",
+                                 "response_checksum_validation": "when_required",
+                                 "retries": {"max_attempts": 3, "mode": "standard"}}
+    return opts
+
+
+def normalize_url(url: str) -> str:
+    """A bare path becomes an absolute file:// URL; URLs pass through."""
+    if "://" in url:
+        return url.rstrip("/")
+    return "file://" + os.path.abspath(os.path.expanduser(url))
+
+
+def resolve(url: str) -> tuple[AbstractFileSystem, str]:
+    """(filesystem, root path without protocol) for a URL or local path."""
+    url = normalize_url(url)
+    protocol = url.split("://", 1)[0]
+    options = s3_options() if protocol in ("s3", "s3a") else {}
+    try:
+        fs, root = fsspec.core.url_to_fs(url, **options)
+    except (ImportError, ValueError) as exc:
+        raise StorageUnavailable(url, f"cannot open filesystem: {exc}") from exc
+    return fs, root.rstrip("/")
+
+
+def join(*parts: str) -> str:
+    return "/".join(p.strip("/") if i else p.rstrip("/") for i, p in enumerate(parts) if p)
+
+
+def sha256_stream(stream: IO[bytes], copy_to: IO[bytes] | None = None) -> tuple[str, int]:
+    """(sha256 hex, size) of a stream, optionally copying it to `copy_to` on the way."""
+    digest, size = hashlib.sha256(), 0
+    while chunk := stream.read(CHUNK):
+        digest.update(chunk)
+        size += len(chunk)
+        if copy_to is not None:
+            copy_to.write(chunk)
+    return digest.hexdigest(), size
+
+
+def sha256_file(fs: AbstractFileSystem, path: str) -> tuple[str, int]:
+    with fs.open(path, "rb") as f:
+        return sha256_stream(f)
+
+
+def walk_files(local_dir: str) -> Iterator[str]:
+    """Relative paths of every file under local_dir, sorted (deterministic manifests)."""
+    found = []
+    for dirpath, _, names in os.walk(local_dir):
+        for name in names:
+            found.append(os.path.relpath(os.path.join(dirpath, name), local_dir))
+    yield from sorted(found)
+
+
+def storage_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions that mean 'the store is unreachable' rather than 'the data is wrong'."""
+    errors: list[type[BaseException]] = [ConnectionError, TimeoutError]
+    try:
+        import botocore.exceptions as bx
+
+        errors += [bx.EndpointConnectionError, bx.ConnectTimeoutError, bx.ReadTimeoutError]
+    except ImportError:
+        pass
+    try:
+        import aiohttp
+
+        errors.append(aiohttp.ClientConnectionError)
+    except ImportError:
+        pass
+    return tuple(errors)
