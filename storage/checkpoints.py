@@ -175,3 +175,26 @@ class CheckpointStore:
         log.info("checkpoint_committed", step=step, uri=self.uri(step), bytes=man.total_bytes)
         return man
 
+
+    # ---- promotion ------------------------------------------------------------
+    def promoted_path(self, step: int, name: str = "") -> str:
+        return join(self.root.rsplit("/", 1)[0], "promoted", step_dir(step), name)
+
+    def promote(self, step: int) -> tuple[str, CheckpointManifest]:
+        """Copy a committed checkpoint to promoted/, verify every copy, manifest last."""
+        problems = self.verify(step)
+        if problems:
+            raise problems[0]
+        man = self.manifest(step)
+        for name, entry in man.files.items():
+            dest = self.promoted_path(step, name)
+            self.fs.makedirs(dest.rsplit("/", 1)[0], exist_ok=True)
+            self.fs.copy(self.path(step, name), dest)
+            digest, size = sha256_file(self.fs, dest)
+            if digest != entry.sha256 or size != entry.size:
+                raise CorruptCheckpoint(step, f"promoted/{name}", entry.sha256, digest)
+        with self.fs.open(self.promoted_path(step, MANIFEST), "w") as f:
+            f.write(man.to_json())
+        uri = self.fs.unstrip_protocol(self.promoted_path(step))
+        log.info("checkpoint_promoted", step=step, uri=uri, bytes=man.total_bytes)
+        return uri, man

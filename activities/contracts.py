@@ -1,0 +1,145 @@
+"""Activity names, task queues and I/O dataclasses — the workflow/activity boundary.
+
+Stdlib only: the workflow sandbox imports this. Payloads stay small (DESIGN §3): URIs,
+steps and summaries, never tensors or per-step arrays. Specs travel as their JSON dict.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+ORCHESTRATOR_QUEUE = "mainspring-orchestrator"
+DATA_QUEUE = "mainspring-data"
+TRAINER_QUEUE = "mainspring-trainer"
+
+PREPARE_DATA = "prepare_data"
+TRAIN_SEGMENT = "train_segment"
+EVALUATE = "evaluate"
+PROMOTE = "promote"
+RECORD_EVENT = "record_event"
+
+WORKFLOW_TYPE = "TrainingRun"
+SWEEP_WORKFLOW_TYPE = "Sweep"
+STAGES = ("prepare_data", "warmup_sweep", "train", "evaluate", "promote")
+
+
+@dataclass
+class PrepareDataInput:
+    spec: dict[str, Any]
+
+
+@dataclass
+class PrepareDataResult:
+    manifest_uri: str
+    cache_hit: bool
+    docs_out: int
+    train_tokens: int
+    val_tokens: int
+    vocab_size: int
+
+
+@dataclass
+class TrainSegmentInput:
+    spec: dict[str, Any]
+    dataset_uri: str
+    from_step: int
+    to_step: int
+
+
+@dataclass
+class TrainSegmentResult:
+    final_step: int
+    last_committed_step: int
+    last_committed_uri: str
+    train_loss: float
+    resumed_from: int | None
+    attempt: int
+    lost_steps: int = 0
+
+
+@dataclass
+class EvaluateInput:
+    spec: dict[str, Any]
+    dataset_uri: str
+    steps: list[int]
+
+
+@dataclass
+class EvalPoint:
+    step: int
+    val_loss: float
+    perplexity: float
+
+
+@dataclass
+class EvaluateResult:
+    results: list[EvalPoint]
+
+
+@dataclass
+class PromoteInput:
+    spec: dict[str, Any]
+    step: int
+
+
+@dataclass
+class PromoteResult:
+    step: int
+    uri: str
+    bytes: int
+
+
+@dataclass
+class RecordEventInput:
+    durable: str
+    run_id: str
+    kind: str
+    event_id: str
+    step: int | None = None
+    payload: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class SweepInput:
+    spec: dict[str, Any]
+    dataset_uri: str
+
+
+@dataclass
+class TrialResult:
+    params: dict[str, float]
+    val_loss: float
+    run_id: str
+
+
+@dataclass
+class SweepResult:
+    best_params: dict[str, float]
+    trials: list[TrialResult]
+
+
+@dataclass
+class RunCarry:
+    """State carried across continue-as-new: what is done, never how it was computed."""
+
+    dataset_uri: str = ""
+    best_params: dict[str, float] = field(default_factory=dict)
+    next_step: int = 0
+    train_loss: float | None = None
+    segments_total: int = 0
+    runs: int = 1  # workflow runs so far (continue-as-new count + 1)
+    stages_done: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RunResult:
+    run_id: str
+    status: str
+    stages: list[str]
+    initial_val_loss: float
+    final_val_loss: float
+    final_step: int
+    promoted_checkpoint: str
+    best_params: dict[str, float]
+    workflow_runs: int

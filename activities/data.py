@@ -1,0 +1,42 @@
+"""Data-queue activities: prepare_data (corpus -> verified token shards) and promote."""
+
+from __future__ import annotations
+
+from temporalio import activity
+
+from activities.contracts import (PREPARE_DATA, PROMOTE, PrepareDataInput, PrepareDataResult,
+                                  PromoteInput, PromoteResult)
+from activities.errors import classified
+from ops.spec import RunSpec
+from storage.checkpoints import CheckpointStore
+from storage.dataprep import prepare_dataset
+from storage.events import EventLog
+
+
+@activity.defn(name=PREPARE_DATA)
+@classified
+def prepare_data(inp: PrepareDataInput) -> PrepareDataResult:
+    spec = RunSpec.from_dict(inp.spec)
+    uri, man, cache_hit = prepare_dataset(
+        spec.data, spec.storage.durable, spec.seed,
+        progress=lambda phase, counts: activity.heartbeat({"phase": phase, **counts}))
+    with EventLog(spec.storage.durable, spec.run_id, "data") as events:
+        events.emit("dataset_ready", event_id=f"dataset_ready/{man.content_hash}", uri=uri,
+                    cache_hit=cache_hit, content_hash=man.content_hash,
+                    docs_out=man.stats.get("docs_out"), train_tokens=man.tokens("train"),
+                    val_tokens=man.tokens("val"), vocab_size=man.vocab_size)
+    return PrepareDataResult(manifest_uri=uri, cache_hit=cache_hit,
+                             docs_out=int(man.stats.get("docs_out", 0)),
+                             train_tokens=man.tokens("train"), val_tokens=man.tokens("val"),
+                             vocab_size=man.vocab_size)
+
+
+@activity.defn(name=PROMOTE)
+@classified
+def promote(inp: PromoteInput) -> PromoteResult:
+    spec = RunSpec.from_dict(inp.spec)
+    uri, man = CheckpointStore(spec.storage.durable, spec.run_id).promote(inp.step)
+    with EventLog(spec.storage.durable, spec.run_id, "data") as events:
+        events.emit("promoted", step=inp.step, event_id=f"promoted/{inp.step}", uri=uri,
+                    bytes=man.total_bytes)
+    return PromoteResult(step=inp.step, uri=uri, bytes=man.total_bytes)

@@ -1,0 +1,105 @@
+"""`mainspring demo`: embedded Temporal, a worker fleet, the demo preset with an injected
+worker kill, live progress, and a summary (one JSON line with --json)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from temporalio.client import WorkflowFailureError
+
+from ops.client import connect, localize, start_run
+from ops.procs import WorkerFleet
+from ops.services import TemporalDevServer, free_port, port_free
+from ops.spec import RunSpec, preset
+from storage.events import read_events
+
+
+def summarize(spec: RunSpec, result: dict[str, Any] | None, status: str, wall_s: float) -> dict:
+    """The demo's closing figures, counted from the run's own event log."""
+    events = read_events(spec.storage.durable, spec.run_id)
+    kinds = [e["kind"] for e in events]
+    result = result or {}
+    return {"run_id": spec.run_id, "status": status, "stages": result.get("stages", []),
+            "faults_injected": kinds.count("fault"), "faults_recovered": kinds.count("recovered"),
+            "human_actions": kinds.count("operator"),
+            "initial_val_loss": result.get("initial_val_loss"),
+            "final_val_loss": result.get("final_val_loss"),
+            "promoted_checkpoint": result.get("promoted_checkpoint"), "wall_s": round(wall_s, 1)}
+
+
+def _progress_line(status: dict, events: list[dict]) -> str:
+    faults = sum(e["kind"] == "fault" for e in events)
+    recovered = sum(e["kind"] == "recovered" for e in events)
+    loss = status.get("train_loss")
+    return (f"stage={status.get('stage'):<13} step={status.get('step')}/{status.get('total_steps')}"
+            f" loss={loss if loss is None else round(loss, 3)} faults={faults}"
+            f" recovered={recovered} events={len(events)}")
+
+
+async def watch(client, spec: RunSpec, out=sys.stderr, every_s: float = 2.0) -> dict:
+    """Print progress until the run ends (across continue-as-new); return its result dict."""
+    handle = client.get_workflow_handle(spec.run_id)  # no run id: always the latest run
+    task = asyncio.ensure_future(handle.result())
+    last = ""
+    while not task.done():
+        try:
+            line = _progress_line(await handle.query("status"),
+                                  read_events(spec.storage.durable, spec.run_id))
+        except Exception as exc:  # noqa: BLE001 - a query can fail across continue-as-new
+            line = f"(waiting: {type(exc).__name__})"
+        if line != last:
+            print(line, file=out, flush=True)
+            last = line
+        await asyncio.wait([task], timeout=every_s)
+    result = task.result()
+    return result if isinstance(result, dict) else result.__dict__
+
+
+async def run_demo(as_json: bool, address: str = "", state_dir: str = ".mainspring") -> int:
+    t0 = time.time()
+    state_dir = os.path.abspath(state_dir)
+    server = None
+    if not address:
+        if not port_free(7233):
+            address = "127.0.0.1:7233"  # reuse a running `mainspring dev`
+        else:
+            server = TemporalDevServer(os.path.join(state_dir, "temporal"), port=free_port(),
+                                       ui_port=free_port()).start()
+            address = server.address
+            print(f"Temporal UI: {server.ui_url}  (gRPC {address})", file=sys.stderr)
+    run_id = time.strftime("demo-%Y%m%d-%H%M%S")
+    spec = localize(preset("demo", run_id=run_id, **{
+        "storage.durable": os.path.join(state_dir, "store"),
+        "storage.fast": os.path.join(state_dir, "fast")}))
+    fleet = WorkerFleet(address, log_dir=os.path.join(state_dir, "logs", run_id)).start()
+    status = "failed"
+    result = None
+    try:
+        client = await connect(address)
+        await start_run(client, spec)
+        print(f"run {run_id} started: workflow id {run_id}, durable store {spec.storage.durable}",
+              file=sys.stderr)
+        try:
+            result = await watch(client, spec)
+            status = result.get("status", "completed")
+        except WorkflowFailureError as exc:
+            print(f"run failed: {exc.cause}", file=sys.stderr)
+    finally:
+        fleet.stop()
+        if server:
+            server.stop()
+    summary = summarize(spec, result, status, time.time() - t0)
+    print(f"worker restarts by the process manager: {fleet.restarts}", file=sys.stderr)
+    print(f"events: {spec.storage.durable}/runs/{run_id}/events/  "
+          f"(mainspring events {run_id} --durable {spec.storage.durable})", file=sys.stderr)
+    if as_json:
+        print(json.dumps(summary))
+    else:
+        for key, value in summary.items():
+            print(f"{key:>20}: {value}")
+    return 0 if status == "completed" else 1

@@ -1,0 +1,85 @@
+"""Worker processes as a local process manager would run them (demo, tests).
+
+`WorkerFleet` starts one `mainspring worker` process per role and, like systemd or a
+Kubernetes Deployment, starts a replacement when one dies — the run itself never waits
+for a human.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+import structlog
+
+log = structlog.get_logger(__name__)
+
+
+def worker_command(role: str, address: str, namespace: str = "default") -> list[str]:
+    return [sys.executable, "-m", "ops.cli", "worker", "--role", role, "--address", address,
+            "--namespace", namespace]
+
+
+@dataclass
+class WorkerFleet:
+    address: str
+    roles: tuple[str, ...] = ("orchestrator", "data", "trainer")
+    log_dir: str = ".mainspring/logs"
+    restart: bool = True
+    env: dict[str, str] = field(default_factory=dict)
+    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    restarts: dict[str, int] = field(default_factory=dict)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def spawn(self, role: str) -> subprocess.Popen:
+        os.makedirs(self.log_dir, exist_ok=True)
+        out = open(os.path.join(self.log_dir, f"worker-{role}.log"), "ab")
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env = {**os.environ, **self.env}
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+        proc = subprocess.Popen(worker_command(role, self.address), stdout=out,
+                                stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self.procs[role] = proc
+        log.info("worker_spawned", role=role, pid=proc.pid)
+        return proc
+
+    def start(self) -> "WorkerFleet":
+        for role in self.roles:
+            self.spawn(role)
+        if self.restart:
+            self._thread = threading.Thread(target=self._watch, daemon=True)
+            self._thread.start()
+        return self
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.5):
+            for role, proc in list(self.procs.items()):
+                if proc.poll() is not None and not self._stop.is_set():
+                    self.restarts[role] = self.restarts.get(role, 0) + 1
+                    log.warning("worker_died_restarting", role=role, pid=proc.pid,
+                                code=proc.returncode, restarts=self.restarts[role])
+                    self.spawn(role)
+
+    def kill(self, role: str, sig: int = signal.SIGKILL) -> int:
+        proc = self.procs[role]
+        os.kill(proc.pid, sig)
+        return proc.pid
+
+    def stop(self) -> None:
+        self._stop.set()
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        for proc in self.procs.values():
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()

@@ -1,0 +1,57 @@
+"""Worker processes by role. The orchestrator (workflow) worker never imports torch:
+trainer activities only supervise child processes (DESIGN §5)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from concurrent.futures import ThreadPoolExecutor
+
+import structlog
+from temporalio.worker import Worker
+
+from activities.contracts import DATA_QUEUE, ORCHESTRATOR_QUEUE, TRAINER_QUEUE
+from ops.client import connect
+
+log = structlog.get_logger(__name__)
+
+ROLES = ("orchestrator", "data", "trainer", "all")
+
+
+def build_workers(client, roles: set[str], trainer_slots: int = 1) -> list[Worker]:
+    from activities.data import prepare_data, promote
+    from activities.events import record_event
+    from activities.training import evaluate, train_segment
+    from workflows.sweep import Sweep
+    from workflows.training_run import TrainingRun
+
+    workers = []
+    if roles & {"orchestrator", "all"}:
+        workers.append(Worker(client, task_queue=ORCHESTRATOR_QUEUE, workflows=[TrainingRun, Sweep],
+                              activities=[record_event],
+                              activity_executor=ThreadPoolExecutor(4)))
+    if roles & {"data", "all"}:
+        workers.append(Worker(client, task_queue=DATA_QUEUE, activities=[prepare_data, promote],
+                              activity_executor=ThreadPoolExecutor(2), max_concurrent_activities=2))
+    if roles & {"trainer", "all"}:
+        # One training job per trainer worker: the child uses every core (GPU) it is given.
+        workers.append(Worker(client, task_queue=TRAINER_QUEUE, activities=[train_segment, evaluate],
+                              activity_executor=ThreadPoolExecutor(trainer_slots + 1),
+                              max_concurrent_activities=trainer_slots))
+    return workers
+
+
+async def run_workers(roles: set[str], address: str = "", namespace: str = "",
+                      trainer_slots: int = 1) -> None:
+    client = await connect(address, namespace)
+    workers = build_workers(client, roles, trainer_slots)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    log.info("workers_started", roles=sorted(roles), address=address)
+    tasks = [asyncio.create_task(w.run()) for w in workers]
+    await stop.wait()
+    log.info("workers_stopping")
+    await asyncio.gather(*(w.shutdown() for w in workers))
+    await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,71 @@
+"""Pure recovery policy: timeouts and retry policies per activity, sweep points, trial specs.
+
+Deterministic and I/O-free; imported by the workflows inside the sandbox.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio.common import RetryPolicy
+
+from ops.errors import NON_RETRYABLE
+from ops.spec import RunSpec, SweepConfig
+
+RETRYABLE_FOREVER = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
+                                maximum_interval=timedelta(seconds=30), maximum_attempts=0,
+                                non_retryable_error_types=list(NON_RETRYABLE))
+
+
+def segment_options(spec: RunSpec) -> dict:
+    """train_segment: unlimited retries bounded by a schedule-to-close budget (DESIGN §3)."""
+    return {"schedule_to_close_timeout": timedelta(seconds=spec.ops.segment_budget_s),
+            "heartbeat_timeout": timedelta(seconds=spec.ops.heartbeat_timeout_s),
+            "retry_policy": RETRYABLE_FOREVER}
+
+
+def short_options(spec: RunSpec, hours: float = 6.0) -> dict:
+    """Data prep, evaluation, promotion: heartbeating, retried, bounded to `hours`."""
+    return {"schedule_to_close_timeout": timedelta(hours=hours),
+            "heartbeat_timeout": timedelta(seconds=max(60.0, spec.ops.heartbeat_timeout_s)),
+            "retry_policy": RETRYABLE_FOREVER}
+
+
+def sweep_points(cfg: SweepConfig) -> list[dict[str, float]]:
+    """`trials` evenly spaced points (log-spaced where log=true) along each dimension."""
+    points = []
+    for i in range(cfg.trials):
+        frac = i / (cfg.trials - 1) if cfg.trials > 1 else 0.5
+        point = {}
+        for name, dim in sorted(cfg.space.items()):
+            if dim.log:
+                point[name] = dim.low * (dim.high / dim.low) ** frac
+            else:
+                point[name] = dim.low + (dim.high - dim.low) * frac
+            if name == "warmup_steps":
+                point[name] = float(round(point[name]))
+        points.append(point)
+    return points
+
+
+def trial_run_id(run_id: str, index: int) -> str:
+    return f"{run_id[:50]}-trial-{index}"
+
+
+def trial_spec(spec: RunSpec, index: int, params: dict[str, float]) -> RunSpec:
+    """A short run of its own (own run id and checkpoints), faults off, params applied."""
+    steps = spec.sweep.trial_steps
+    overrides = {f"train.{k}": (int(v) if k == "warmup_steps" else v) for k, v in params.items()}
+    overrides.setdefault("train.warmup_steps", min(spec.train.warmup_steps, steps // 5))
+    return spec.replace(**{"run_id": trial_run_id(spec.run_id, index), "faults": [],
+                           "train.total_steps": steps, "train.segment_steps": steps,
+                           "train.checkpoint_every": steps, **overrides})
+
+
+def with_params(spec: RunSpec, params: dict[str, float]) -> RunSpec:
+    return spec.replace(**{f"train.{k}": (int(v) if k == "warmup_steps" else v)
+                           for k, v in params.items()})
+
+
+def segment_bounds(next_step: int, spec: RunSpec) -> tuple[int, int]:
+    return next_step, min(next_step + spec.train.segment_steps, spec.train.total_steps)

@@ -1,0 +1,55 @@
+"""Sweep: the warm-up hyperparameter sweep as a child workflow.
+
+Each trial is a short run of its own (own run id and checkpoints) trained by the same
+train_segment activity and scored by held-out loss; the lowest wins.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from datetime import timedelta
+
+from temporalio import workflow
+
+with workflow.unsafe.imports_passed_through():
+    from activities.contracts import (EVALUATE, RECORD_EVENT, SWEEP_WORKFLOW_TYPE, TRAIN_SEGMENT,
+                                      TRAINER_QUEUE, EvaluateInput, EvaluateResult,
+                                      RecordEventInput, SweepInput, SweepResult,
+                                      TrainSegmentInput, TrainSegmentResult, TrialResult)
+    from ops.spec import RunSpec
+    from workflows.policy import segment_options, short_options, sweep_points, trial_spec
+
+
+@workflow.defn(name=SWEEP_WORKFLOW_TYPE)
+class Sweep:
+    @workflow.run
+    async def run(self, inp: SweepInput) -> SweepResult:
+        spec = RunSpec.from_dict(inp.spec)
+        points = sweep_points(spec.sweep)
+        trials: list[TrialResult] = []
+        for start in range(0, len(points), spec.sweep.parallel):
+            batch = points[start:start + spec.sweep.parallel]
+            trials += await asyncio.gather(*(self._trial(spec, inp.dataset_uri, start + i, p)
+                                             for i, p in enumerate(batch)))
+        best = min(trials, key=lambda t: t.val_loss if math.isfinite(t.val_loss) else math.inf)
+        return SweepResult(best_params=best.params, trials=trials)
+
+    async def _trial(self, spec: RunSpec, dataset_uri: str, index: int,
+                     params: dict[str, float]) -> TrialResult:
+        tspec = trial_spec(spec, index, params)
+        steps = tspec.train.total_steps
+        await workflow.execute_activity(
+            TRAIN_SEGMENT, TrainSegmentInput(tspec.to_dict(), dataset_uri, 0, steps),
+            task_queue=TRAINER_QUEUE, result_type=TrainSegmentResult, **segment_options(tspec))
+        scored = await workflow.execute_activity(
+            EVALUATE, EvaluateInput(tspec.to_dict(), dataset_uri, [steps]),
+            task_queue=TRAINER_QUEUE, result_type=EvaluateResult, **short_options(tspec))
+        val_loss = scored.results[0].val_loss
+        await workflow.execute_local_activity(
+            RECORD_EVENT, RecordEventInput(
+                durable=spec.storage.durable, run_id=spec.run_id, kind="sweep_trial",
+                event_id=f"sweep_trial/{index}", step=0,
+                payload={"params": params, "result": val_loss, "trial_run_id": tspec.run_id}),
+            start_to_close_timeout=timedelta(seconds=60))
+        return TrialResult(params=params, val_loss=val_loss, run_id=tspec.run_id)

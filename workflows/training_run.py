@@ -1,0 +1,149 @@
+"""TrainingRun: the durable five-stage run (DESIGN §1). Deterministic; no I/O here.
+
+Input is the RunSpec as a JSON object (so `temporal workflow start --input` works) plus,
+after continue-as-new, a small RunCarry of what is already done.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import SearchAttributeKey
+from temporalio.exceptions import ApplicationError
+
+with workflow.unsafe.imports_passed_through():
+    from activities.contracts import (DATA_QUEUE, EVALUATE, PREPARE_DATA, PROMOTE, RECORD_EVENT,
+                                      TRAIN_SEGMENT, TRAINER_QUEUE, WORKFLOW_TYPE, EvaluateInput,
+                                      EvaluateResult, PrepareDataInput, PrepareDataResult,
+                                      PromoteInput, PromoteResult, RecordEventInput, RunCarry,
+                                      RunResult, SweepInput, TrainSegmentInput,
+                                      TrainSegmentResult)
+    from ops.errors import BadConfig
+    from ops.spec import RunSpec
+    from workflows.policy import segment_bounds, segment_options, short_options, with_params
+    from workflows.sweep import Sweep
+
+RUN_ID = SearchAttributeKey.for_keyword("MainspringRunId")
+STAGE = SearchAttributeKey.for_keyword("MainspringStage")
+STEP = SearchAttributeKey.for_int("MainspringStep")
+LOSS = SearchAttributeKey.for_float("MainspringLoss")
+
+
+def parse_spec(raw: dict) -> RunSpec:
+    try:
+        return RunSpec.from_dict(raw)
+    except BadConfig as exc:  # a bad spec fails the run at once, never retried
+        raise ApplicationError(str(exc), {"field": exc.field, "fix": exc.fix},
+                               type="BadConfig", non_retryable=True) from None
+
+
+@workflow.defn(name=WORKFLOW_TYPE)
+class TrainingRun:
+    def __init__(self) -> None:
+        self._spec: RunSpec | None = None
+        self._carry = RunCarry()
+        self._stage = "starting"
+        self._evals: dict[int, float] = {}
+
+    @workflow.query
+    def status(self) -> dict:
+        return {"run_id": self._spec.run_id if self._spec else "", "stage": self._stage,
+                "step": self._carry.next_step,
+                "total_steps": self._spec.train.total_steps if self._spec else 0,
+                "train_loss": self._carry.train_loss, "stages_done": self._carry.stages_done,
+                "best_params": self._carry.best_params, "workflow_runs": self._carry.runs,
+                "evals": {str(k): v for k, v in self._evals.items()}}
+
+    @workflow.run
+    async def run(self, spec: dict, carry: RunCarry | None = None) -> RunResult:
+        s = self._spec = parse_spec(spec)
+        c = self._carry = carry or RunCarry()
+        workflow.upsert_search_attributes([RUN_ID.value_set(s.run_id)])
+        if c.runs == 1 and not c.stages_done:
+            await self._event("run_started", "run_started", spec_hash=s.spec_hash())
+
+        if "prepare_data" not in c.stages_done:
+            await self._begin("prepare_data")
+            data = await workflow.execute_activity(
+                PREPARE_DATA, PrepareDataInput(spec), task_queue=DATA_QUEUE,
+                result_type=PrepareDataResult, **short_options(s))
+            c.dataset_uri = data.manifest_uri
+            await self._finish("prepare_data", dataset=data.manifest_uri, cache_hit=data.cache_hit,
+                               train_tokens=data.train_tokens)
+
+        if "warmup_sweep" not in c.stages_done:
+            await self._begin("warmup_sweep")
+            if s.sweep.enabled:
+                result = await workflow.execute_child_workflow(
+                    Sweep.run, SweepInput(spec, c.dataset_uri),
+                    id=f"{workflow.info().workflow_id}-sweep", task_queue=workflow.info().task_queue)
+                c.best_params = result.best_params
+            await self._finish("warmup_sweep", best_params=c.best_params, enabled=s.sweep.enabled)
+
+        train_spec = with_params(s, c.best_params)
+        if "train" not in c.stages_done:
+            if c.next_step == 0:
+                await self._begin("train")
+            self._stage = "train"
+            segments_this_run = 0
+            while c.next_step < s.train.total_steps:
+                lo, hi = segment_bounds(c.next_step, s)
+                seg = await workflow.execute_activity(
+                    TRAIN_SEGMENT, TrainSegmentInput(train_spec.to_dict(), c.dataset_uri, lo, hi),
+                    task_queue=TRAINER_QUEUE, result_type=TrainSegmentResult,
+                    **segment_options(s))
+                c.next_step, c.train_loss = seg.final_step, seg.train_loss
+                c.segments_total += 1
+                segments_this_run += 1
+                workflow.upsert_search_attributes([STEP.value_set(c.next_step),
+                                                   LOSS.value_set(_finite(seg.train_loss))])
+                if c.next_step < s.train.total_steps and segments_this_run >= s.train.segments_per_run:
+                    c.runs += 1  # keep history bounded (DESIGN §3): carry only what is done
+                    workflow.continue_as_new(args=[spec, c])
+            await self._finish("train", final_step=c.next_step, segments=c.segments_total)
+
+        await self._begin("evaluate")
+        evaluated = await workflow.execute_activity(
+            EVALUATE, EvaluateInput(train_spec.to_dict(), c.dataset_uri, [0, c.next_step]),
+            task_queue=TRAINER_QUEUE, result_type=EvaluateResult, **short_options(s))
+        self._evals = {p.step: p.val_loss for p in evaluated.results}
+        await self._finish("evaluate", val_loss={str(k): v for k, v in self._evals.items()})
+
+        await self._begin("promote")
+        chosen = min((st for st in self._evals if st > 0), key=lambda st: self._evals[st])
+        promoted = await workflow.execute_activity(
+            PROMOTE, PromoteInput(train_spec.to_dict(), chosen), task_queue=DATA_QUEUE,
+            result_type=PromoteResult, **short_options(s))
+        await self._finish("promote", step=promoted.step, uri=promoted.uri)
+        self._stage = "completed"
+        await self._event("run_finished", "run_finished", status="completed")
+        return RunResult(run_id=s.run_id, status="completed", stages=c.stages_done,
+                         initial_val_loss=self._evals[0], final_val_loss=self._evals[chosen],
+                         final_step=c.next_step, promoted_checkpoint=promoted.uri,
+                         best_params=c.best_params, workflow_runs=c.runs)
+
+    # ---- stage bookkeeping: search attributes + events via a local activity ---------
+    async def _begin(self, stage: str) -> None:
+        self._stage = stage
+        workflow.upsert_search_attributes([STAGE.value_set(stage)])
+        await self._event("stage_started", f"stage_started/{stage}", stage=stage)
+
+    async def _finish(self, stage: str, **payload: object) -> None:
+        self._carry.stages_done.append(stage)
+        await self._event("stage_finished", f"stage_finished/{stage}", stage=stage, **payload)
+
+    async def _event(self, kind: str, event_id: str, **payload: object) -> None:
+        s = self._spec
+        assert s is not None
+        await workflow.execute_local_activity(
+            RECORD_EVENT, RecordEventInput(durable=s.storage.durable, run_id=s.run_id, kind=kind,
+                                           event_id=event_id, step=self._carry.next_step,
+                                           payload=dict(payload)),
+            start_to_close_timeout=timedelta(seconds=60))
+
+
+def _finite(x: float | None) -> float:
+    return x if x is not None and math.isfinite(x) else -1.0
+
