@@ -255,6 +255,10 @@ class RunSpec:
                  "make micro_batch_tokens a multiple of seq_len")
         _require(t.checkpoint_every <= t.segment_steps, "train.checkpoint_every",
                  "is longer than a segment", "make checkpoint_every <= segment_steps")
+        lr_dim = self.sweep.space.get("lr")
+        _require(not (self.sweep.enabled and lr_dim and lr_dim.low < t.min_lr),
+                 "sweep.space.lr.low", f"is below train.min_lr={t.min_lr}",
+                 "raise the sweep's lower bound or lower train.min_lr")
 
     # ---- (de)serialisation -------------------------------------------------
     @classmethod

@@ -5,7 +5,7 @@ from workflows.policy import segment_bounds, sweep_points, trial_spec, with_para
 
 
 def test_sweep_points_span_the_range_log_spaced():
-    spec = preset("demo").replace(**{"sweep.trials": 3, "sweep.space": {
+    spec = preset("demo").replace(**{"train.min_lr": 1e-5, "sweep.trials": 3, "sweep.space": {
         "lr": {"low": 1e-4, "high": 1e-2, "log": True}}})
     lrs = [p["lr"] for p in sweep_points(spec.sweep)]
     assert math.isclose(lrs[0], 1e-4) and math.isclose(lrs[1], 1e-3) and math.isclose(lrs[2], 1e-2)

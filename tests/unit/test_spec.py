@@ -62,3 +62,9 @@ def test_spec_hash_changes_with_any_field():
 
 def test_demo_preset_injects_a_worker_kill():
     assert PRESETS["demo"]["faults"][0]["kind"] == "kill_worker"
+
+
+def test_sweep_below_min_lr_is_rejected_before_any_trial_runs():
+    err = _error({"run_id": "r", "train": {"min_lr": 1e-3},
+                  "sweep": {"space": {"lr": {"low": 1e-4, "high": 1e-2}}}})
+    assert err.field == "sweep.space.lr.low"
