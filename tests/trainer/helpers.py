@@ -1,0 +1,68 @@
+"""Helpers for trainer tests: a tiny dataset, a tiny RunSpec, and running a segment."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from ops.spec import RunSpec
+from storage.dataset import DatasetManifest, commit_manifest, token_dtype, write_shard
+from storage.fs import resolve
+
+REPO = Path(__file__).resolve().parents[2]
+VOCAB = 512
+
+
+def make_dataset(root: Path, *, vocab: int = VOCAB, train_tokens: int = 40_000,
+                 val_tokens: int = 4_000, seed: int = 0) -> str:
+    """Write a small token dataset with learnable structure; return its manifest URI.
+
+    Tokens follow a noisy "next = prev + 1 (mod vocab)" rule so a tiny model's loss falls.
+    """
+    rng = np.random.default_rng(seed)
+    fs, directory = resolve(str(root / "dataset"))
+    fs.makedirs(directory, exist_ok=True)
+    shards = []
+    for split, n in (("train", train_tokens), ("val", val_tokens)):
+        steps = np.where(rng.random(n) < 0.8, 1, rng.integers(0, vocab, n))
+        tokens = (np.cumsum(steps) % vocab).astype(token_dtype(vocab))
+        doc_starts = np.arange(0, n, 500, dtype=np.uint64)
+        shards.append(write_shard(fs, directory, f"{split}-00000", split, tokens, doc_starts))
+    manifest = DatasetManifest(content_hash="test", vocab_size=vocab, eos_id=vocab - 1,
+                               dtype=token_dtype(vocab), shards=tuple(shards))
+    commit_manifest(fs, directory, manifest)
+    return fs.unstrip_protocol(f"{directory}/MANIFEST.json")
+
+
+TINY = {
+    "model.d_model": 32, "model.n_layers": 2, "model.n_heads": 4, "model.n_kv_heads": 2,
+    "model.seq_len": 32, "train.micro_batch_tokens": 128, "train.total_steps": 40,
+    "train.segment_steps": 20, "train.warmup_steps": 2, "train.checkpoint_every": 4,
+    "train.eval_batches": 4, "sweep.enabled": False,
+}
+
+
+def tiny_spec(store: Path, **overrides) -> RunSpec:
+    return RunSpec(run_id="t").replace(**{**TINY, "storage.durable": str(store), **overrides})
+
+
+def write_spec(spec: RunSpec, path: Path) -> str:
+    path.write_text(json.dumps(spec.to_dict()))
+    return str(path)
+
+
+def run_segment(spec_path: str, dataset: str, to_step: int, workdir: Path, *, world: int = 1,
+                attempt: int = 1, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run `trainer.segment` under torchrun exactly as the supervisor does."""
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           "--nproc_per_node", str(world), "-m", "trainer.segment", "--spec", spec_path,
+           "--dataset", dataset, "--to-step", str(to_step), "--workdir", str(workdir),
+           "--attempt", str(attempt)]
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)

@@ -1,0 +1,85 @@
+"""lr_at and the DeepSpeed config are pure functions of the RunSpec."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from ops.spec import RunSpec, TrainConfig
+from trainer.engine import deepspeed_config, lr_at, micro_batch_size, tokens_per_step
+
+
+def cfg(**kw) -> TrainConfig:
+    base = dict(total_steps=110, warmup_steps=10, lr=1e-3, min_lr=1e-4)
+    return TrainConfig(**{**base, **kw})
+
+
+def spec(**train) -> RunSpec:
+    return RunSpec(run_id="t").replace(**{f"train.{k}": v for k, v in train.items()})
+
+
+def test_lr_warms_up_linearly_then_decays_to_min_lr():
+    c = cfg()
+    assert lr_at(0, c) == pytest.approx(1e-4)
+    assert lr_at(4, c) == pytest.approx(5e-4)
+    assert lr_at(9, c) == pytest.approx(1e-3)
+    assert lr_at(10, c) == pytest.approx(1e-3)  # cosine starts at its peak
+    assert lr_at(60, c) == pytest.approx(5.5e-4)  # half way: midpoint of lr and min_lr
+    assert lr_at(110, c) == pytest.approx(1e-4)
+    decay = [lr_at(s, c) for s in range(10, 111)]
+    assert all(a > b for a, b in zip(decay, decay[1:]))
+
+
+def test_lr_stays_at_min_lr_past_total_steps():
+    assert lr_at(111, cfg()) == pytest.approx(1e-4)
+    assert lr_at(10_000, cfg()) == pytest.approx(1e-4)
+
+
+def test_lr_without_warmup_starts_at_peak():
+    assert lr_at(0, cfg(warmup_steps=0)) == pytest.approx(1e-3)
+
+
+def test_lr_follows_the_cosine_formula_between_warmup_and_total():
+    c = cfg()
+    expected = 1e-4 + 0.5 * (1 + math.cos(math.pi * 25 / 100)) * 9e-4
+    assert lr_at(35, c) == pytest.approx(expected)
+
+
+def test_deepspeed_batch_sizes_come_from_tokens_seq_len_accum_and_world():
+    s = spec(micro_batch_tokens=1024, grad_accum=4, procs_per_node=2)  # seq_len 128
+    ds = deepspeed_config(s)
+    assert micro_batch_size(s) == 8
+    assert ds["train_micro_batch_size_per_gpu"] == 8
+    assert ds["gradient_accumulation_steps"] == 4
+    assert ds["train_batch_size"] == 8 * 4 * 2
+    assert tokens_per_step(s) == 1024 * 4 * 2
+
+
+def test_deepspeed_optimizer_is_torch_adamw_with_spec_hyperparameters():
+    ds = deepspeed_config(spec(lr=2e-3, betas=[0.8, 0.9], eps=1e-6, weight_decay=0.05))
+    assert ds["optimizer"] == {"type": "AdamW", "params": {
+        "lr": 2e-3, "betas": [0.8, 0.9], "eps": 1e-6, "weight_decay": 0.05, "torch_adam": True}}
+
+
+def test_deepspeed_config_has_no_scheduler_because_the_loop_sets_lr():
+    assert "scheduler" not in deepspeed_config(spec())
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_deepspeed_zero_stage_follows_spec(stage):
+    assert deepspeed_config(spec(zero_stage=stage))["zero_optimization"] == {"stage": stage}
+
+
+@pytest.mark.parametrize("precision,bf16,fp16", [("fp32", False, False), ("bf16", True, False),
+                                                 ("fp16", False, True)])
+def test_deepspeed_precision_flags_follow_spec(precision, bf16, fp16):
+    ds = deepspeed_config(spec(precision=precision))
+    assert ds["bf16"] == {"enabled": bf16}
+    assert ds["fp16"] == {"enabled": fp16}
+
+
+def test_deepspeed_gradient_clipping_and_quiet_printing():
+    ds = deepspeed_config(spec(grad_clip=0.5))
+    assert ds["gradient_clipping"] == 0.5
+    assert ds["steps_per_print"] >= 1 << 30

@@ -1,0 +1,122 @@
+"""The Llama-style GPT: shapes, causality, deterministic init, and its config knobs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from ops.errors import BadConfig
+from ops.spec import ModelConfig
+from trainer.model import GPT, choose_attention, ffn_hidden, param_groups
+
+V = 97
+
+
+def cfg(**kw) -> ModelConfig:
+    return ModelConfig(**{**dict(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, seq_len=16),
+                          **kw})
+
+
+def tokens(b=2, t=16, seed=0) -> torch.Tensor:
+    return torch.randint(0, V, (b, t), generator=torch.Generator().manual_seed(seed))
+
+
+def test_forward_returns_logits_per_position_and_scalar_loss_near_log_vocab_at_init():
+    model = GPT(cfg(), V, seed=0)
+    x = tokens()
+    logits, loss = model(x, tokens(seed=1))
+    assert logits.shape == (2, 16, V)
+    assert loss.shape == ()
+    assert abs(loss.item() - math.log(V)) < 0.5  # near-uniform predictions at init
+    assert model(x)[1] is None
+
+
+def test_changing_a_later_token_does_not_change_earlier_logits():
+    model = GPT(cfg(), V, seed=0).eval()
+    x = tokens()
+    y = x.clone()
+    y[:, 10] = (y[:, 10] + 1) % V
+    a, _ = model(x)
+    b, _ = model(y)
+    assert torch.equal(a[:, :10], b[:, :10])
+    assert not torch.allclose(a[:, 10:], b[:, 10:])
+
+
+def test_same_seed_builds_identical_weights_and_other_seed_differs():
+    a, b, c = (GPT(cfg(), V, seed=s).state_dict() for s in (3, 3, 4))
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not torch.equal(a["embed.weight"], c["embed.weight"])
+
+
+def test_init_does_not_consume_the_global_torch_rng():
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    GPT(cfg(), V, seed=1)
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_swiglu_hidden_is_two_thirds_of_ffn_mult_rounded_up_to_64():
+    assert ffn_hidden(cfg(d_model=128, n_heads=4, n_kv_heads=4)) == 384  # 341.3 -> 384
+    assert ffn_hidden(cfg(d_model=96, n_heads=4, n_kv_heads=4)) == 256  # 256 exactly
+    assert GPT(cfg(), V).blocks[0].ffn.w1.weight.shape == (128, 32)  # 85.3 -> 128
+
+
+def test_gqa_projects_keys_and_values_to_fewer_heads():
+    attn = GPT(cfg(n_heads=4, n_kv_heads=2), V).blocks[0].attn
+    assert attn.wq.weight.shape == (32, 32)
+    assert attn.wk.weight.shape == attn.wv.weight.shape == (16, 32)
+
+
+def test_tied_embeddings_share_one_tensor_and_count_once():
+    tied, untied = GPT(cfg(tie_embeddings=True), V), GPT(cfg(tie_embeddings=False), V)
+    assert tied.lm_head.weight is tied.embed.weight
+    assert untied.param_count() - tied.param_count() == V * 32
+    assert tied.param_count() == sum(p.numel() for p in tied.parameters())
+
+
+def test_no_linear_layer_has_a_bias():
+    model = GPT(cfg(), V)
+    assert all(m.bias is None for m in model.modules() if isinstance(m, torch.nn.Linear))
+
+
+def test_activation_checkpointing_gives_the_same_loss_and_gradients():
+    x, y = tokens(), tokens(seed=1)
+    grads = []
+    for ckpt in (False, True):
+        model = GPT(cfg(activation_checkpointing=ckpt), V, seed=0)
+        _, loss = model(x, y)
+        loss.backward()
+        grads.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
+    assert torch.equal(grads[0][0], grads[1][0])
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(grads[0][1], grads[1][1]))
+
+
+def test_flash_attention_without_cuda_is_a_bad_config_naming_the_field():
+    with pytest.raises(BadConfig) as err:
+        choose_attention("flash", cuda=False)
+    assert err.value.field == "model.attention"
+    assert choose_attention("auto", cuda=False) == "sdpa"
+    assert choose_attention("sdpa", cuda=True) == "sdpa"
+
+
+def test_norm_gains_are_excluded_from_weight_decay():
+    decay, no_decay = param_groups(GPT(cfg(), V), 0.1)
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert all(p.dim() == 2 for p in decay["params"])
+    assert len(no_decay["params"]) == 2 * 2 + 1  # two norms per block plus the final norm
+
+
+def test_a_few_adam_steps_lower_the_loss_on_a_fixed_batch():
+    model = GPT(cfg(), V, seed=0)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    x, y = tokens(), tokens(seed=1)
+    first = model(x, y)[1].item()
+    for _ in range(20):
+        opt.zero_grad()
+        model(x, y)[1].backward()
+        opt.step()
+    assert model(x, y)[1].item() < first - 0.5

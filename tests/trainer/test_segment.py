@@ -1,0 +1,270 @@
+"""`python -m trainer.segment` as the supervisor runs it: real torchrun, real DeepSpeed (CPU)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from storage.checkpoints import CheckpointStore
+from storage.events import read_events
+from tests.trainer.helpers import REPO, run_segment, tiny_spec, write_spec
+
+pytestmark = pytest.mark.e2e
+
+CKPT = "runs/t/checkpoints/step-{:09d}"
+
+
+def flat_tensors(obj, prefix: str = "") -> dict[str, torch.Tensor]:
+    """Every tensor inside a (nested) checkpoint object, keyed by its path."""
+    if isinstance(obj, torch.Tensor):
+        return {prefix: obj}
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) \
+        if isinstance(obj, (list, tuple)) else ()
+    out: dict[str, torch.Tensor] = {}
+    for key, value in items:
+        out.update(flat_tensors(value, f"{prefix}/{key}"))
+    return out
+
+
+def load_tensors(path: Path) -> dict[str, torch.Tensor]:
+    # DeepSpeed's ZeRO files pickle a LossScaler object; these are files this test just wrote.
+    return flat_tensors(torch.load(path, map_location="cpu", weights_only=False))
+
+
+def ok(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]
+    return proc
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def train_pair(root: Path, dataset: str, world: int, zero: int, accum: int = 1
+               ) -> tuple[Path, Path]:
+    """Store A: 0 -> 8 in one process. Store B: 0 -> 4, then a new process 4 -> 8."""
+    over = {"train.procs_per_node": world, "train.zero_stage": zero, "train.grad_accum": accum}
+    a, b = root / "a", root / "b"
+    spec_a = write_spec(tiny_spec(a, **over), root / "a.json")
+    spec_b = write_spec(tiny_spec(b, **over), root / "b.json")
+    ok(run_segment(spec_a, dataset, 8, root / "wa", world=world))
+    ok(run_segment(spec_b, dataset, 4, root / "wb1", world=world))
+    ok(run_segment(spec_b, dataset, 8, root / "wb2", world=world, attempt=2))
+    return a, b
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory, dataset_uri) -> tuple[Path, Path, Path]:
+    root = tmp_path_factory.mktemp("w1")
+    a, b = train_pair(root, dataset_uri, world=1, zero=0)
+    return root, a, b
+
+
+def assert_bitwise_equal_step8(a: Path, b: Path) -> None:
+    names = sorted(p.name for p in (a / CKPT.format(8)).glob("*.pt"))
+    assert names == sorted(p.name for p in (b / CKPT.format(8)).glob("*.pt"))
+    assert "mp_rank_00_model_states.pt" in names
+    for name in names:
+        ta, tb = load_tensors(a / CKPT.format(8) / name), load_tensors(b / CKPT.format(8) / name)
+        assert ta.keys() == tb.keys() and ta, name
+        different = [k for k in ta if not torch.equal(ta[k], tb[k])]
+        assert different == [], (name, different)
+    # The comparison is meaningful: training between steps 4 and 8 changed the weights.
+    w4 = load_tensors(a / CKPT.format(4) / "mp_rank_00_model_states.pt")
+    w8 = load_tensors(a / CKPT.format(8) / "mp_rank_00_model_states.pt")
+    assert not torch.equal(w4["/module/embed.weight"], w8["/module/embed.weight"])
+
+
+def test_resumed_segment_is_bitwise_equal_to_uninterrupted_run(single):
+    root, a, b = single
+    assert_bitwise_equal_step8(a, b)
+    optim = load_tensors(b / CKPT.format(8) / "mp_rank_00_model_states.pt")
+    assert any(k.startswith("/optimizer/state/") and "exp_avg" in k for k in optim)
+    resumed = json.loads((root / "wb2" / "result.json").read_text())
+    assert resumed["resumed_from"] == 4 and resumed["steps_run"] == 4
+    first = json.loads((root / "wa" / "result.json").read_text())
+    assert first["train_loss"] == resumed["train_loss"]  # same last-step loss, bit for bit
+
+
+def test_zero2_world_two_with_grad_accumulation_resumes_bitwise_equal(tmp_path, dataset_uri):
+    a, b = train_pair(tmp_path, dataset_uri, world=2, zero=2, accum=2)
+    assert_bitwise_equal_step8(a, b)
+    assert CheckpointStore(str(b), "t").manifest(8).data_cursor == 16  # 2 micro-batches a step
+    optim = sorted(p.name for p in (b / CKPT.format(8)).glob("zero_pp_rank_*_optim_states.pt"))
+    assert optim == ["zero_pp_rank_0_mp_rank_00_optim_states.pt",
+                     "zero_pp_rank_1_mp_rank_00_optim_states.pt"]
+    assert {p.name for p in (b / CKPT.format(8)).glob("train_state-*")} == {
+        "train_state-rank0.pt", "train_state-rank1.pt"}
+
+
+def test_fresh_segment_commits_step_zero_then_every_checkpoint_interval(single):
+    root, a, _ = single
+    store = CheckpointStore(str(a), "t")
+    assert store.list_committed() == [0, 4, 8]
+    assert [store.manifest(s).parent for s in (0, 4, 8)] == [None, 0, 4]
+    m8 = store.manifest(8)
+    assert (m8.tokens_seen, m8.data_cursor) == (8 * 128, 8)
+    assert m8.config_hash == tiny_spec(a).spec_hash()
+    events = read_events(str(a), "t", kinds=("checkpoint_committed",))
+    assert [(e["step"], e["event_id"]) for e in events] == [
+        (s, f"checkpoint_committed/{s}") for s in (0, 4, 8)]
+    assert events[-1]["payload"]["uri"] == store.uri(8)
+    assert events[-1]["payload"]["bytes"] == m8.total_bytes
+    # Only the newest local copy is kept on the fast tier.
+    assert os.listdir(root / "wa" / "ckpt") == ["step-000000008"]
+
+
+def test_progress_file_has_start_step_and_commit_lines_in_order(single):
+    root, a, _ = single
+    lines = read_jsonl(root / "wa" / "progress.jsonl")
+    assert lines[0]["type"] == "start"
+    assert lines[0]["resumed_from"] is None and lines[0]["world_size"] == 1
+    assert lines[0]["params"] > 0
+    kinds = [(ln["type"], ln["step"]) for ln in lines[1:]]
+    assert kinds == [("commit", 0), ("step", 1), ("step", 2), ("step", 3), ("step", 4),
+                     ("commit", 4), ("step", 5), ("step", 6), ("step", 7), ("step", 8),
+                     ("commit", 8)]
+    step = lines[2]
+    assert set(step) == {"type", "step", "loss", "lr", "tokens_per_s", "step_time_s", "ts"}
+    assert step["lr"] == pytest.approx(1.5e-3)  # warmup: lr * 1/2
+    result = json.loads((root / "wa" / "result.json").read_text())
+    assert result == {"final_step": 8, "last_committed_step": 8,
+                      "last_committed_uri": CheckpointStore(str(a), "t").uri(8),
+                      "train_loss": lines[-2]["loss"], "tokens_seen": 1024, "steps_run": 8,
+                      "resumed_from": None}
+
+
+def test_retry_of_a_finished_segment_exits_at_once_without_training(single, dataset_uri):
+    root, a, _ = single
+    workdir = root / "retry"
+    start = time.monotonic()
+    ok(run_segment(str(root / "a.json"), dataset_uri, 8, workdir, attempt=3))
+    result = json.loads((workdir / "result.json").read_text())
+    assert result["steps_run"] == 0 and result["final_step"] == 8
+    assert result["last_committed_step"] == 8
+    assert not (workdir / "progress.jsonl").exists()
+    assert time.monotonic() - start < 30
+
+
+def segment_direct(args: list[str], workdir: Path) -> subprocess.CompletedProcess:
+    """The rank process itself (no torchrun), to see its own exit code."""
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(REPO)}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    return subprocess.run([sys.executable, "-m", "trainer.segment", *args, "--workdir",
+                           str(workdir)], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_missing_dataset_writes_error_json_and_exits_3(tmp_path):
+    spec = write_spec(tiny_spec(tmp_path / "s"), tmp_path / "spec.json")
+    missing = f"file://{tmp_path}/nope/MANIFEST.json"
+    proc = segment_direct(["--spec", spec, "--dataset", missing, "--to-step", "4"], tmp_path / "w")
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    error = json.loads((tmp_path / "w" / "error.json").read_text())
+    assert error["type"] == "BadData" and "nope/MANIFEST.json" in error["message"]
+    assert not (tmp_path / "w" / "result.json").exists()
+
+
+def test_world_size_other_than_the_spec_is_bad_config(tmp_path, dataset_uri):
+    spec = write_spec(tiny_spec(tmp_path / "s", **{"train.procs_per_node": 2}),
+                      tmp_path / "spec.json")
+    proc = segment_direct(["--spec", spec, "--dataset", dataset_uri, "--to-step", "4"],
+                          tmp_path / "w")
+    assert proc.returncode == 3
+    error = json.loads((tmp_path / "w" / "error.json").read_text())
+    assert error["type"] == "BadConfig" and "train.procs_per_node" in error["message"]
+
+
+def test_malformed_spec_names_the_field(tmp_path, dataset_uri):
+    raw = tiny_spec(tmp_path / "s").to_dict()
+    raw["train"]["lr"] = -1.0
+    (tmp_path / "spec.json").write_text(json.dumps(raw))
+    proc = segment_direct(["--spec", str(tmp_path / "spec.json"), "--dataset", dataset_uri,
+                           "--to-step", "4"], tmp_path / "w")
+    assert proc.returncode == 3
+    assert "train.lr" in json.loads((tmp_path / "w" / "error.json").read_text())["message"]
+
+
+PARENT = """
+import subprocess, sys, time
+child = subprocess.Popen(sys.argv[1:])
+print(child.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_rank_dies_when_its_parent_is_killed(tmp_path, dataset_uri):
+    spec = write_spec(tiny_spec(tmp_path / "s", **{"train.total_steps": 100_000,
+                                                   "train.segment_steps": 100_000,
+                                                   "train.checkpoint_every": 50_000}),
+                      tmp_path / "spec.json")
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(REPO)}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, sys.executable, "-m", "trainer.segment", "--spec", spec,
+         "--dataset", dataset_uri, "--to-step", "100000", "--workdir", str(tmp_path / "w")],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    child = int(parent.stdout.readline())
+    progress = tmp_path / "w" / "progress.jsonl"
+    deadline = time.monotonic() + 120
+    while not (progress.exists() and '"step"' in progress.read_text()):
+        assert time.monotonic() < deadline, "the segment never reached a training step"
+        time.sleep(0.2)
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while alive(child):
+        if time.monotonic() > deadline:
+            os.kill(child, signal.SIGKILL)
+            pytest.fail("the rank outlived its parent")
+        time.sleep(0.1)
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie is dead
+    except FileNotFoundError:
+        return False
+
+
+def test_corrupt_newest_checkpoint_is_reported_and_resume_falls_back(single, dataset_uri,
+                                                                     tmp_path):
+    _, a, _ = single
+    store_dir = tmp_path / "store"
+    shutil.copytree(a, store_dir)
+    model_file = store_dir / CKPT.format(8) / "mp_rank_00_model_states.pt"
+    data = bytearray(model_file.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size, wrong checksum
+    model_file.write_bytes(bytes(data))
+    spec = write_spec(tiny_spec(store_dir), tmp_path / "spec.json")
+    ok(run_segment(spec, dataset_uri, 12, tmp_path / "w", attempt=2))
+    result = json.loads((tmp_path / "w" / "result.json").read_text())
+    assert result["resumed_from"] == 4 and result["final_step"] == 12
+    corrupt = read_events(str(store_dir), "t", kinds=("checkpoint_corrupt",))
+    assert [(e["step"], e["payload"]["file"]) for e in corrupt] == [
+        (8, "mp_rank_00_model_states.pt")]
+    assert CheckpointStore(str(store_dir), "t").latest_committed() == 12
+
+
+def test_resuming_with_a_different_model_shape_is_bad_config(single, dataset_uri, tmp_path):
+    _, a, _ = single
+    shutil.copytree(a, tmp_path / "store")
+    spec = write_spec(tiny_spec(tmp_path / "store", **{"model.d_model": 64}),
+                      tmp_path / "spec.json")
+    proc = segment_direct(["--spec", spec, "--dataset", dataset_uri, "--to-step", "12"],
+                          tmp_path / "w")
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    error = json.loads((tmp_path / "w" / "error.json").read_text())
+    assert error["type"] == "BadConfig" and "step 8 does not fit" in error["message"]

@@ -1,0 +1,138 @@
+"""`python -m trainer.evaluate`: held-out loss and perplexity of committed checkpoints.
+
+    python -m trainer.evaluate --spec SPEC.json --dataset MANIFEST_URI --steps 0,160 \
+        --workdir DIR --out OUT.json
+
+Single process, no DeepSpeed: the weights come straight from DeepSpeed's
+`mp_rank_00_model_states.pt` (`["module"]`). Writes `{"results": [{"step", "val_loss",
+"perplexity"}]}` to OUT. Exit codes as trainer.segment: 0 done; 3 BadConfig/BadData
+(error.json in DIR); 4 StorageUnavailable (error.json); anything else is a crash.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+import shutil
+import sys
+
+import structlog
+import torch
+
+from ops.errors import BadConfig, BadData, StorageUnavailable
+from storage.checkpoints import CheckpointStore, CorruptCheckpoint, step_dir
+from storage.dataset import load_manifest, read_split
+from trainer.data import val_batches
+from trainer.engine import micro_batch_size
+from trainer.model import GPT
+from trainer.segment import EXIT_BAD_INPUT, EXIT_STORAGE, load_spec, write_json
+
+log = structlog.get_logger(__name__)
+
+MODEL_FILE = "mp_rank_00_model_states.pt"
+
+
+@torch.no_grad()
+def evaluate_model(model: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]]
+                   ) -> float:
+    """Mean cross-entropy over the batches (each weighted by its token count), in eval mode."""
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    for x, y in batches:
+        _, loss = model(x, y)
+        total += float(loss) * y.numel()
+        count += y.numel()
+    model.train(was_training)
+    return total / count
+
+
+def load_weights(model: torch.nn.Module, path: str, step: int) -> None:
+    # DeepSpeed pickles non-tensor objects next to the weights (e.g. the fp16 LossScaler), so
+    # weights_only=True cannot read every precision; the file was sha256-verified against our
+    # own manifest on fetch. mmap: only the module's tensors are paged in, not optimizer state.
+    states = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    try:
+        model.load_state_dict(states["module"])
+    except RuntimeError as exc:
+        raise BadConfig("model", f"checkpoint step {step} does not fit this model ({exc})",
+                        "evaluate with the model config the run was trained with") from None
+
+
+def parse_steps(text: str) -> list[int]:
+    try:
+        steps = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise BadConfig("--steps", f"{text!r} is not a comma-separated list of steps",
+                        "pass e.g. --steps 0,160") from None
+    if not steps or min(steps) < 0:
+        raise BadConfig("--steps", f"{text!r} names no valid step", "pass e.g. --steps 0,160")
+    return steps
+
+
+def run_evaluate(args: argparse.Namespace) -> dict:
+    spec = load_spec(args.spec)
+    steps = parse_steps(args.steps)
+    store = CheckpointStore(spec.storage.durable, spec.run_id)
+    committed = set(store.list_committed())
+    missing = [s for s in steps if s not in committed]
+    if missing:
+        raise BadData(store.uri(missing[0]), f"no committed checkpoint at step(s) {missing}",
+                      f"choose from the committed steps {sorted(committed)}")
+    tokens, _ = read_split(args.dataset, "val")
+    batches = val_batches(tokens, seq_len=spec.model.seq_len, batch_size=micro_batch_size(spec),
+                          k=spec.train.eval_batches, source=args.dataset)
+    # Evaluation runs here on CPU; the kernel choice does not change the weights.
+    model_cfg = dataclasses.replace(spec.model, attention="auto", activation_checkpointing=False)
+    model = GPT(model_cfg, load_manifest(args.dataset).vocab_size, seed=spec.seed)
+    results = []
+    for step in steps:
+        local = os.path.join(args.workdir, "eval", step_dir(step))
+        shutil.rmtree(local, ignore_errors=True)
+        try:
+            store.fetch(step, local)
+        except CorruptCheckpoint as exc:
+            raise BadData(store.uri(step), str(exc), "evaluate another committed step") from None
+        load_weights(model, os.path.join(local, MODEL_FILE), step)
+        val_loss = evaluate_model(model, batches)
+        shutil.rmtree(local, ignore_errors=True)
+        results.append({"step": step, "val_loss": val_loss,
+                        "perplexity": math.exp(min(val_loss, 700.0))})
+        log.info("evaluated", step=step, val_loss=val_loss, batches=len(batches))
+    return {"results": results}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m trainer.evaluate", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--spec", required=True, help="RunSpec JSON file")
+    p.add_argument("--dataset", required=True, help="dataset MANIFEST.json URI")
+    p.add_argument("--steps", required=True, help="comma-separated committed steps, e.g. 0,160")
+    p.add_argument("--workdir", required=True, help="local scratch directory (and error.json)")
+    p.add_argument("--out", required=True, help="where to write the results JSON")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    os.makedirs(args.workdir, exist_ok=True)
+    error_path = os.path.join(args.workdir, "error.json")
+    if os.path.exists(error_path):
+        os.unlink(error_path)
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 0) or (os.cpu_count() or 1))
+    try:
+        write_json(args.out, run_evaluate(args))
+    except (BadConfig, BadData, StorageUnavailable) as exc:
+        log.error("evaluate_failed", kind=exc.kind, message=str(exc))
+        write_json(error_path, {"type": exc.kind, "message": str(exc)})
+        return EXIT_STORAGE if isinstance(exc, StorageUnavailable) else EXIT_BAD_INPUT
+    except Exception:
+        log.exception("evaluate_crashed")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,185 @@
+"""Llama-style decoder-only GPT: RMSNorm, RoPE, SwiGLU, grouped-query attention, no biases.
+
+Built from `ModelConfig` plus the tokenizer's vocab size. Initialisation is a pure function
+of the seed (its own torch.Generator), so every rank and every fresh start builds the same
+weights without touching the global RNG.
+"""
+
+from __future__ import annotations
+
+import math
+
+import structlog
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from ops.errors import BadConfig
+from ops.spec import ModelConfig
+
+log = structlog.get_logger(__name__)
+
+try:  # optional, CUDA only (the `[gpu]` extra)
+    from flash_attn import flash_attn_func
+except Exception:  # ImportError, or a CUDA/ABI mismatch raised at import time
+    flash_attn_func = None
+
+_LOGGED_CHOICE: set[str] = set()
+
+
+def ffn_hidden(cfg: ModelConfig) -> int:
+    """SwiGLU hidden size: ffn_mult * d_model * 2/3 rounded up to a multiple of 64 (Llama)."""
+    raw = cfg.ffn_mult * cfg.d_model * 2 / 3
+    return int(math.ceil(raw / 64) * 64)
+
+
+def choose_attention(requested: str, cuda: bool) -> str:
+    """'flash' or 'sdpa'. `flash` demands flash-attn on CUDA; `auto` uses it when it can."""
+    have_flash = cuda and flash_attn_func is not None
+    if requested == "flash" and not have_flash:
+        raise BadConfig("model.attention", "flash needs CUDA and the flash-attn package",
+                        "install the [gpu] extra on a CUDA machine, or use auto or sdpa")
+    choice = "flash" if requested == "flash" or (requested == "auto" and have_flash) else "sdpa"
+    if choice not in _LOGGED_CHOICE:
+        _LOGGED_CHOICE.add(choice)
+        log.info("attention_kernel", kernel=choice, requested=requested, cuda=cuda)
+    return choice
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return normed.type_as(x) * self.weight
+
+
+def rope_tables(head_dim: int, seq_len: int, base: float = 10000.0) -> tuple[torch.Tensor, ...]:
+    """cos, sin of shape (seq_len, head_dim // 2) — RoFormer (Su et al. 2021)."""
+    inv = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    angles = torch.outer(torch.arange(seq_len, dtype=torch.float64), inv)
+    return angles.cos().float(), angles.sin().float()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: (B, T, H, D). Rotates interleaved pairs (x0, x1), (x2, x3), ..."""
+    t = x.shape[1]
+    c, s = cos[:t, None, :], sin[:t, None, :]
+    x1, x2 = x.float()[..., 0::2], x.float()[..., 1::2]
+    out = torch.stack((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1).flatten(-2)
+    return out.type_as(x)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.n_heads, self.n_kv = cfg.n_heads, cfg.n_kv_heads
+        self.head_dim = cfg.d_model // cfg.n_heads
+        self.wq = nn.Linear(cfg.d_model, cfg.n_heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(cfg.d_model, self.n_kv * self.head_dim, bias=False)
+        self.wv = nn.Linear(cfg.d_model, self.n_kv * self.head_dim, bias=False)
+        self.wo = nn.Linear(cfg.n_heads * self.head_dim, cfg.d_model, bias=False)
+        self.kernel = "sdpa"
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = apply_rope(self.wq(x).view(b, t, self.n_heads, self.head_dim), cos, sin)
+        k = apply_rope(self.wk(x).view(b, t, self.n_kv, self.head_dim), cos, sin)
+        v = self.wv(x).view(b, t, self.n_kv, self.head_dim)
+        if self.kernel == "flash" and q.dtype in (torch.float16, torch.bfloat16):
+            y = flash_attn_func(q, k, v, causal=True)  # (B, T, H, D), GQA native
+        else:
+            y = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+                enable_gqa=self.n_kv != self.n_heads).transpose(1, 2)
+        return self.wo(y.reshape(b, t, -1))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        hidden = ffn_hidden(cfg)
+        self.w1 = nn.Linear(cfg.d_model, hidden, bias=False)  # gate
+        self.w3 = nn.Linear(cfg.d_model, hidden, bias=False)  # up
+        self.w2 = nn.Linear(hidden, cfg.d_model, bias=False)  # down
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.attn_norm, self.attn = RMSNorm(cfg.d_model), Attention(cfg)
+        self.ffn_norm, self.ffn = RMSNorm(cfg.d_model), SwiGLU(cfg)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), cos, sin)
+        return x + self.ffn(self.ffn_norm(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg: ModelConfig, vocab_size: int, *, seed: int = 0,
+                 cuda: bool | None = None) -> None:
+        super().__init__()
+        self.cfg, self.vocab_size = cfg, vocab_size
+        # torch's default layer init draws from the global RNG; fork it so building a model
+        # leaves the training RNG streams untouched (our own init below is what counts).
+        with torch.random.fork_rng(devices=[]):
+            self.embed = nn.Embedding(vocab_size, cfg.d_model)
+            self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+            self.norm = RMSNorm(cfg.d_model)
+            self.lm_head = nn.Linear(cfg.d_model, vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+        cos, sin = rope_tables(cfg.d_model // cfg.n_heads, cfg.seq_len)
+        # Non-persistent: derived from the config, so they stay out of checkpoints.
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        kernel = choose_attention(cfg.attention, torch.cuda.is_available() if cuda is None else cuda)
+        for block in self.blocks:
+            block.attn.kernel = kernel
+        self.reset_parameters(seed)
+
+    @torch.no_grad()
+    def reset_parameters(self, seed: int) -> None:
+        """GPT-2 style init: N(0, 0.02), residual projections scaled by 1/sqrt(2 * n_layers)."""
+        gen = torch.Generator().manual_seed(seed)
+        resid_std = 0.02 / math.sqrt(2 * self.cfg.n_layers)
+        for name, p in self.named_parameters():  # named_parameters dedups the tied weight
+            if p.dim() == 1:
+                p.fill_(1.0)  # RMSNorm gains
+            else:
+                std = resid_std if name.endswith(("wo.weight", "w2.weight")) else 0.02
+                nn.init.normal_(p, mean=0.0, std=std, generator=gen)
+
+    def param_count(self) -> int:
+        return sum(p.numel() for p in self.parameters())  # tied weight counted once
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """idx, targets: (B, T) token ids. Returns logits (B, T, V) and mean CE loss or None."""
+        x = self.embed(idx)
+        for block in self.blocks:
+            if self.cfg.activation_checkpointing and self.training and torch.is_grad_enabled():
+                x = checkpoint(block, x, self.rope_cos, self.rope_sin, use_reentrant=False)
+            else:
+                x = block(x, self.rope_cos, self.rope_sin)
+        logits = self.lm_head(self.norm(x))
+        if targets is None:
+            return logits, None
+        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+        return logits, loss
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Decay matrices and embeddings; never norm gains (nanoGPT / Llama practice)."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    return [{"params": decay, "weight_decay": weight_decay},
+            {"params": no_decay, "weight_decay": 0.0}]
