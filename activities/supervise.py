@@ -3,8 +3,9 @@
 The worker never trains in its own interpreter: it launches a child in its own process
 group with a parent-death signal (no orphan keeps a GPU when the worker dies), tails the
 child's progress file, heartbeats, detects hangs, and turns the child's exit into a
-classified outcome: 0 = done; an error.json written by the child = BadConfig/BadData
-(non-retryable); anything else = HardwareFault (retryable).
+classified outcome: 0 = done; an error.json written by the child names the class
+(BadConfig/BadData non-retryable, StorageUnavailable retryable); anything else is a
+retryable HardwareFault.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Callable
 import structlog
 from temporalio.exceptions import ApplicationError, CancelledError
 
-from ops.errors import HardwareFault
+from ops.errors import NON_RETRYABLE, HardwareFault
 
 log = structlog.get_logger(__name__)
 
@@ -131,7 +132,8 @@ def _classify_exit(rc: int, workdir: str, log_path: str) -> None:
     if os.path.exists(error_file):
         with open(error_file) as f:
             err = json.load(f)
-        raise ApplicationError(err["message"], err, type=err["type"], non_retryable=True)
+        raise ApplicationError(err["message"], err, type=err["type"],
+                               non_retryable=err["type"] in NON_RETRYABLE)
     how = f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"exit code {rc}"
     raise HardwareFault(f"trainer {how}; last output: {_tail(log_path)}", exit_code=rc)
 
