@@ -14,4 +14,4 @@ from storage.events import EventLog
 def record_event(inp: RecordEventInput) -> None:
     attempt = activity.info().attempt
     with EventLog(inp.durable, inp.run_id, "workflow", attempt=attempt) as events:
-        events.emit(inp.kind, step=inp.step, event_id=inp.event_id, **inp.payload)
+        events.record(inp.kind, inp.step, inp.event_id, inp.payload)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import secrets
 import shutil
 import signal
@@ -58,14 +59,27 @@ def require_free(port: int, flag: str) -> None:
 
 
 def free_port(also_free_offset: int = 0) -> int:
-    """An unused loopback port; with an offset, port+offset must be free too (SeaweedFS gRPC)."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port + also_free_offset < 65536 and (not also_free_offset or port_free(port + also_free_offset)):
+    """An unused loopback port below the kernel's ephemeral range.
+
+    Servers such as the Temporal dev server bind internal services to ephemeral ports
+    of their own; a port we picked with bind(0) (also ephemeral) can be taken by one of
+    them before our frontend binds it. With an offset, port+offset must be free too
+    (SeaweedFS puts each gRPC port at +10000).
+    """
+    low = _ephemeral_low()
+    for _ in range(500):
+        port = random.randint(10000, low - 1 - also_free_offset)
+        if port_free(port) and (not also_free_offset or port_free(port + also_free_offset)):
             return port
-    raise RuntimeError("no free port pair found")
+    raise RuntimeError("no free port found below the ephemeral range")
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return max(int(f.read().split()[0]), 22000)
+    except (OSError, ValueError):
+        return 32768
 
 
 def wait_for_port(port: int, proc: subprocess.Popen, timeout_s: float, what: str,

@@ -43,6 +43,11 @@ class EventLog:
 
     def emit(self, kind: str, *, step: int | None = None, event_id: str | None = None,
              **payload: Any) -> dict[str, Any]:
+        return self.record(kind, step, event_id, payload)
+
+    def record(self, kind: str, step: int | None, event_id: str | None,
+               payload: dict[str, Any]) -> dict[str, Any]:
+        """emit() with the payload as a dict (its keys may be any name, `step` included)."""
         event = {
             "event_id": event_id or uuid.uuid4().hex,
             "run_id": self.run_id,
@@ -56,8 +61,8 @@ class EventLog:
         }
         with self._lock:
             self._buffer.append(event)
-        log.info("event", kind=kind, step=step, **{k: v for k, v in payload.items()
-                                                   if isinstance(v, (int, float, str))})
+        log.info("event_recorded", kind=kind, step=step,
+                 payload={k: v for k, v in payload.items() if isinstance(v, (int, float, str))})
         return event
 
     def flush(self) -> None:
