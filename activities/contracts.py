@@ -52,7 +52,7 @@ class TrainSegmentResult:
     final_step: int
     last_committed_step: int
     last_committed_uri: str
-    train_loss: float
+    train_loss: float | None  # None when the segment had already finished (idempotent retry)
     resumed_from: int | None
     attempt: int
     lost_steps: int = 0

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
 import sys
 import time
 
@@ -25,6 +24,7 @@ from ops.spec import RunSpec
 from ops.telemetry import child_trace_env
 from storage.checkpoints import CheckpointStore
 from storage.events import EventLog
+from trainer.faults import WORKER_PID_ENV
 
 log = structlog.get_logger(__name__)
 
@@ -34,50 +34,37 @@ def segment_workdir(spec: RunSpec, from_step: int, to_step: int) -> str:
                         f"{from_step:09d}-{to_step:09d}")
 
 
-class SegmentTracker:
-    """Follows the child's progress lines: last commit, last loss, injected faults."""
+class DurableCommit:
+    """The last committed checkpoint, as the child reports it: the heartbeat's only content."""
 
-    def __init__(self, spec: RunSpec, inp: TrainSegmentInput, attempt: int, events: EventLog,
-                 committed: tuple[int, str] | None) -> None:
-        self.spec, self.inp, self.attempt, self.events = spec, inp, attempt, events
-        self.committed_step, self.committed_uri = committed or (-1, "")
-        self.step, self.loss = inp.from_step, float("nan")
+    def __init__(self, step: int | None, uri: str) -> None:
+        self.step, self.uri = step, uri
 
     def details(self) -> dict:
-        return {"step": self.committed_step, "uri": self.committed_uri}
+        return {"step": self.step, "uri": self.uri}
 
     def on_progress(self, line: dict) -> None:
         if line.get("type") == "commit":
-            self.committed_step, self.committed_uri = line["step"], line["uri"]
+            self.step, self.uri = line["step"], line["uri"]
             activity.heartbeat(self.details())
-        elif line.get("type") == "step":
-            self.step, self.loss = line["step"], line["loss"]
-            self._maybe_inject_fault()
-
-    def _maybe_inject_fault(self) -> None:
-        for fault in self.spec.faults:
-            due = self.inp.from_step <= fault.at_step < self.inp.to_step
-            if fault.kind == "kill_worker" and due and self.attempt == fault.attempt \
-                    and self.step >= fault.at_step:
-                self.events.emit("fault", step=self.step, event_id=f"fault/kill_worker/{fault.at_step}",
-                                 kind="kill_worker", injected=True,
-                                 evidence=f"SIGKILL to trainer worker pid {os.getpid()} at step "
-                                          f"{self.step}; last committed step {self.committed_step}")
-                self.events.flush()
-                log.warning("injecting_fault", kind="kill_worker", step=self.step, pid=os.getpid())
-                os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _record_recovery(events: EventLog, workdir: str, store: CheckpointStore,
                      inp: TrainSegmentInput, attempt: int) -> None:
     """On a retry: what was lost, from where we resume, and how long it took (MTTR)."""
+    heartbeat = activity.info().heartbeat_details
+    beat_step = heartbeat[0].get("step") if heartbeat and isinstance(heartbeat[0], dict) else None
+    # Resume from the newer of the store's latest commit and the last heartbeat (DESIGN §3);
+    # the child reads the store, so a heartbeat newer than the store is an inconsistency.
     resumed = store.latest_committed(at_or_before=inp.to_step)
+    if beat_step is not None and (resumed is None or beat_step > resumed):
+        log.error("heartbeat_ahead_of_store", heartbeat_step=beat_step, store_step=resumed)
     progress = os.path.join(workdir, "progress.jsonl")
     seen = [p for p in ProgressTail(progress, from_start=True).read() if p.get("type") == "step"]
     last_step = seen[-1]["step"] if seen else inp.from_step
     last_ts = seen[-1]["ts"] if seen else time.time()
     events.emit("recovered", step=resumed, event_id=f"recovered/{inp.from_step}-{inp.to_step}/{attempt}",
-                resumed_step=resumed, last_step_seen=last_step,
+                resumed_step=resumed, heartbeat_step=beat_step, last_step_seen=last_step,
                 lost_steps=max(0, last_step - (resumed or 0)), mttr_s=round(time.time() - last_ts, 2),
                 attempt=attempt)
 
@@ -98,15 +85,15 @@ def train_segment(inp: TrainSegmentInput) -> TrainSegmentResult:
                 from_step=inp.from_step, to_step=inp.to_step, attempt=attempt)
     events.flush()
     latest = store.latest_committed(at_or_before=inp.to_step)
-    tracker = SegmentTracker(spec, inp, attempt, events,
-                             (latest, store.uri(latest)) if latest is not None else None)
+    tracker = DurableCommit(latest, store.uri(latest) if latest is not None else "")
     spec_file = os.path.join(workdir, "spec.json")
     with open(spec_file, "w") as f:
         json.dump(inp.spec, f)
     args = ["--spec", spec_file, "--dataset", inp.dataset_uri, "--to-step", str(inp.to_step),
             "--workdir", workdir, "--attempt", str(attempt)]
     supervise(trainer_command("trainer.segment", spec.train.world_size, args), workdir=workdir,
-              env=child_env(child_trace_env()), progress_file=os.path.join(workdir, "progress.jsonl"),
+              env=child_env({**child_trace_env(), WORKER_PID_ENV: str(os.getpid())}),
+              progress_file=os.path.join(workdir, "progress.jsonl"),
               on_progress=tracker.on_progress, heartbeat=lambda: activity.heartbeat(tracker.details()),
               is_cancelled=activity.is_cancelled, hang_timeout_s=spec.ops.hang_timeout_s)
     with open(os.path.join(workdir, "result.json")) as f:

@@ -36,7 +36,10 @@ def _progress_line(status: dict, events: list[dict]) -> str:
     faults = sum(e["kind"] == "fault" for e in events)
     recovered = sum(e["kind"] == "recovered" for e in events)
     loss = status.get("train_loss")
+    committed = max((e["step"] for e in events if e["kind"] == "checkpoint_committed"
+                     and e["run_id"] == status.get("run_id")), default=None)
     return (f"stage={status.get('stage'):<13} step={status.get('step')}/{status.get('total_steps')}"
+            f" committed={committed}"
             f" loss={loss if loss is None else round(loss, 3)} faults={faults}"
             f" recovered={recovered} events={len(events)}")
 

@@ -57,6 +57,7 @@ from storage.checkpoints import CheckpointManifest, CheckpointStore, step_dir
 from storage.dataset import load_manifest, read_split
 from storage.events import EventLog
 from trainer.data import TrainBatches, skip_past
+from trainer.faults import due_faults, inject
 from trainer.engine import build_engine, lr_at, micro_batch_size, set_lr, tokens_per_step
 from trainer.model import GPT
 from trainer.state import TrainState, state_file
@@ -237,6 +238,9 @@ def train(run: Run, engine, batches: TrainBatches, state: TrainState) -> float |
                            tokens_per_s=step_tokens / dt, step_time_s=dt)
         if state.step % cfg.checkpoint_every == 0 or state.step == run.target:
             commit_checkpoint(run, engine, state)
+        if run.rank == 0:
+            for fault in due_faults(run.spec.faults, state.step, run.args.attempt):
+                inject(fault, run.events, state.step, run.last_commit and run.last_commit[0])
     return loss_value
 
 

@@ -18,14 +18,22 @@ from tests.e2e.runs import assert_completed_five_stages, run_to_end, tiny_spec, 
 pytestmark = pytest.mark.e2e
 
 
-def test_five_stage_run_completes_learns_and_continues_as_new(temporal_server, fleet_factory,
-                                                              tmp_path):
-    spec = tiny_spec("e2e-file", str(tmp_path / "store"), str(tmp_path / "fast"))
-    fleet_factory()
+def test_five_stage_run_survives_injected_kill_and_continues_as_new(temporal_server,
+                                                                     fleet_factory, tmp_path):
+    spec = tiny_spec("e2e-file", str(tmp_path / "store"), str(tmp_path / "fast"),
+                     faults=[{"kind": "kill_worker", "at_step": 25}])
+    fleet = fleet_factory(restart=True)
     result = asyncio.run(run_to_end(temporal_server.address, spec))
     events = assert_completed_five_stages(result, spec)
     # Two segments with segments_per_run=1: the train stage continued-as-new once.
     assert result["workflow_runs"] == 2
+    # The injected SIGKILL really killed the trainer worker; its replacement recovered.
+    assert fleet.restarts == {"trainer": 1}
+    faults = [e for e in events if e["kind"] == "fault"]
+    recovered = [e for e in events if e["kind"] == "recovered"]
+    assert len(faults) == 1 and faults[0]["payload"]["kind"] == "kill_worker"
+    assert len(recovered) == 1 and recovered[0]["payload"]["resumed_step"] == 20
+    assert 0 < recovered[0]["payload"]["lost_steps"] <= spec.train.checkpoint_every
 
     async def first_run_status():
         client = await connect(temporal_server.address)

@@ -1,0 +1,26 @@
+"""`mainspring demo --json` as a user runs it: embedded Temporal, fleet, injected kill."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+
+def test_demo_json_completes_five_stages_and_recovers_its_injected_fault(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "ops.cli", "demo", "--json",
+                           "--state-dir", str(tmp_path / "state")],
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["status"] == "completed"
+    assert summary["stages"] == ["prepare_data", "warmup_sweep", "train", "evaluate", "promote"]
+    assert summary["faults_injected"] == 1 and summary["faults_recovered"] >= 1
+    assert summary["human_actions"] == 0
+    assert summary["final_val_loss"] < summary["initial_val_loss"]
+    assert summary["promoted_checkpoint"].endswith("promoted/step-000000160")
+    assert "Temporal UI: http://" in proc.stderr
