@@ -65,7 +65,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from ops.worker import run_workers
 
     telemetry.configure(f"worker-{args.role}", replay_safe=args.role in ("orchestrator", "all"))
-    asyncio.run(run_workers({args.role}, args.address, args.namespace, args.trainer_slots))
+    try:
+        asyncio.run(run_workers({args.role}, args.address, args.namespace, args.trainer_slots))
+    finally:
+        telemetry.flush()
     return 0
 
 

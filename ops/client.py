@@ -26,7 +26,8 @@ async def connect(address: str = "", namespace: str = "") -> Client:
     tls = bool(api_key) or os.environ.get("TEMPORAL_TLS", "") in ("1", "true")
     return await Client.connect(address or default_address(),
                                 namespace=namespace or os.environ.get("TEMPORAL_NAMESPACE", "default"),
-                                api_key=api_key, tls=tls, plugins=[OpenTelemetryPlugin()])
+                                api_key=api_key, tls=tls,
+                                plugins=[OpenTelemetryPlugin(add_temporal_spans=True)])
 
 
 def localize(spec: RunSpec) -> RunSpec:

@@ -17,11 +17,18 @@ import uuid
 from typing import Any, Iterator
 
 import structlog
+from opentelemetry import trace
 
 from ops.errors import StorageUnavailable
 from storage.fs import join, resolve, storage_errors
 
 log = structlog.get_logger(__name__)
+
+
+def current_trace_id() -> str:
+    """The active OTel trace id (hex), so each event points at its trace; '' outside one."""
+    ctx = trace.get_current_span().get_span_context()
+    return format(ctx.trace_id, "032x") if ctx.is_valid else ""
 
 
 def events_root(root: str, run_id: str) -> str:
@@ -34,7 +41,8 @@ class EventLog:
     def __init__(self, durable_url: str, run_id: str, writer: str, *, attempt: int = 0,
                  trace_id: str = "") -> None:
         self.fs, root = resolve(durable_url)
-        self.url, self.run_id, self.attempt, self.trace_id = durable_url, run_id, attempt, trace_id
+        self.url, self.run_id, self.attempt = durable_url, run_id, attempt
+        self.trace_id = trace_id or current_trace_id()
         self.writer = f"{writer}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.dir = events_root(root, run_id)
         self._buffer: list[dict[str, Any]] = []

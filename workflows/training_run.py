@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from datetime import timedelta
 
+from opentelemetry import trace
 from temporalio import workflow
 from temporalio.common import SearchAttributeKey
 from temporalio.exceptions import ApplicationError
@@ -46,6 +47,7 @@ class TrainingRun:
         self._carry = RunCarry()
         self._stage = "starting"
         self._evals: dict[int, float] = {}
+        self._span = None  # the current stage's OTel span (replay-safe via the plugin)
 
     @workflow.query
     def status(self) -> dict:
@@ -127,11 +129,16 @@ class TrainingRun:
     # ---- stage bookkeeping: search attributes + events via a local activity ---------
     async def _begin(self, stage: str) -> None:
         self._stage = stage
+        self._span = trace.get_tracer(__name__).start_span(
+            f"stage {stage}", attributes={"mainspring.run_id": self._spec.run_id if self._spec else ""})
         workflow.upsert_search_attributes([STAGE.value_set(stage)])
         await self._event("stage_started", f"stage_started/{stage}", stage=stage)
 
     async def _finish(self, stage: str, **payload: object) -> None:
         self._carry.stages_done.append(stage)
+        if self._span is not None:
+            self._span.end()
+            self._span = None
         await self._event("stage_finished", f"stage_finished/{stage}", stage=stage, **payload)
 
     async def _event(self, kind: str, event_id: str, **payload: object) -> None:
