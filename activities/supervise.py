@@ -10,7 +10,6 @@ retryable HardwareFault.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import signal
@@ -24,17 +23,9 @@ import structlog
 from temporalio.exceptions import ApplicationError, CancelledError
 
 from ops.errors import NON_RETRYABLE, HardwareFault
+from ops.procs import set_parent_death_signal
 
 log = structlog.get_logger(__name__)
-
-PR_SET_PDEATHSIG = 1
-
-
-def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
-    """Linux: deliver `sig` to this process when its parent dies. No-op elsewhere."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, sig)
-
 
 def trainer_command(module: str, world_size: int, args: list[str]) -> list[str]:
     """torchrun for the trainer entry points (one launcher for world size 1 and N)."""

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from ops.errors import BadConfig
+from ops.procs import set_parent_death_signal
 
 log = structlog.get_logger(__name__)
 
@@ -143,7 +144,8 @@ class TemporalDevServer:
         os.makedirs(self.state_dir, exist_ok=True)
         log_path = os.path.join(self.state_dir, "temporal.log")
         self.proc = subprocess.Popen(self.command(), stdout=open(log_path, "ab"),
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+                                     stderr=subprocess.STDOUT, start_new_session=True,
+                                     preexec_fn=set_parent_death_signal)
         wait_for_port(self.port, self.proc, timeout_s, "temporal dev server", log_path)
         log.info("temporal_started", address=self.address, ui=None if self.headless else self.ui_url)
         return self
@@ -198,7 +200,8 @@ class SeaweedS3:
             self.s3_port = free_port()
         log_path = os.path.join(self.state_dir, "seaweedfs.log")
         self.proc = subprocess.Popen(self.command(), stdout=open(log_path, "ab"),
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+                                     stderr=subprocess.STDOUT, start_new_session=True,
+                                     preexec_fn=set_parent_death_signal)
         wait_for_port(self.s3_port, self.proc, timeout_s, "seaweedfs s3", log_path)
         self._make_bucket(timeout_s)
         log.info("seaweedfs_started", endpoint=self.endpoint, bucket=self.bucket)

@@ -13,12 +13,10 @@ classified failure. Exit codes: 0 done; 3 BadConfig/BadData (non-retryable, erro
 
 from __future__ import annotations
 
-import ctypes
 import os
-import signal
 import sys
 
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+from ops.procs import set_parent_death_signal
 
 
 def die_with_parent() -> None:
@@ -27,8 +25,7 @@ def die_with_parent() -> None:
     Runs before torch is imported so there is no window in which an orphaned rank could
     hold a GPU (DESIGN §5). If the parent is already gone we were re-parented to init.
     """
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
+    set_parent_death_signal()
     if os.getppid() == 1:
         sys.exit(1)
 

@@ -1,0 +1,46 @@
+import json
+import socket
+
+from ops.cli import main
+from ops.services import _ephemeral_low, free_port
+
+
+def test_run_start_with_malformed_spec_exits_2_naming_the_field(tmp_path, capsys):
+    spec = tmp_path / "bad.json"
+    spec.write_text(json.dumps({"run_id": "x", "train": {"total_steps": -1}}))
+    # The address is unreachable on purpose: validation must fail before any connection.
+    assert main(["run", "start", "--spec", str(spec), "--address", "127.0.0.1:1"]) == 2
+    assert "train.total_steps" in capsys.readouterr().err
+
+
+def test_run_start_rejects_unknown_fields_and_bad_overrides(tmp_path, capsys):
+    spec = tmp_path / "bad.json"
+    spec.write_text(json.dumps({"run_id": "x", "modle": {}}))
+    assert main(["run", "start", "--spec", str(spec), "--address", "127.0.0.1:1"]) == 2
+    assert "modle" in capsys.readouterr().err
+    assert main(["run", "start", "--preset", "demo", "--set", "train.lr=-1",
+                 "--address", "127.0.0.1:1"]) == 2
+    assert "train.lr" in capsys.readouterr().err
+
+
+def test_unreadable_spec_file_is_named(tmp_path, capsys):
+    missing = tmp_path / "nope.json"
+    assert main(["run", "start", "--spec", str(missing), "--address", "127.0.0.1:1"]) == 2
+    assert str(missing) in capsys.readouterr().err
+
+
+def test_dev_refuses_a_port_already_in_use(tmp_path, capsys):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert main(["dev", "--port", str(port), "--headless",
+                     "--state-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"port {port} is already in use" in err and "--port" in err
+
+
+def test_free_ports_stay_below_the_ephemeral_range():
+    low = _ephemeral_low()
+    assert all(free_port() < low for _ in range(20))
+    assert all(free_port(10000) + 10000 < low for _ in range(20))
