@@ -23,7 +23,7 @@ def tiny_spec(run_id: str, durable: str, fast: str, **overrides) -> RunSpec:
             "train.checkpoint_every": 10, "train.warmup_steps": 5, "train.eval_batches": 4,
             "sweep.trials": 2, "sweep.trial_steps": 8,
             "sweep.space": {"lr": {"low": 3e-3, "high": 1e-2, "log": True}},
-            "faults": [], "ops.heartbeat_timeout_s": 5.0}
+            "faults": [], "ops.heartbeat_timeout_s": 8.0}
     return localize(preset("demo", **{**base, **overrides}))
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 
@@ -10,6 +11,7 @@ import psutil
 import pytest
 from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
 
+from ops.cli import main
 from ops.client import connect
 from storage.checkpoints import CheckpointStore
 from storage.events import read_events
@@ -19,7 +21,8 @@ pytestmark = pytest.mark.e2e
 
 
 def test_five_stage_run_survives_injected_kill_and_continues_as_new(temporal_server,
-                                                                     fleet_factory, tmp_path):
+                                                                     fleet_factory, tmp_path,
+                                                                     capsys):
     spec = tiny_spec("e2e-file", str(tmp_path / "store"), str(tmp_path / "fast"),
                      faults=[{"kind": "kill_worker", "at_step": 25}])
     fleet = fleet_factory(restart=True)
@@ -43,6 +46,12 @@ def test_five_stage_run_survives_injected_kill_and_continues_as_new(temporal_ser
     statuses = asyncio.run(first_run_status())
     assert statuses == sorted([WorkflowExecutionStatus.CONTINUED_AS_NEW,
                                WorkflowExecutionStatus.COMPLETED])
+    # `mainspring run status` reports the finished run through the workflow's query.
+    capsys.readouterr()
+    assert main(["run", "status", spec.run_id, "--address", temporal_server.address]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert status["workflow_status"] == "COMPLETED" and status["stage"] == "completed"
+    assert status["step"] == spec.train.total_steps
     trials = [e for e in events if e["kind"] == "sweep_trial"]
     assert len(trials) == 2 and trials[0]["payload"]["params"] != trials[1]["payload"]["params"]
     best = min(trials, key=lambda e: e["payload"]["result"])["payload"]["params"]
