@@ -10,7 +10,7 @@ from datetime import timedelta
 from temporalio.common import RetryPolicy
 
 from ops.errors import NON_RETRYABLE
-from ops.spec import RunSpec, SweepConfig
+from ops.spec import RunSpec, SpikeConfig, SweepConfig
 
 RETRYABLE_FOREVER = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
                                 maximum_interval=timedelta(seconds=30), maximum_attempts=0,
@@ -69,3 +69,24 @@ def with_params(spec: RunSpec, params: dict[str, float]) -> RunSpec:
 
 def segment_bounds(next_step: int, spec: RunSpec) -> tuple[int, int]:
     return next_step, min(next_step + spec.train.segment_steps, spec.train.total_steps)
+
+
+ESCALATE_CONTINUE, ESCALATE_LOWER_LR, ESCALATE_PAUSE = "continue", "lower_lr", "pause"
+
+
+def escalate(rollback_steps: tuple[int, ...], step: int, lowered_at: tuple[int, ...],
+             cfg: SpikeConfig) -> tuple[str, str]:
+    """What the workflow does after a segment reported rollbacks: (action, reason).
+
+    Within the budget's window: continue. Over budget: lower the LR (once per window);
+    still over budget after lowering it: pause the run for a human rather than loop.
+    """
+    horizon = step - cfg.budget.per_steps
+    recent = [s for s in rollback_steps if s > horizon]
+    if len(recent) <= cfg.budget.rollbacks:
+        return ESCALATE_CONTINUE, f"{len(recent)} rollbacks in {cfg.budget.per_steps} steps"
+    if not any(s > horizon for s in lowered_at):
+        return ESCALATE_LOWER_LR, (f"{len(recent)} rollbacks in {cfg.budget.per_steps} steps "
+                                   f"exceed the budget of {cfg.budget.rollbacks}")
+    return ESCALATE_PAUSE, (f"{len(recent)} rollbacks in {cfg.budget.per_steps} steps even "
+                            f"after lowering the LR at step {max(lowered_at)}")

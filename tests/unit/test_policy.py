@@ -31,3 +31,17 @@ def test_segments_cover_the_run_without_gaps():
 
 def test_with_params_sets_the_swept_values():
     assert with_params(preset("demo"), {"lr": 2e-3}).train.lr == 2e-3
+
+
+def test_escalation_continues_then_lowers_lr_then_pauses():
+    from ops.spec import SpikeBudget, SpikeConfig
+    from workflows.policy import escalate
+
+    cfg = SpikeConfig(budget=SpikeBudget(rollbacks=2, per_steps=100))
+    assert escalate((10, 20), 50, (), cfg)[0] == "continue"
+    assert escalate((10, 20, 30), 50, (), cfg)[0] == "lower_lr"
+    action, reason = escalate((10, 20, 30, 40), 60, (35,), cfg)
+    assert action == "pause" and "after lowering the LR at step 35" in reason
+    # Old rollbacks and an old LR change fall out of the window: back to normal.
+    assert escalate((10, 20, 30), 250, (35,), cfg)[0] == "continue"
+    assert escalate((210, 220, 230), 250, (35,), cfg)[0] == "lower_lr"

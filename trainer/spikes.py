@@ -1,0 +1,101 @@
+"""Loss-spike detector: a pure function of (state, step, loss) -> (state, Verdict).
+
+Robust running statistics over the last `window` *accepted* losses: the baseline is
+their median and the spread is 1.4826 x MAD (the normal-consistent scale, Rousseeuw &
+Croux 1993), so one spike cannot drag the baseline towards itself. Verdicts:
+
+- `ok`       — within `skip_threshold` robust deviations, or still warming up;
+- `skip`     — a non-finite loss, or one outlier: do not apply this batch's update;
+- `rollback` — `patience` outliers inside the window: a sustained spike; restore the last
+               checkpoint before `onset` and skip the data window around it (PaLM, §5.1).
+
+The state is a small frozen dataclass, saved in every checkpoint with the TrainState, so
+resume reproduces the same verdicts as never stopping.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from statistics import median
+
+from ops.spec import SpikeConfig
+
+MAD_TO_SIGMA = 1.4826  # MAD of a normal distribution x 1.4826 = its standard deviation
+
+
+@dataclass(frozen=True, kw_only=True)
+class DetectorState:
+    history: tuple[float, ...] = ()  # last `window` accepted losses, oldest first
+    seen: int = 0  # losses observed (accepted or not)
+    outliers: tuple[int, ...] = ()  # steps of recent outliers, inside the window
+
+    def to_dict(self) -> dict:
+        return {"history": list(self.history), "seen": self.seen, "outliers": list(self.outliers)}
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> "DetectorState":
+        return cls(history=tuple(raw["history"]), seen=raw["seen"], outliers=tuple(raw["outliers"]))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Verdict:
+    action: str  # ok | skip | rollback
+    step: int
+    loss: float
+    baseline: float | None = None
+    spread: float | None = None
+    threshold: float | None = None
+    reason: str = ""
+    onset: int | None = None  # rollback: the first outlier step of the sustained spike
+    evidence: dict = field(default_factory=dict)
+
+
+def robust_stats(values: tuple[float, ...], min_spread: float) -> tuple[float, float]:
+    """(median, 1.4826 x MAD), the spread floored so a flat history cannot make z infinite."""
+    mid = median(values)
+    mad = median(abs(v - mid) for v in values)
+    return mid, max(MAD_TO_SIGMA * mad, min_spread * max(abs(mid), 1.0))
+
+
+def observe(state: DetectorState, step: int, loss: float,
+            cfg: SpikeConfig) -> tuple[DetectorState, Verdict]:
+    """Judge one training loss; return the new state and the verdict with its evidence."""
+    recent = tuple(s for s in state.outliers if step - s < cfg.window)
+    if not math.isfinite(loss):
+        return (replace(state, seen=state.seen + 1, outliers=recent + (step,)),
+                Verdict(action="skip", step=step, loss=loss, reason="non_finite_loss"))
+    if state.seen < cfg.warmup or len(state.history) < 2:
+        return _accept(state, loss, cfg, recent), Verdict(action="ok", step=step, loss=loss,
+                                                          reason="warming_up")
+    baseline, spread = robust_stats(state.history, cfg.min_spread)
+    threshold = baseline + cfg.skip_threshold * spread
+    judged = {"baseline": baseline, "spread": spread, "threshold": threshold}
+    if loss <= threshold:
+        return _accept(state, loss, cfg, recent), Verdict(action="ok", step=step, loss=loss,
+                                                          **judged)
+    outliers = recent + (step,)
+    new = replace(state, seen=state.seen + 1, outliers=outliers)
+    if len(outliers) >= cfg.patience:
+        return new, Verdict(action="rollback", step=step, loss=loss, reason="sustained_spike",
+                            onset=outliers[0], evidence={"outlier_steps": list(outliers)},
+                            **judged)
+    return new, Verdict(action="skip", step=step, loss=loss, reason="outlier", **judged)
+
+
+def _accept(state: DetectorState, loss: float, cfg: SpikeConfig,
+            recent: tuple[int, ...]) -> DetectorState:
+    return DetectorState(history=(state.history + (loss,))[-cfg.window:], seen=state.seen + 1,
+                         outliers=recent)
+
+
+def reset_window(state: DetectorState) -> DetectorState:
+    """After a rollback: forget the outliers (the baseline of accepted losses stays)."""
+    return replace(state, outliers=())
+
+
+def skip_range(onset: int, cfg: SpikeConfig, times_in_region: int = 1) -> tuple[int, int]:
+    """Data batches to skip around a spike's onset; a repeat in the same region widens it."""
+    width = cfg.skip_window * (2 ** (times_in_region - 1))
+    start = max(0, onset - cfg.skip_before)
+    return start, start + width
