@@ -203,6 +203,42 @@ class StorageConfig:
         _require(self.keep_last >= 0, "keep_last", "must be >= 0", "use 0 to keep all")
 
 
+@dataclass(frozen=True, kw_only=True)
+class SpikeBudget:
+    rollbacks: int = 3  # rollbacks allowed per `per_steps` before the workflow escalates
+    per_steps: int = 1000
+
+    def __post_init__(self) -> None:
+        _positive(self, "rollbacks", "per_steps")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpikeConfig:
+    """Loss-spike handling (trainer/spikes.py); thresholds in robust standard deviations."""
+
+    enabled: bool = True
+    window: int = 50  # accepted losses in the robust baseline (median / MAD)
+    warmup: int = 20  # losses observed before the detector judges
+    skip_threshold: float = 6.0  # loss above median + k * 1.4826 * MAD is an outlier
+    min_spread: float = 0.01  # spread floor, relative to |median|, for a flat history
+    patience: int = 3  # outliers within `window` steps that make a sustained spike
+    skip_before: int = 2  # batches before the onset also skipped on rollback
+    skip_window: int = 16  # batches skipped from there (PaLM: 200-500 at full scale)
+    lr_backoff: float = 0.5  # LR factor the workflow applies when the budget is spent
+    lr_backoff_steps: int = 500  # for this many steps
+    budget: SpikeBudget = field(default_factory=SpikeBudget)
+
+    def __post_init__(self) -> None:
+        _positive(self, "window", "skip_threshold", "min_spread", "patience", "skip_window",
+                  "lr_backoff_steps")
+        _require(self.warmup >= 0 and self.skip_before >= 0, "warmup", "must be >= 0",
+                 "use 0 to judge from the start")
+        _require(self.patience <= self.window, "patience", "exceeds window",
+                 "make patience <= window")
+        _require(0 < self.lr_backoff < 1, "lr_backoff", f"must be in (0, 1), got {self.lr_backoff}",
+                 "use e.g. 0.5")
+
+
 FAULT_KINDS = ("kill_worker",)
 
 
@@ -241,6 +277,7 @@ class RunSpec:
     train: TrainConfig = field(default_factory=TrainConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
+    spikes: SpikeConfig = field(default_factory=SpikeConfig)
     faults: tuple[FaultSpec, ...] = ()
     ops: OpsConfig = field(default_factory=OpsConfig)
 
