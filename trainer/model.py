@@ -3,6 +3,11 @@
 Built from `ModelConfig` plus the tokenizer's vocab size. Initialisation is a pure function
 of the seed (its own torch.Generator), so every rank and every fresh start builds the same
 weights without touching the global RNG.
+
+Packed rows: `forward(..., position_ids=, doc_ids=)` runs several documents per row with no
+attention across documents. RoPE reads the per-token positions (reset per document); SDPA
+gets a block-diagonal causal boolean mask; flash-attn (CUDA, fp16/bf16) gets the same
+segments as cumulative sequence lengths for `flash_attn_varlen_func`.
 """
 
 from __future__ import annotations
@@ -21,11 +26,12 @@ from ops.spec import ModelConfig
 log = structlog.get_logger(__name__)
 
 try:  # optional, CUDA only (the `[gpu]` extra)
-    from flash_attn import flash_attn_func
+    from flash_attn import flash_attn_func, flash_attn_varlen_func
 except Exception:  # ImportError, or a CUDA/ABI mismatch raised at import time
-    flash_attn_func = None
+    flash_attn_func = flash_attn_varlen_func = None
 
 _LOGGED_CHOICE: set[str] = set()
+IGNORE = -100  # target id that carries no loss (F.cross_entropy's default ignore_index)
 
 
 def ffn_hidden(cfg: ModelConfig) -> int:
@@ -66,10 +72,42 @@ def rope_tables(head_dim: int, seq_len: int, base: float = 10000.0) -> tuple[tor
     return angles.cos().float(), angles.sin().float()
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: (B, T, H, D). Rotates interleaved pairs (x0, x1), (x2, x3), ..."""
-    t = x.shape[1]
-    c, s = cos[:t, None, :], sin[:t, None, :]
+def rope_at(cos: torch.Tensor, sin: torch.Tensor, t: int,
+            position_ids: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rotation of each token, shaped to broadcast over (B, T, H, D/2).
+
+    Without position_ids every row counts 0..t-1; with them (packed rows) each document
+    restarts at 0, so a document rotates exactly as it would alone.
+    """
+    if position_ids is None:
+        return cos[:t, None, :], sin[:t, None, :]
+    return cos[position_ids][:, :, None, :], sin[position_ids][:, :, None, :]
+
+
+def block_causal_mask(doc_ids: torch.Tensor) -> torch.Tensor:
+    """(B, 1, T, T) bool, True = may attend: same document and not in the future."""
+    t = doc_ids.shape[1]
+    same = doc_ids[:, :, None] == doc_ids[:, None, :]
+    causal = torch.ones(t, t, dtype=torch.bool, device=doc_ids.device).tril()
+    return (same & causal)[:, None]
+
+
+def cu_seqlens(doc_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Cumulative segment lengths of the flattened (B*T) batch for flash_attn_varlen_func.
+
+    A segment ends where the document id changes or a row ends, so rows never merge.
+    """
+    b, t = doc_ids.shape
+    new = torch.ones_like(doc_ids, dtype=torch.bool)
+    new[:, 1:] = doc_ids[:, 1:] != doc_ids[:, :-1]
+    starts = new.flatten().nonzero().flatten()
+    total = torch.tensor([b * t], device=doc_ids.device)
+    cu = torch.cat([starts, total]).to(torch.int32)
+    return cu, int((cu[1:] - cu[:-1]).max())
+
+
+def apply_rope(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """x: (B, T, H, D); c, s from `rope_at`. Rotates interleaved pairs (x0, x1), (x2, x3), ..."""
     x1, x2 = x.float()[..., 0::2], x.float()[..., 1::2]
     out = torch.stack((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1).flatten(-2)
     return out.type_as(x)
@@ -86,17 +124,26 @@ class Attention(nn.Module):
         self.wo = nn.Linear(cfg.n_heads * self.head_dim, cfg.d_model, bias=False)
         self.kernel = "sdpa"
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                mask: torch.Tensor | None = None, cu: torch.Tensor | None = None,
+                max_len: int = 0) -> torch.Tensor:
+        """mask: block-causal (SDPA); cu/max_len: the same segments for flash varlen."""
         b, t, _ = x.shape
         q = apply_rope(self.wq(x).view(b, t, self.n_heads, self.head_dim), cos, sin)
         k = apply_rope(self.wk(x).view(b, t, self.n_kv, self.head_dim), cos, sin)
         v = self.wv(x).view(b, t, self.n_kv, self.head_dim)
         if self.kernel == "flash" and q.dtype in (torch.float16, torch.bfloat16):
-            y = flash_attn_func(q, k, v, causal=True)  # (B, T, H, D), GQA native
+            if cu is None:
+                y = flash_attn_func(q, k, v, causal=True)  # (B, T, H, D), GQA native
+            else:  # packed: (B*T, H, D) with segment boundaries, no cross-document attention
+                y = flash_attn_varlen_func(q.reshape(b * t, self.n_heads, -1),
+                                           k.reshape(b * t, self.n_kv, -1),
+                                           v.reshape(b * t, self.n_kv, -1),
+                                           cu, cu, max_len, max_len, causal=True)
         else:
             y = F.scaled_dot_product_attention(
-                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
-                enable_gqa=self.n_kv != self.n_heads).transpose(1, 2)
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
+                is_causal=mask is None, enable_gqa=self.n_kv != self.n_heads).transpose(1, 2)
         return self.wo(y.reshape(b, t, -1))
 
 
@@ -118,8 +165,10 @@ class Block(nn.Module):
         self.attn_norm, self.attn = RMSNorm(cfg.d_model), Attention(cfg)
         self.ffn_norm, self.ffn = RMSNorm(cfg.d_model), SwiGLU(cfg)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), cos, sin)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                mask: torch.Tensor | None = None, cu: torch.Tensor | None = None,
+                max_len: int = 0) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), cos, sin, mask, cu, max_len)
         return x + self.ffn(self.ffn_norm(x))
 
 
@@ -161,19 +210,32 @@ class GPT(nn.Module):
     def param_count(self) -> int:
         return sum(p.numel() for p in self.parameters())  # tied weight counted once
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *,
+                position_ids: torch.Tensor | None = None, doc_ids: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """idx, targets: (B, T) token ids. Returns logits (B, T, V) and mean CE loss or None."""
+        """idx, targets: (B, T) token ids. Returns logits (B, T, V) and mean CE loss or None.
+
+        Packed rows pass position_ids and doc_ids (B, T): tokens attend only within their
+        document. Targets equal to IGNORE (-100: padding, document ends) carry no loss.
+        """
         x = self.embed(idx)
+        cos, sin = rope_at(self.rope_cos, self.rope_sin, idx.shape[1], position_ids)
+        mask, cu, max_len = None, None, 0
+        if doc_ids is not None:
+            if self.blocks[0].attn.kernel == "flash" and x.dtype in (torch.float16, torch.bfloat16):
+                cu, max_len = cu_seqlens(doc_ids)
+            else:
+                mask = block_causal_mask(doc_ids)
         for block in self.blocks:
             if self.cfg.activation_checkpointing and self.training and torch.is_grad_enabled():
-                x = checkpoint(block, x, self.rope_cos, self.rope_sin, use_reentrant=False)
+                x = checkpoint(block, x, cos, sin, mask, cu, max_len, use_reentrant=False)
             else:
-                x = block(x, self.rope_cos, self.rope_sin)
+                x = block(x, cos, sin, mask, cu, max_len)
         logits = self.lm_head(self.norm(x))
         if targets is None:
             return logits, None
-        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1),
+                               ignore_index=IGNORE)
         return logits, loss
 
 
