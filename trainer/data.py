@@ -6,6 +6,16 @@ first seq_len, targets the last seq_len). Epoch e visits the windows in the orde
 epoch g // n, position g % n. The data cursor b (one integer, saved in every checkpoint)
 names a micro-batch: rank r of world W reads samples (b*W + r)*bs + i, i < bs. Resuming
 from a cursor therefore replays exactly the batches an uninterrupted run would have seen.
+
+Packing (`train.packing`, `PackedBatches`): epoch e lays the documents (split at the
+dataset's doc_starts, each ending in EOS) back to back in the order
+`np.random.default_rng([seed, e]).permutation(n_docs)` and cuts that stream into rows of
+seq_len tokens. A row holds as many documents as fit; a document that crosses a row end
+continues at the start of the next row. Attention never crosses a document (doc_ids),
+positions restart at each document and each row, and the target of a document's last
+token is ignored, so each token is an input exactly once per epoch and only the epoch's
+last row is padded. The rows then play the role of the windows above: same cursor
+arithmetic, same skip ranges.
 """
 
 from __future__ import annotations
@@ -16,6 +26,8 @@ import numpy as np
 import torch
 
 from ops.errors import BadData
+
+IGNORE = -100  # == trainer.model.IGNORE; kept here so data stays torch-model free
 
 
 def n_windows(n_tokens: int, seq_len: int) -> int:
@@ -86,6 +98,77 @@ class TrainBatches:
     def get(self, cursor: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(inputs, targets), each (batch_size, seq_len) int64."""
         return to_tensors(self.windows[self.window_ids(cursor)])
+
+
+def doc_lengths(doc_starts: np.ndarray, n_tokens: int) -> np.ndarray:
+    """Token count of each document; empty documents (repeated starts) have length 0."""
+    starts = np.asarray(doc_starts, dtype=np.int64)
+    return np.diff(np.append(starts, n_tokens))
+
+
+def pack_layout(lengths: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """Stream offset of each document in `order`, plus the stream length at the end."""
+    return np.concatenate([[0], np.cumsum(lengths[order])]).astype(np.int64)
+
+
+def pack_row(row: int, seq_len: int, starts: np.ndarray, order: np.ndarray,
+             offsets: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Row `row` of one epoch's packed stream as (src, target_src, position_ids, doc_ids).
+
+    src: index into the token array of each slot (-1 = padding). target_src: index of the
+    token it predicts, -1 where there is none (document end, padding). Pure numpy.
+    """
+    total = int(offsets[-1])
+    p = np.arange(row * seq_len, (row + 1) * seq_len, dtype=np.int64)
+    real = p < total
+    k = np.searchsorted(offsets, np.minimum(p, total - 1), side="right") - 1
+    within = p - offsets[k]
+    src = np.where(real, starts[order[k]] + within, -1)
+    has_next = real & (within + 1 < offsets[k + 1] - offsets[k])
+    target_src = np.where(has_next, src + 1, -1)
+    first = np.maximum(offsets[k], row * seq_len)  # documents restart at the row start
+    position_ids = np.where(real, p - first, p - max(total, row * seq_len))
+    doc_ids = np.where(real, k, -1)  # padding attends only to padding
+    return src, target_src, position_ids, doc_ids
+
+
+class PackedBatches:
+    """Token-budget micro-batches of packed documents for one rank (see the module doc)."""
+
+    def __init__(self, tokens: np.ndarray, doc_starts: np.ndarray, *, seq_len: int,
+                 batch_size: int, seed: int, rank: int = 0, world: int = 1,
+                 source: str = "train split") -> None:
+        self.tokens = tokens
+        self.starts = np.asarray(doc_starts, dtype=np.int64)
+        self.lengths = doc_lengths(self.starts, tokens.size)
+        total = int(self.lengths.sum())
+        if total < 2 or self.starts.size == 0 or self.starts[0] != 0:
+            raise BadData(source, f"{tokens.size} tokens in {self.starts.size} documents "
+                          "cannot be packed (need >= 2 tokens, first document at offset 0)",
+                          "re-run data preparation; doc_starts must begin at 0")
+        self.n = -(-total // seq_len)  # rows per epoch; only the last one is padded
+        self.seq_len, self.batch_size, self.seed = seq_len, batch_size, seed
+        self.rank, self.world = rank, world
+        self._layout: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    def layout(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        if epoch not in self._layout:
+            order = epoch_order(self.seed, epoch, self.starts.size)
+            self._layout = {epoch: (order, pack_layout(self.lengths, order))}  # keep one epoch
+        return self._layout[epoch]
+
+    def rows(self, cursor: int) -> list[tuple[np.ndarray, ...]]:
+        epochs, rows = locate(sample_indices(cursor, self.rank, self.world, self.batch_size),
+                              self.n)
+        return [pack_row(int(r), self.seq_len, self.starts, *self.layout(int(e)))
+                for e, r in zip(epochs, rows)]
+
+    def get(self, cursor: int) -> tuple[torch.Tensor, ...]:
+        """(inputs, targets, position_ids, doc_ids), each (batch_size, seq_len) int64."""
+        src, tgt, pos, doc = (np.stack(a) for a in zip(*self.rows(cursor)))
+        x = np.where(src >= 0, self.tokens[np.maximum(src, 0)], 0)
+        y = np.where(tgt >= 0, self.tokens[np.maximum(tgt, 0)], IGNORE)
+        return tuple(torch.from_numpy(a.astype(np.int64)) for a in (x, y, pos, doc))
 
 
 def val_batches(tokens: np.ndarray, *, seq_len: int, batch_size: int, k: int,

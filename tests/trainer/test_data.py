@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from ops.errors import BadData
-from trainer.data import (TrainBatches, epoch_order, locate, n_windows, sample_indices,
+from trainer.data import (IGNORE, PackedBatches, TrainBatches, doc_lengths, epoch_order,
+                          locate, n_windows, pack_layout, pack_row, sample_indices,
                           skip_past, val_batches, windows)
 
 
@@ -108,3 +110,109 @@ def test_too_few_tokens_for_one_window_is_bad_data_naming_the_source():
     assert err.value.path == "mem://d"
     with pytest.raises(BadData):
         val_batches(np.arange(5), seq_len=8, batch_size=1, k=1)
+
+
+# ---- token-budget packing ---------------------------------------------------------------
+def corpus(lengths: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Documents of the given lengths; token value = its own index, so sources are visible."""
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    return np.arange(sum(lengths)), starts
+
+
+SKEWED = [3, 40, 5, 1, 17, 2, 64, 9, 30, 4, 11, 2]  # 1..64 tokens: a 64x spread
+
+
+def epoch_rows(p: PackedBatches, epoch: int) -> list[tuple[np.ndarray, ...]]:
+    return [pack_row(r, p.seq_len, p.starts, *p.layout(epoch)) for r in range(p.n)]
+
+
+def test_packing_feeds_every_token_exactly_once_per_epoch():
+    tokens, starts = corpus(SKEWED)
+    p = PackedBatches(tokens, starts, seq_len=8, batch_size=2, seed=0)
+    for epoch in (0, 1):
+        src = np.concatenate([r[0] for r in epoch_rows(p, epoch)])
+        real = src[src >= 0]
+        assert sorted(real.tolist()) == list(range(tokens.size))
+
+
+def test_packing_pads_only_the_last_row_of_an_epoch():
+    tokens, starts = corpus(SKEWED)  # 188 tokens -> 24 rows of 8, 4 padding slots
+    p = PackedBatches(tokens, starts, seq_len=8, batch_size=2, seed=0)
+    rows = epoch_rows(p, 0)
+    assert p.n == 24
+    assert all((r[0] >= 0).all() for r in rows[:-1])
+    assert (rows[-1][0] < 0).sum() == 24 * 8 - 188
+
+
+def test_packed_micro_batch_is_exactly_the_token_budget_with_several_documents():
+    tokens, starts = corpus(SKEWED)
+    p = PackedBatches(tokens, starts, seq_len=16, batch_size=4, seed=1)  # budget 64 tokens
+    x, y, pos, doc = p.get(0)
+    assert x.shape == y.shape == pos.shape == doc.shape == (4, 16)
+    assert len({(r, int(d)) for r in range(4) for d in doc[r]}) > 4  # variable docs per row
+
+
+def test_positions_restart_per_document_and_targets_stay_inside_it():
+    tokens, starts = corpus(SKEWED)
+    p = PackedBatches(tokens, starts, seq_len=16, batch_size=12, seed=2)
+    x, y, pos, doc = (t.numpy() for t in p.get(0))
+    ends = set((starts + np.array(SKEWED) - 1).tolist())  # last token of each document
+    for r in range(x.shape[0]):
+        for i in range(16):
+            new_doc = i == 0 or doc[r, i] != doc[r, i - 1]
+            assert (pos[r, i] == 0) == new_doc
+            if doc[r, i] >= 0 and x[r, i] not in ends:
+                assert y[r, i] == x[r, i] + 1  # the next token of the same document
+            else:
+                assert y[r, i] == IGNORE
+
+
+def test_long_documents_continue_across_rows():
+    tokens, starts = corpus([50])
+    p = PackedBatches(tokens, starts, seq_len=16, batch_size=1, seed=0)
+    rows = epoch_rows(p, 0)
+    assert [r[0][0] for r in rows[:4]] == [0, 16, 32, 48]
+    assert rows[0][1][-1] == 16  # the row's last token still predicts its successor
+
+
+def test_packed_world_of_two_reads_the_rows_of_world_one_with_double_batch():
+    tokens, starts = corpus(SKEWED * 5)
+    one = PackedBatches(tokens, starts, seq_len=8, batch_size=4, seed=5)
+    two = [PackedBatches(tokens, starts, seq_len=8, batch_size=2, seed=5, rank=r, world=2)
+           for r in (0, 1)]
+    for c in (0, 3, 50):  # 50 is several epochs in
+        assert torch.equal(one.get(c)[0], torch.cat([two[0].get(c)[0], two[1].get(c)[0]]))
+
+
+def test_packed_order_is_a_pure_function_of_seed_epoch_and_cursor():
+    tokens, starts = corpus(SKEWED)
+    a = PackedBatches(tokens, starts, seq_len=8, batch_size=2, seed=1)
+    b = PackedBatches(tokens, starts, seq_len=8, batch_size=2, seed=1)
+    for c in (7, 0, 30, 7):  # out of order, across epochs
+        assert all(ta.equal(tb) for ta, tb in zip(a.get(c), b.get(c)))
+    other = PackedBatches(tokens, starts, seq_len=8, batch_size=2, seed=2)
+    assert not other.get(0)[0].equal(a.get(0)[0])
+
+
+def test_skip_ranges_drop_their_batches_without_shifting_the_rest():
+    tokens, starts = corpus(SKEWED * 3)
+    p = PackedBatches(tokens, starts, seq_len=8, batch_size=2, seed=0)
+    skips = [(3, 6)]
+    cursor, seen = 0, []
+    for _ in range(6):
+        cursor = skip_past(cursor, skips)
+        seen.append(cursor)
+        cursor += 1
+    assert seen == [0, 1, 2, 6, 7, 8]
+    assert p.get(seen[3])[0].equal(PackedBatches(tokens, starts, seq_len=8, batch_size=2,
+                                                 seed=0).get(6)[0])
+
+
+def test_doc_lengths_come_from_starts_and_the_token_count():
+    assert doc_lengths(np.array([0, 3, 3, 10]), 12).tolist() == [3, 0, 7, 2]
+    assert pack_layout(np.array([3, 5, 2]), np.array([2, 0, 1])).tolist() == [0, 2, 5, 10]
+
+
+def test_documents_not_starting_at_zero_are_bad_data():
+    with pytest.raises(BadData):
+        PackedBatches(np.arange(10), np.array([2, 5]), seq_len=4, batch_size=1, seed=0)
