@@ -34,11 +34,26 @@ def _positive(obj: Any, *names: str) -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class CleaningConfig:
-    """Per-document filters applied before dedup (counted in the dataset manifest)."""
+    """Per-document filters applied before dedup (each counted in the dataset manifest).
+
+    The repetition thresholds are Gopher's (Rae et al. 2021, "Scaling Language Models",
+    Appendix A Table A1), also used by RefinedWeb (Penedo et al. 2023, §G.1). A fraction
+    of 1.0 disables that filter.
+    """
 
     normalize: str = "NFC"  # Unicode normal form applied to every document
     min_chars: int = 64  # documents shorter than this are dropped
     max_chars: int = 200_000  # documents longer than this are dropped
+    max_dup_line_fraction: float = 0.30  # share of lines that repeat an earlier line
+    max_dup_line_char_fraction: float = 0.20  # share of characters in such lines
+    # Most frequent word n-gram's share of characters, for n = 2, 3, 4.
+    max_top_ngram_char_fraction: tuple[float, float, float] = (0.20, 0.18, 0.16)
+    # Share of characters in repeated word n-grams, for n = 5 .. 10.
+    max_dup_ngram_char_fraction: tuple[float, float, float, float, float, float] = (
+        0.15, 0.14, 0.13, 0.12, 0.11, 0.10)
+    # Mostly-non-text documents: share of non-whitespace characters that are letters or
+    # digits (0 disables). Source code sits around 0.7, binary dumps and tables far lower.
+    min_alnum_fraction: float = 0.5
 
     def __post_init__(self) -> None:
         _require(self.normalize in ("NFC", "NFKC", "none"), "normalize",
@@ -46,11 +61,32 @@ class CleaningConfig:
         _positive(self, "min_chars", "max_chars")
         _require(self.max_chars >= self.min_chars, "max_chars", "is below min_chars",
                  "raise max_chars or lower min_chars")
+        for name in ("max_dup_line_fraction", "max_dup_line_char_fraction",
+                     "max_top_ngram_char_fraction", "max_dup_ngram_char_fraction",
+                     "min_alnum_fraction"):
+            values = getattr(self, name)
+            for v in values if isinstance(values, tuple) else (values,):
+                _require(0.0 <= v <= 1.0, name, f"must be a fraction in [0, 1], got {v}",
+                         "use 1.0 to disable a max_* filter, 0.0 to disable min_alnum_fraction")
 
 
 @dataclass(frozen=True, kw_only=True)
 class DedupConfig:
+    """Exact and MinHash-LSH near-duplicate removal; the first document of a cluster stays."""
+
     exact: bool = True  # drop documents whose normalised text hash was already seen
+    near: bool = True  # drop documents whose word-shingle Jaccard to a kept one >= threshold
+    threshold: float = 0.8  # Jaccard similarity of word n-gram sets counted as near-duplicate
+    num_perm: int = 128  # MinHash permutations (signature length)
+    ngram: int = 5  # words per shingle (5 as in RefinedWeb and BigCode near-dedup)
+
+    def __post_init__(self) -> None:
+        _require(0.0 < self.threshold <= 1.0, "threshold",
+                 f"must be in (0, 1], got {self.threshold}", "use e.g. 0.8")
+        _require(16 <= self.num_perm <= 1024, "num_perm",
+                 f"must be in [16, 1024], got {self.num_perm}", "use e.g. 128")
+        _require(1 <= self.ngram <= 32, "ngram", f"must be in [1, 32], got {self.ngram}",
+                 "use e.g. 5")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,20 +106,24 @@ class DataConfig:
 
     # fsspec URL or glob; `stdlib:<glob>` means this Python's standard library sources.
     corpus: str = "stdlib:*.py"
-    format: str = "auto"  # auto (by extension) | txt | jsonl
-    text_field: str = "text"  # the text key of .jsonl records
+    format: str = "auto"  # auto (by extension) | txt | jsonl | parquet
+    text_field: str = "text"  # the text key of .jsonl records and the text column of .parquet
     max_documents: int = 0  # 0 = all; otherwise the first N documents in path order
     cleaning: CleaningConfig = field(default_factory=CleaningConfig)
     dedup: DedupConfig = field(default_factory=DedupConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     shard_tokens: int = 1 << 20  # tokens per shard file
     val_fraction: float = 0.05  # share of documents (by hash) held out for validation
+    workers: int = 0  # processes for read/clean/hash/tokenize; 0 = every core
+    unit_bytes: int = 4 << 20  # input bytes per work unit (the unit of resume after a crash)
 
     def __post_init__(self) -> None:
         _require(bool(self.corpus.strip()), "corpus", "is empty",
-                 "point it at a file, directory glob or fsspec URL of .txt/.jsonl files")
-        _require(self.format in ("auto", "txt", "jsonl"), "format",
-                 f"unknown format {self.format!r}", "use auto, txt or jsonl")
+                 "point it at a file, directory glob or fsspec URL of .txt/.jsonl/.parquet files")
+        _require(self.format in ("auto", "txt", "jsonl", "parquet"), "format",
+                 f"unknown format {self.format!r}", "use auto, txt, jsonl or parquet")
+        _require(self.workers >= 0, "workers", "must be >= 0", "use 0 for every core")
+        _positive(self, "unit_bytes")
         _require(self.max_documents >= 0, "max_documents", "must be >= 0", "use 0 for all")
         _positive(self, "shard_tokens")
         _require(0.0 < self.val_fraction < 0.5, "val_fraction",
@@ -138,11 +178,32 @@ class TrainConfig:
     procs_per_node: int = 1
     checkpoint_every: int = 25
     eval_batches: int = 8  # validation micro-batches per evaluation
+    packing: bool = True  # pack whole documents into rows (False: fixed windows of the stream)
+    # fp16 dynamic loss scaling (DeepSpeed): start at 2**power, double after `window`
+    # overflow-free steps, halve after `hysteresis` overflows, never below `min_loss_scale`.
+    fp16_initial_scale_power: int = 16
+    fp16_loss_scale_window: int = 1000
+    fp16_hysteresis: int = 2
+    fp16_min_loss_scale: float = 1.0
+    overlap_comm: bool = False  # overlap gradient reduction with backward (ZeRO >= 1)
+    contiguous_gradients: bool = True  # copy gradients into one buffer (less fragmentation)
+    reduce_bucket_size: int = 500_000_000  # elements per gradient reduce bucket
+    allgather_bucket_size: int = 500_000_000  # elements per parameter all-gather bucket
+    peak_tflops: float = 0.0  # per-device peak for MFU; 0 = measure with a matmul probe
 
     def __post_init__(self) -> None:
         _positive(self, "total_steps", "segment_steps", "segments_per_run", "micro_batch_tokens",
                   "grad_accum", "lr", "checkpoint_every", "nodes", "procs_per_node",
-                  "eval_batches", "eps")
+                  "eval_batches", "eps", "fp16_loss_scale_window", "fp16_hysteresis",
+                  "fp16_min_loss_scale", "reduce_bucket_size", "allgather_bucket_size")
+        _require(0 <= self.fp16_initial_scale_power <= 32, "fp16_initial_scale_power",
+                 f"must be in [0, 32], got {self.fp16_initial_scale_power}", "use e.g. 16")
+        _require(2.0 ** self.fp16_initial_scale_power >= self.fp16_min_loss_scale,
+                 "fp16_min_loss_scale", "is above the initial scale 2**fp16_initial_scale_power",
+                 "lower fp16_min_loss_scale or raise fp16_initial_scale_power")
+        _require(not self.overlap_comm or self.zero_stage >= 1, "overlap_comm",
+                 "has nothing to overlap at zero_stage 0", "use zero_stage >= 1 or overlap_comm=false")
+        _require(self.peak_tflops >= 0, "peak_tflops", "must be >= 0", "use 0 to measure it")
         _require(0 <= self.min_lr <= self.lr, "min_lr", "must be in [0, lr]", "lower min_lr")
         _require(0 <= self.warmup_steps < self.total_steps, "warmup_steps",
                  "must be in [0, total_steps)", "lower warmup_steps")
@@ -194,13 +255,33 @@ class SweepConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class StorageConfig:
+    """Where checkpoints and events live, what is kept, and how saves reach the durable tier.
+
+    The trainer writes each checkpoint to the fast tier (local disk under `fast`) inside
+    the step loop and uploads it to `durable` in the background (`async_upload`); only the
+    durable commit counts as committed (DESIGN §3).
+    """
+
     durable: str = ".mainspring/store"  # fsspec URL (file://, s3://, memory://) or a local path
     fast: str = ".mainspring/fast"  # local path of the fast tier
-    keep_last: int = 0  # 0 = keep every committed checkpoint
+    keep_last: int = 0  # keep the newest K durable commits; 0 = keep every commit
+    keep_every: int = 0  # with keep_last: also keep every step divisible by this; 0 = none
+    rollback_horizon: int = 0  # with keep_last: keep all commits this many steps behind newest
+    async_upload: bool = True  # False = upload and commit inside the step loop (synchronous)
+    max_in_flight: int = 2  # snapshots written to the fast tier but not yet durable
+    upload_retry_s: float = 1.0  # first backoff after a failed upload; doubles each retry
+    upload_retry_max_s: float = 30.0  # backoff ceiling while the durable tier is down
+    drain_timeout_s: float = 900.0  # segment end: wait this long for uploads, then retryable
 
     def __post_init__(self) -> None:
         _require(bool(self.durable), "durable", "is empty", "give a path or s3://bucket/prefix")
-        _require(self.keep_last >= 0, "keep_last", "must be >= 0", "use 0 to keep all")
+        for name in ("keep_last", "keep_every", "rollback_horizon"):
+            _require(getattr(self, name) >= 0, name, "must be >= 0", "use 0 to disable it")
+        _require(self.max_in_flight >= 1, "max_in_flight", "must be >= 1",
+                 "allow at least one snapshot in flight (2 overlaps a save with an upload)")
+        _positive(self, "upload_retry_s", "upload_retry_max_s", "drain_timeout_s")
+        _require(self.upload_retry_max_s >= self.upload_retry_s, "upload_retry_max_s",
+                 "is below upload_retry_s", "make the ceiling at least the first backoff")
 
 
 @dataclass(frozen=True, kw_only=True)

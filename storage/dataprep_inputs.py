@@ -4,13 +4,21 @@
 this Python's standard library sources (the default corpus: text that ships with Python,
 so nothing is downloaded). Every failure names the path and the fix (`BadData`), except an
 unreachable store, which is retryable (`StorageUnavailable`).
+
+Formats by extension (or `data.format`): text (one document per file), `.jsonl` (one per
+record, `data.text_field`), `.parquet` (one per row, column `data.text_field`); any of
+them may be compressed as `.gz` or `.zst`. A corrupt archive, an unreadable file or a
+missing field/column is BadData naming the file.
 """
 
 from __future__ import annotations
 
+import gzip
 import hashlib
+import io
 import json
 import sysconfig
+import zlib
 from dataclasses import asdict, dataclass
 from typing import Any, Iterator
 
@@ -24,16 +32,17 @@ from storage.fs import join, resolve, storage_errors
 STDLIB_PREFIX = "stdlib:"
 GLOB_CHARS = "*?["
 # A directory corpus takes only these; a glob or a single file takes whatever it names.
-TEXT_EXTENSIONS = (".txt", ".text", ".md", ".rst", ".py", ".jsonl", ".ndjson")
+TEXT_EXTENSIONS = (".txt", ".text", ".md", ".rst", ".py", ".jsonl", ".ndjson", ".parquet")
 JSONL_EXTENSIONS = (".jsonl", ".ndjson")
+COMPRESSED = (".gz", ".zst")
 # Bump when the pipeline's output for the same inputs changes, so old caches are not reused.
-DATAPREP_VERSION = 1
+DATAPREP_VERSION = 2
 # fsspec `info` keys that change when a file's content does, most specific first
 # (S3 ETag / checksum, then local or memory timestamps).
 FINGERPRINT_KEYS = ("ETag", "etag", "checksum", "md5", "mtime", "LastModified",
                     "last_modified", "created")
 CORPUS_FIX = ("point data.corpus at an existing file, directory, glob or fsspec URL of "
-              ".txt/.jsonl files, or use stdlib:*.py")
+              ".txt/.jsonl/.parquet files (optionally .gz/.zst), or use stdlib:*.py")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,7 +89,7 @@ def list_inputs(data: DataConfig) -> tuple[AbstractFileSystem, list[InputFile]]:
     if not entries:
         raise BadData(data.corpus, f"no files match {url}", CORPUS_FIX)
     files = [_input_file(fs, path, info) for path, info in sorted(entries.items())]
-    if data.max_documents and not any(_is_jsonl(data, f.path) for f in files):
+    if data.max_documents and all(file_kind(data, f.path) == "txt" for f in files):
         # One document per file: files past the cap are never read, so they are not
         # part of the content hash either (editing them must not invalidate the cache).
         files = files[:data.max_documents]
@@ -94,7 +103,7 @@ def _list_entries(fs: AbstractFileSystem, root: str) -> dict[str, dict[str, Any]
     if fs.isdir(root):
         found = fs.find(root, detail=True)
         return {p: i for p, i in found.items()
-                if p.lower().endswith(TEXT_EXTENSIONS) and not _hidden(p[len(root):])}
+                if _plain_name(p).endswith(TEXT_EXTENSIONS) and not _hidden(p[len(root):])}
     if fs.exists(root):
         return {root: fs.info(root)}
     return {}
@@ -134,10 +143,36 @@ def content_hash(data: DataConfig, files: list[InputFile]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def _is_jsonl(data: DataConfig, path: str) -> bool:
+def _plain_name(path: str) -> str:
+    """Lower-cased path without a compression suffix."""
+    lower = path.lower()
+    for ext in COMPRESSED:
+        if lower.endswith(ext):
+            return lower[:-len(ext)]
+    return lower
+
+
+def file_kind(data: DataConfig, path: str) -> str:
+    """txt | jsonl | parquet: how a file becomes documents."""
     if data.format != "auto":
-        return data.format == "jsonl"
-    return path.lower().endswith(JSONL_EXTENSIONS)
+        return data.format
+    name = _plain_name(path)
+    if name.endswith(JSONL_EXTENSIONS):
+        return "jsonl"
+    return "parquet" if name.endswith(".parquet") else "txt"
+
+
+def read_file_documents(fs: AbstractFileSystem, file: InputFile, data: DataConfig,
+                        counts: dict[str, int], limit: int | None = None) -> list[RawDocument]:
+    """One file's documents (at most `limit`); counts `undecodable_files`."""
+    raw = decompress(file, _read_bytes(fs, file))
+    kind = file_kind(data, file.path)
+    if kind == "parquet":
+        return list(_parquet_documents(file.url, raw, data.text_field, limit))
+    text = _decode(raw, counts)
+    if kind == "jsonl":
+        return list(_jsonl_documents(file.url, text, data.text_field, limit))
+    return [RawDocument(file.url, text)]
 
 
 def read_documents(fs: AbstractFileSystem, files: list[InputFile], data: DataConfig,
@@ -147,28 +182,48 @@ def read_documents(fs: AbstractFileSystem, files: list[InputFile], data: DataCon
     cap = data.max_documents or None
     counts.setdefault("undecodable_files", 0)
     for file in files:
-        text = _read_text(fs, file, counts)
-        if _is_jsonl(data, file.path):
-            docs.extend(_jsonl_documents(file.url, text, data.text_field, cap and cap - len(docs)))
-        elif file.path.lower().endswith(".parquet"):
-            raise BadData(file.url, "parquet is not supported by the data stage yet",
-                          "convert it to .jsonl with one record per line and a text field")
-        else:
-            docs.append(RawDocument(file.url, text))
+        docs.extend(read_file_documents(fs, file, data, counts, cap and cap - len(docs)))
         if cap and len(docs) >= cap:
             break
     counts["docs_in"] = len(docs)
     return docs
 
 
-def _read_text(fs: AbstractFileSystem, file: InputFile, counts: dict[str, int]) -> str:
+def _read_bytes(fs: AbstractFileSystem, file: InputFile) -> bytes:
     try:
-        raw = fs.cat_file(file.path)
+        return fs.cat_file(file.path)
     except storage_errors() as exc:
         raise StorageUnavailable(file.url, str(exc)) from exc
     except OSError as exc:
         raise BadData(file.url, f"cannot read file: {exc}",
                       "fix its permissions or remove it from data.corpus") from None
+
+
+def decompress(file: InputFile, raw: bytes) -> bytes:
+    """Raw bytes of a .gz/.zst file, or BadData naming it if the archive is corrupt."""
+    lower = file.path.lower()
+    fix = "re-create or re-download the file, or remove it from data.corpus"
+    if lower.endswith(".gz"):
+        try:
+            return gzip.decompress(raw)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise BadData(file.url, f"corrupt gzip file ({exc})", fix) from None
+    if lower.endswith(".zst"):
+        import zstandard
+
+        try:
+            with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(raw),
+                                                            read_across_frames=True) as r:
+                out = r.read()
+        except zstandard.ZstdError as exc:
+            raise BadData(file.url, f"corrupt zstd file ({exc})", fix) from None
+        if raw and not out:
+            raise BadData(file.url, "corrupt zstd file (no complete frame)", fix)
+        return out
+    return raw
+
+
+def _decode(raw: bytes, counts: dict[str, int]) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
@@ -177,6 +232,32 @@ def _read_text(fs: AbstractFileSystem, file: InputFile, counts: dict[str, int]) 
         return raw.decode("utf-8", errors="replace")
 
 
+def _parquet_documents(url: str, raw: bytes, column: str,
+                       limit: int | None) -> Iterator[RawDocument]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        parquet = pq.ParquetFile(io.BytesIO(raw))
+    except (pa.ArrowException, OSError) as exc:
+        raise BadData(url, f"not a readable parquet file ({exc})",
+                      "re-create the file or remove it from data.corpus") from None
+    names = parquet.schema_arrow.names
+    if column not in names:
+        raise BadData(url, f"has no column {column!r} (its columns: {', '.join(names)})",
+                      "set data.text_field to the parquet column holding the text")
+    kind = parquet.schema_arrow.field(column).type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+        raise BadData(url, f"column {column!r} has type {kind}, not string",
+                      "set data.text_field to a string column")
+    taken = 0
+    for row, value in enumerate(parquet.read(columns=[column]).column(0).to_pylist()):
+        if limit is not None and taken >= limit:
+            return
+        if value is None:
+            continue
+        taken += 1
+        yield RawDocument(f"{url}:{row}", value)
 def _jsonl_documents(url: str, text: str, field: str, limit: int | None) -> Iterator[RawDocument]:
     taken = 0
     for lineno, line in enumerate(text.split("\n"), start=1):

@@ -13,11 +13,24 @@ from dataclasses import dataclass
 
 from ops.errors import BadData
 from ops.spec import CleaningConfig
+from storage.dataprep_filters import FILTER_KEYS, quality_verdict
 from storage.dataprep_inputs import RawDocument
 
 # C0 and C1 control characters (Unicode category Cc) except \t and \n. \r goes too, so
 # CRLF and LF files give the same text (and dedup as the same document).
 CONTROL_CHARS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+@dataclass(frozen=True, slots=True)
+class Cleaned:
+    """One raw document after cleaning: kept (`verdict` None) or dropped by a filter."""
+
+    source: str
+    text: str  # cleaned text; "" when dropped
+    sha256: str  # of the cleaned text; "" when dropped
+    verdict: str | None  # the stats key of the filter that dropped it
+    normalized: bool
+    stripped: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,23 +51,44 @@ def clean_text(text: str, normalize: str) -> tuple[str, bool, bool]:
     return stripped, normal != text, stripped != normal
 
 
+def clean_one(doc: RawDocument, cfg: CleaningConfig) -> Cleaned:
+    """Normalise, strip control characters, then length and quality filters."""
+    text, normalized, stripped = clean_text(doc.text, cfg.normalize)
+    if len(text) < cfg.min_chars:
+        verdict: str | None = "dropped_min_chars"
+    elif len(text) > cfg.max_chars:
+        verdict = "dropped_max_chars"
+    else:
+        verdict = quality_verdict(text, cfg)
+    if verdict:
+        return Cleaned(doc.source, "", "", verdict, normalized, stripped)
+    return Cleaned(doc.source, text, hashlib.sha256(text.encode()).hexdigest(), None,
+                   normalized, stripped)
+
+
+COUNT_KEYS = ("normalized", "control_stripped", "dropped_min_chars", "dropped_max_chars",
+              *FILTER_KEYS)
+
+
+def tally(records: list[Cleaned], counts: dict[str, int]) -> list[Document]:
+    """Count every filter's effect into `counts`; the kept documents in order."""
+    for key in COUNT_KEYS:
+        counts.setdefault(key, 0)
+    kept = []
+    for rec in records:
+        _bump(counts, "normalized", rec.normalized)
+        _bump(counts, "control_stripped", rec.stripped)
+        if rec.verdict:
+            _bump(counts, rec.verdict)
+        else:
+            kept.append(Document(rec.source, rec.text, rec.sha256))
+    return kept
+
+
 def clean_documents(raw: list[RawDocument], cfg: CleaningConfig,
                     counts: dict[str, int]) -> list[Document]:
-    """Normalise, strip control characters, drop by length (counts every filter)."""
-    kept = []
-    for doc in raw:
-        text, normalized, stripped = clean_text(doc.text, cfg.normalize)
-        _bump(counts, "normalized", normalized)
-        _bump(counts, "control_stripped", stripped)
-        if len(text) < cfg.min_chars:
-            _bump(counts, "dropped_min_chars")
-        elif len(text) > cfg.max_chars:
-            _bump(counts, "dropped_max_chars")
-        else:
-            kept.append(Document(doc.source, text, hashlib.sha256(text.encode()).hexdigest()))
-    for key in ("normalized", "control_stripped", "dropped_min_chars", "dropped_max_chars"):
-        counts.setdefault(key, 0)
-    return kept
+    """Clean and filter every document (counts every filter)."""
+    return tally([clean_one(doc, cfg) for doc in raw], counts)
 
 
 def dedup_exact(docs: list[Document], counts: dict[str, int]) -> list[Document]:

@@ -31,6 +31,12 @@ TRICKY = [
 ]
 
 
+# Repetition and non-text filters off: for tests about something else on repetitive text.
+NO_QUALITY = dict(max_dup_line_fraction=1.0, max_dup_line_char_fraction=1.0,
+                  max_top_ngram_char_fraction=(1.0,) * 3, max_dup_ngram_char_fraction=(1.0,) * 6,
+                  min_alnum_fraction=0.0)
+
+
 def config(corpus: Path | str, **kw) -> DataConfig:
     """Small, fast defaults: short docs allowed, tiny vocab, small shards."""
     kw.setdefault("cleaning", CleaningConfig(min_chars=8, max_chars=10_000))
@@ -102,7 +108,7 @@ def test_normalisation_equivalent_texts_count_as_exact_duplicates(tmp_path):
 
 def test_exact_dedup_can_be_turned_off(tmp_path):
     corpus = write_txt(tmp_path / "c", TEXTS[:4] + [TEXTS[1]])
-    data = config(corpus, dedup=DedupConfig(exact=False))
+    data = config(corpus, dedup=DedupConfig(exact=False, near=False))
     url, man, _ = prepare_dataset(data, str(tmp_path / "store"), seed=1)
     assert man.stats["docs_out"] == 5
     assert all_texts(url).count(TEXTS[1]) == 2
@@ -152,7 +158,8 @@ def test_corpus_empty_after_cleaning_is_bad_data_with_the_counts(tmp_path):
             in err.value.problem)
     assert "1 dropped by max_chars=20" in err.value.problem
     assert "min_chars" in err.value.fix
-    assert not (tmp_path / "store").exists()  # nothing half-written
+    leftovers = [p for p in (tmp_path / "store").rglob("*") if p.is_file()]
+    assert leftovers == []  # nothing half-written, no work units left behind
 
 
 def test_nonexistent_corpus_is_bad_data_naming_the_path(tmp_path):
@@ -218,7 +225,8 @@ def test_tokenizer_is_trained_on_train_documents_only(tmp_path):
     marker = next(t for t in (f"zqxjv{i} " * 60 for i in range(500))
                   if hash_unit(_doc(t).sha256) < 0.25)  # a text the split holds out
     corpus = write_txt(tmp_path / "c", TEXTS[:8] + [marker])
-    data = config(corpus, tokenizer=TokenizerConfig(vocab_size=2000))
+    data = config(corpus, tokenizer=TokenizerConfig(vocab_size=2000),
+                  cleaning=CleaningConfig(min_chars=8, max_chars=10_000, **NO_QUALITY))
     url, _, _ = prepare_dataset(data, str(tmp_path / "store"), seed=1)
     assert marker in split_texts(url, "val")
     vocab = Tokenizer.from_file(tokenizer_path(url)).get_vocab()
@@ -258,7 +266,7 @@ def test_second_call_is_a_cache_hit_without_reading_the_corpus(tmp_path, monkeyp
     def must_not_read(*args, **kwargs):
         raise AssertionError("the corpus was read on a cache hit")
 
-    monkeypatch.setattr(dataprep, "read_documents", must_not_read)
+    monkeypatch.setattr(dataprep, "clean_unit", must_not_read)
     phases: list[str] = []
     url2, man2, hit2 = prepare_dataset(config(corpus), store, seed=2,
                                        progress=lambda phase, counts: phases.append(phase))
@@ -282,9 +290,11 @@ def test_progress_reports_every_phase_in_order(tmp_path):
     seen: list[tuple[str, dict]] = []
     _, man, _ = prepare_dataset(config(corpus), str(tmp_path / "store"), seed=1,
                                 progress=lambda phase, counts: seen.append((phase, counts)))
-    phases = [p for p, _ in seen if p != "shard_written"]
-    assert phases == ["list", "read", "clean", "dedup", "split", "tokenizer", "shards", "commit"]
-    assert dict(seen)["read"]["docs_in"] == 8
+    phases = [p for p, _ in seen if p not in ("shard_written", "unit_cleaned", "unit_tokenized")]
+    assert phases == ["list", "clean", "dedup", "split", "tokenizer", "tokenize", "shards",
+                      "commit"]
+    assert dict(seen)["dedup"]["docs_in"] == 8
+    assert ("unit_cleaned", {"unit": 0, "done": 1, "units": 1}) in seen
     assert set(man.stats["seconds"]) == set(phases) - {"commit"} | {"total"}
 
 
