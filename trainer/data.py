@@ -166,8 +166,9 @@ class PackedBatches:
     def get(self, cursor: int) -> tuple[torch.Tensor, ...]:
         """(inputs, targets, position_ids, doc_ids), each (batch_size, seq_len) int64."""
         src, tgt, pos, doc = (np.stack(a) for a in zip(*self.rows(cursor)))
-        x = np.where(src >= 0, self.tokens[np.maximum(src, 0)], 0)
-        y = np.where(tgt >= 0, self.tokens[np.maximum(tgt, 0)], IGNORE)
+        # int64 before mixing in IGNORE: token arrays are unsigned (uint16 would wrap -100).
+        x = np.where(src >= 0, self.tokens[np.maximum(src, 0)].astype(np.int64), 0)
+        y = np.where(tgt >= 0, self.tokens[np.maximum(tgt, 0)].astype(np.int64), IGNORE)
         return tuple(torch.from_numpy(a.astype(np.int64)) for a in (x, y, pos, doc))
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ops.errors import BadConfig
 from ops.spec import RunSpec, TrainConfig
 
 # DeepSpeed prints a summary every `steps_per_print` steps; the progress file already has it.
@@ -40,6 +41,25 @@ def tokens_per_step(spec: RunSpec) -> int:
     return t.micro_batch_tokens * t.grad_accum * t.world_size
 
 
+def zero_config(t: TrainConfig) -> dict[str, Any]:
+    """ZeRO section: communication knobs only where a stage has communication to tune."""
+    zero: dict[str, Any] = {"stage": t.zero_stage}
+    if t.zero_stage >= 1:
+        zero.update(overlap_comm=t.overlap_comm, contiguous_gradients=t.contiguous_gradients,
+                    reduce_bucket_size=t.reduce_bucket_size,
+                    allgather_bucket_size=t.allgather_bucket_size)
+    return zero
+
+
+def fp16_config(t: TrainConfig) -> dict[str, Any]:
+    if t.precision != "fp16":
+        return {"enabled": False}
+    return {"enabled": True, "loss_scale": 0,  # 0 = dynamic (Micikevicius et al. 2018)
+            "initial_scale_power": t.fp16_initial_scale_power,
+            "loss_scale_window": t.fp16_loss_scale_window, "hysteresis": t.fp16_hysteresis,
+            "min_loss_scale": t.fp16_min_loss_scale}
+
+
 def deepspeed_config(spec: RunSpec) -> dict[str, Any]:
     t = spec.train
     mbs = micro_batch_size(spec)
@@ -48,9 +68,9 @@ def deepspeed_config(spec: RunSpec) -> dict[str, Any]:
         "gradient_accumulation_steps": t.grad_accum,
         "train_batch_size": mbs * t.grad_accum * t.world_size,
         "gradient_clipping": t.grad_clip,
-        "zero_optimization": {"stage": t.zero_stage},
+        "zero_optimization": zero_config(t),
         "bf16": {"enabled": t.precision == "bf16"},
-        "fp16": {"enabled": t.precision == "fp16"},
+        "fp16": fp16_config(t),
         "optimizer": {
             "type": "AdamW",
             "params": {
@@ -68,10 +88,23 @@ def deepspeed_config(spec: RunSpec) -> dict[str, Any]:
     }
 
 
+def check_device(spec: RunSpec, cuda: bool) -> None:
+    """Combinations the spec allows but this device cannot run, as BadConfig naming the field.
+
+    DeepSpeed 0.19's CPU accelerator has no fp16 (it raises "Type fp16 is not supported on
+    your device" after building the engine); bf16 and ZeRO 0-3 do run there (DESIGN §5).
+    """
+    if spec.train.precision == "fp16" and not cuda:
+        raise BadConfig("train.precision", "fp16 needs CUDA; DeepSpeed's CPU accelerator has "
+                        "no fp16", "use bf16 or fp32 on CPU")
+
+
 def build_engine(spec: RunSpec, model):
     """deepspeed.initialize with the derived config; decay/no-decay parameter groups."""
     import deepspeed
+    import torch
 
+    check_device(spec, torch.cuda.is_available())
     from trainer.model import param_groups
 
     engine, _, _, _ = deepspeed.initialize(

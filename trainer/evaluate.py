@@ -3,8 +3,9 @@
     python -m trainer.evaluate --spec SPEC.json --dataset MANIFEST_URI --steps 0,160 \
         --workdir DIR --out OUT.json
 
-Single process, no DeepSpeed: the weights come straight from DeepSpeed's
-`mp_rank_00_model_states.pt` (`["module"]`). Writes `{"results": [{"step", "val_loss",
+Single process, no DeepSpeed engine: ZeRO 0-2 weights come straight from DeepSpeed's
+`mp_rank_00_model_states.pt` (`["module"]`); ZeRO-3 checkpoints hold only partitions, which
+DeepSpeed's own `zero_to_fp32` reassembles from the optimizer shards. Writes `{"results": [{"step", "val_loss",
 "perplexity"}]}` to OUT. Exit codes as trainer.segment: 0 done; 3 BadConfig/BadData
 (error.json in DIR); 4 StorageUnavailable (error.json); anything else is a crash.
 """
@@ -32,6 +33,7 @@ from trainer.segment import EXIT_BAD_INPUT, EXIT_STORAGE, load_spec, write_json
 log = structlog.get_logger(__name__)
 
 MODEL_FILE = "mp_rank_00_model_states.pt"
+ZERO3_PREFIX = "zero_pp_rank_"  # ZeRO-3 writes zero_pp_rank_R_mp_rank_00_model_states.pt
 
 
 @torch.no_grad()
@@ -49,13 +51,27 @@ def evaluate_model(model: torch.nn.Module, batches: list[tuple[torch.Tensor, tor
     return total / count
 
 
-def load_weights(model: torch.nn.Module, path: str, step: int) -> None:
-    # DeepSpeed pickles non-tensor objects next to the weights (e.g. the fp16 LossScaler), so
-    # weights_only=True cannot read every precision; the file was sha256-verified against our
-    # own manifest on fetch. mmap: only the module's tensors are paged in, not optimizer state.
-    states = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+def read_state_dict(local: str, step: int) -> dict[str, torch.Tensor]:
+    """The full fp32/native weights of a fetched checkpoint directory, whatever its ZeRO stage."""
+    path = os.path.join(local, MODEL_FILE)
+    if os.path.exists(path):
+        # DeepSpeed pickles non-tensor objects next to the weights (e.g. the fp16 LossScaler),
+        # so weights_only=True cannot read every precision; the file was sha256-verified
+        # against our own manifest on fetch. mmap: only the module's tensors are paged in.
+        return torch.load(path, map_location="cpu", weights_only=False, mmap=True)["module"]
+    if any(n.startswith(ZERO3_PREFIX) for n in os.listdir(local)):
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        parent, tag = os.path.split(local.rstrip("/"))
+        return get_fp32_state_dict_from_zero_checkpoint(parent, tag=tag)
+    raise BadData(local, f"checkpoint step {step} has neither {MODEL_FILE} nor ZeRO-3 "
+                  "model-state shards", "evaluate a checkpoint written by trainer.segment")
+
+
+def load_weights(model: torch.nn.Module, local: str, step: int) -> None:
+    state = read_state_dict(local, step)
     try:
-        model.load_state_dict(states["module"])
+        model.load_state_dict(state)
     except RuntimeError as exc:
         raise BadConfig("model", f"checkpoint step {step} does not fit this model ({exc})",
                         "evaluate with the model config the run was trained with") from None
@@ -95,7 +111,7 @@ def run_evaluate(args: argparse.Namespace) -> dict:
             store.fetch(step, local)
         except CorruptCheckpoint as exc:
             raise BadData(store.uri(step), str(exc), "evaluate another committed step") from None
-        load_weights(model, os.path.join(local, MODEL_FILE), step)
+        load_weights(model, local, step)
         val_loss = evaluate_model(model, batches)
         shutil.rmtree(local, ignore_errors=True)
         results.append({"step": step, "val_loss": val_loss,

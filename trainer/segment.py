@@ -53,11 +53,14 @@ from ops.spec import RunSpec
 from storage.checkpoints import CheckpointManifest, CheckpointStore, step_dir
 from storage.dataset import load_manifest, read_split
 from storage.events import EventLog
-from trainer.data import TrainBatches, skip_past
+from storage.tiered import TierPolicy, TieredCheckpointer
+from trainer.data import PackedBatches, TrainBatches, skip_past
 from trainer.faults import due_faults, inject
 from trainer.engine import build_engine, lr_at, micro_batch_size, set_lr, tokens_per_step
 from trainer.model import GPT
 from trainer.state import TrainState, state_file
+from trainer.throughput import DTYPES, Meter, flops_per_token, matmul_params, peak_flops, \
+    peak_memory_bytes
 
 log = structlog.get_logger(__name__)
 
@@ -126,16 +129,67 @@ class Run:
 
 
 # ---- resume and commit -----------------------------------------------------------------
+def _fast_store(run: Run) -> CheckpointStore:
+    """The fast tier: a local store under the segment's workdir (shared by a node's ranks).
+
+    Per workdir, so a retry of this segment on this machine resumes locally; a segment only
+    succeeds once every checkpoint is durable, so the next segment needs nothing from here.
+    """
+    if "fast_store" not in run.__dict__:
+        run.fast_store = CheckpointStore(os.path.join(run.workdir, "fast"), run.spec.run_id)
+    return run.fast_store
+
+
+def _checkpointer(run: Run) -> TieredCheckpointer:
+    """Rank 0's uploader: fast tier → durable store, made on first use."""
+    if "checkpointer" not in run.__dict__:
+        run.checkpointer = TieredCheckpointer(
+            run.store, _fast_store(run), TierPolicy.from_storage(run.spec.storage),
+            events=run.events, on_commit=lambda man, uri: _on_durable_commit(run, man, uri))
+    return run.checkpointer
+
+
+def _on_durable_commit(run: Run, man: CheckpointManifest, uri: str) -> None:
+    """Uploader thread, after the durable manifest is written: only now is it committed."""
+    run.events.emit("checkpoint_committed", step=man.step,
+                    event_id=f"checkpoint_committed/{man.step}", uri=uri, bytes=man.total_bytes)
+    try:
+        run.events.flush()
+    except StorageUnavailable as exc:  # the batch stays buffered for the next flush
+        log.warning("event_flush_deferred", step=man.step, error=exc.cause[:200])
+    run.last_commit = (man.step, uri)
+    # One O_APPEND write per line: atomic next to the loop's own appends to this file.
+    line = json.dumps({"type": "commit", "step": man.step, "uri": uri,
+                       "bytes": man.total_bytes, "ts": time.time()}) + "\n"
+    fd = os.open(os.path.join(run.workdir, "progress.jsonl"),
+                 os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+def finish_uploads(run: Run) -> None:
+    """Segment end: wait until every snapshot is durable (StorageUnavailable on timeout)."""
+    ckpt = run.__dict__.get("checkpointer")
+    if ckpt is not None:
+        try:
+            ckpt.drain()
+        finally:
+            ckpt.close()
+
+
 def restore(run: Run, engine) -> TrainState | None:
     """Load the newest verified checkpoint at or before the target step; None if there is none.
 
-    Rank 0 picks the step (skipping corrupt ones) and broadcasts it, so every rank loads the
-    same checkpoint. Local layout `restore-rank{r}/step-XXXXXXXXX/` is DeepSpeed's
-    `load_dir/tag/`, identical to the store's `checkpoints/step-XXXXXXXXX/`.
+    Rank 0 picks it from either tier (TieredCheckpointer.resume: fast copies verified in
+    place, durable ones verified while fetched, corrupt ones reported and skipped) and
+    broadcasts (step, tier). Layouts `fast/…/checkpoints/step-X/` and
+    `restore-rank{r}/step-X/` are DeepSpeed's `load_dir/tag/`.
     """
     root = os.path.join(run.workdir, f"restore-rank{run.rank}")
     shutil.rmtree(root, ignore_errors=True)
-    step = None
+    pick, man = None, None
     if run.rank == 0:
         def on_corrupt(exc) -> None:
             run.events.emit("checkpoint_corrupt", step=exc.step, file=exc.file,
@@ -143,16 +197,22 @@ def restore(run: Run, engine) -> TrainState | None:
                             expected=exc.expected, actual=exc.actual)
             run.events.flush()
 
-        man = run.store.fetch_latest(root, at_or_before=run.target, on_corrupt=on_corrupt)
-        step = man.step if man else None
+        found = _checkpointer(run).resume(root, at_or_before=run.target, on_corrupt=on_corrupt)
+        if found:
+            man, _, tier = found
+            pick = (man.step, tier)
     if run.world > 1:
-        box = [step]
+        box = [pick]
         dist.broadcast_object_list(box, src=0)
-        step = box[0]
-    if step is None:
+        pick = box[0]
+    if pick is None:
         return None
+    step, tier = pick
     tag = step_dir(step)
-    if run.rank != 0:
+    if tier == "fast":
+        root = _fast_store(run).root
+        man = man or _fast_store(run).manifest(step)
+    elif run.rank != 0:
         man = run.store.fetch(step, os.path.join(root, tag))
     if man.config_hash != run.spec.spec_hash():
         log.warning("checkpoint_config_differs", step=step, checkpoint=man.config_hash,
@@ -171,45 +231,58 @@ def restore(run: Run, engine) -> TrainState | None:
     if state.step != step:
         raise RuntimeError(f"train state says step {state.step}, manifest says {step}")
     state.restore_rng()
-    shutil.rmtree(root, ignore_errors=True)
-    run.last_commit = (step, run.store.uri(step))
+    shutil.rmtree(os.path.join(run.workdir, f"restore-rank{run.rank}"), ignore_errors=True)
+    if run.rank == 0:
+        run.checkpointer.last_step = step
+        durable = run.store.latest_committed(at_or_before=step)  # heartbeats: durable only
+        run.last_commit = (durable, run.store.uri(durable)) if durable is not None else None
     return state
 
 
 def commit_checkpoint(run: Run, engine, state: TrainState) -> None:
-    """Save on every rank, then rank 0 uploads and writes the manifest (the commit point)."""
+    """Save on every rank to the fast tier (the loop's only pause); rank 0 then hands the
+    snapshot to the uploader, which commits it durably (manifest last) and only then
+    writes the `commit` progress line and the checkpoint_committed event.
+    With `storage.async_upload` off, waits here for that durable commit."""
     t0 = time.perf_counter()
-    ckpt_root = os.path.join(run.workdir, "ckpt")
+    fast = _fast_store(run)
     tag = step_dir(state.step)
-    local = os.path.join(ckpt_root, tag)
     if run.rank == 0:
-        shutil.rmtree(local, ignore_errors=True)  # a partial save from an earlier attempt
+        _checkpointer(run).prepare(state.step)  # clears a partial save from an earlier attempt
     run.barrier()
-    engine.save_checkpoint(ckpt_root, tag=tag, save_latest=False)
-    state.save(os.path.join(local, state_file(run.rank)))
-    run.barrier()
+    failure = None
+    try:
+        engine.save_checkpoint(fast.root, tag=tag, save_latest=False)
+        state.save(os.path.join(fast.path(state.step), state_file(run.rank)))
+    except (OSError, RuntimeError) as exc:  # disk full / I/O error (torch wraps OSError)
+        failure = exc
+    failed_ranks = run.mean_over_ranks(torch.tensor(float(failure is not None))) * run.world
+    if failed_ranks > 0:
+        if run.rank == 0:
+            raise run.checkpointer.write_failed(state.step, failure or RuntimeError(
+                f"{failed_ranks:.0f} other rank(s) failed to write the fast tier"))
+        raise StorageUnavailable(fast.url, f"writing step {state.step} failed: {failure!r}")
     if run.rank != 0:
         return
-    parent = run.last_commit[0] if run.last_commit else None
-    man: CheckpointManifest = run.store.commit(
-        state.step, local, tokens_seen=state.tokens_seen, data_cursor=state.data_cursor,
-        skip_ranges=tuple(tuple(r) for r in state.skip_ranges), config_hash=run.spec.spec_hash(),
-        parent=parent, writer=f"trainer-attempt{run.args.attempt}",
+    ckpt = run.checkpointer
+    waited = ckpt.submit(
+        state.step, tokens_seen=state.tokens_seen, data_cursor=state.data_cursor,
+        skip_ranges=tuple(tuple(r) for r in state.skip_ranges), detector_state=state_file(0),
+        config_hash=run.spec.spec_hash(), parent=ckpt.last_step,
+        writer=f"trainer-attempt{run.args.attempt}",
         extra={"world_size": run.world, "zero_stage": run.spec.train.zero_stage})
-    uri = run.store.uri(state.step)
-    run.events.emit("checkpoint_committed", step=state.step,
-                    event_id=f"checkpoint_committed/{state.step}", uri=uri, bytes=man.total_bytes)
-    run.events.flush()
-    run.last_commit = (state.step, uri)
-    run.progress.write("commit", step=state.step, uri=uri, bytes=man.total_bytes)
-    log.info("checkpoint_pause", step=state.step, seconds=round(time.perf_counter() - t0, 3))
-    for name in os.listdir(ckpt_root):  # keep only the newest local copy
-        if name != tag:
-            shutil.rmtree(os.path.join(ckpt_root, name), ignore_errors=True)
+    if not run.spec.storage.async_upload:
+        ckpt.drain()
+    pause = time.perf_counter() - t0
+    run.events.emit("checkpoint_saved", step=state.step, tier="fast", pause_s=round(pause, 4),
+                    waited_s=round(waited, 4),
+                    event_id=f"checkpoint_saved/{state.step}/{run.args.attempt}")
+    log.info("checkpoint_pause", step=state.step, seconds=round(pause, 3))
 
 
 # ---- the step loop ---------------------------------------------------------------------
-def train(run: Run, engine, batches: TrainBatches, state: TrainState) -> float | None:
+def train(run: Run, engine, batches: TrainBatches | PackedBatches, state: TrainState,
+          meter: Meter) -> float | None:
     """Optimizer steps from state.step to run.target; commits on schedule. Returns last loss."""
     cfg = run.spec.train
     step_tokens = tokens_per_step(run.spec)
@@ -221,8 +294,9 @@ def train(run: Run, engine, batches: TrainBatches, state: TrainState) -> float |
         loss_sum = torch.zeros((), dtype=torch.float32)
         for _ in range(cfg.grad_accum):  # engine.step() only updates on the last micro-batch
             state.data_cursor = skip_past(state.data_cursor, state.skip_ranges)
-            x, y = batches.get(state.data_cursor)
-            _, loss = engine(x.to(engine.device), y.to(engine.device))
+            x, y, *packed = (t.to(engine.device) for t in batches.get(state.data_cursor))
+            # Packed rows also carry (position_ids, doc_ids): attention stays per document.
+            _, loss = engine(x, y, **dict(zip(("position_ids", "doc_ids"), packed)))
             engine.backward(loss)
             engine.step()
             state.data_cursor += 1
@@ -232,7 +306,8 @@ def train(run: Run, engine, batches: TrainBatches, state: TrainState) -> float |
         loss_value = run.mean_over_ranks(loss_sum / cfg.grad_accum)
         dt = time.perf_counter() - t0
         run.progress.write("step", step=state.step, loss=loss_value, lr=lr,
-                           tokens_per_s=step_tokens / dt, step_time_s=dt)
+                           **meter.add(step_tokens, dt),
+                           peak_mem_bytes=peak_memory_bytes(torch.device(engine.device)))
         if state.step % cfg.checkpoint_every == 0 or state.step == run.target:
             commit_checkpoint(run, engine, state)
         if run.rank == 0:
@@ -242,6 +317,26 @@ def train(run: Run, engine, batches: TrainBatches, state: TrainState) -> float |
 
 
 # ---- the segment -----------------------------------------------------------------------
+def make_batches(spec: RunSpec, dataset: str, rank: int, world: int
+                 ) -> TrainBatches | PackedBatches:
+    """Packed documents (train.packing) or fixed windows of the token stream."""
+    tokens, doc_starts = read_split(dataset, "train")
+    common = dict(seq_len=spec.model.seq_len, batch_size=micro_batch_size(spec), seed=spec.seed,
+                  rank=rank, world=world, source=dataset)
+    if spec.train.packing:
+        return PackedBatches(tokens, doc_starts, **common)
+    return TrainBatches(tokens, **common)
+
+
+def make_meter(spec: RunSpec, model: GPT, vocab_size: int, device: torch.device,
+               world: int) -> Meter:
+    """FLOPs per token of this model and the peak its MFU is measured against."""
+    n = matmul_params(model.param_count(), spec.model, vocab_size)
+    fpt = flops_per_token(n, spec.model.n_layers, spec.model.d_model, spec.model.seq_len)
+    peak, source = peak_flops(spec.train.peak_tflops, device, DTYPES[spec.train.precision])
+    return Meter(flops_token=fpt, peak=peak, peak_source=source, devices=world)
+
+
 def run_segment(args: argparse.Namespace, rank: int, world: int) -> None:
     spec = load_spec(args.spec)
     if world != spec.train.world_size:
@@ -268,11 +363,10 @@ def run_segment(args: argparse.Namespace, rank: int, world: int) -> None:
     deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
 
     manifest = load_manifest(args.dataset)
-    tokens, _ = read_split(args.dataset, "train")
     model = GPT(spec.model, manifest.vocab_size, seed=spec.seed)
     engine = build_engine(spec, model)
-    batches = TrainBatches(tokens, seq_len=spec.model.seq_len, batch_size=micro_batch_size(spec),
-                           seed=spec.seed, rank=rank, world=world, source=args.dataset)
+    batches = make_batches(spec, args.dataset, rank, world)
+    meter = make_meter(spec, model, manifest.vocab_size, torch.device(engine.device), world)
 
     state = restore(run, engine)
     resumed_from = state.step if state else None
@@ -282,28 +376,34 @@ def run_segment(args: argparse.Namespace, rank: int, world: int) -> None:
         torch.manual_seed(spec.seed + rank)
         state = TrainState()
     run.progress.write("start", resumed_from=resumed_from, world_size=world,
-                       params=model.param_count(), to_step=args.to_step, attempt=args.attempt)
+                       params=model.param_count(), to_step=args.to_step, attempt=args.attempt,
+                       packing=spec.train.packing, flops_per_token=meter.flops_token,
+                       peak_tflops=meter.peak / 1e12, peak_source=meter.peak_source)
     log.info("segment_started", resumed_from=resumed_from, to_step=args.to_step,
              world_size=world, params=model.param_count())
     if resumed_from is None:
         commit_checkpoint(run, engine, state)
 
     first = state.step
-    loss = train(run, engine, batches, state)
+    loss = train(run, engine, batches, state, meter)
+    finish_uploads(run)  # every checkpoint durable before the segment reports success
     if rank == 0:
         write_result(run, final_step=state.step, train_loss=loss, tokens_seen=state.tokens_seen,
-                     steps_run=state.step - first, resumed_from=resumed_from, last=run.last_commit)
+                     steps_run=state.step - first, resumed_from=resumed_from, last=run.last_commit,
+                     throughput=meter.summary(torch.device(engine.device)))
     log.info("segment_finished", final_step=state.step, train_loss=loss)
 
 
 def write_result(run: Run, *, final_step: int, train_loss: float | None, tokens_seen: int,
-                 steps_run: int, resumed_from: int | None, last: tuple[int, str] | None) -> None:
+                 steps_run: int, resumed_from: int | None, last: tuple[int, str] | None,
+                 throughput: dict[str, Any] | None = None) -> None:
     write_json(os.path.join(run.workdir, "result.json"), {
         "final_step": final_step,
         "last_committed_step": last[0] if last else None,
         "last_committed_uri": last[1] if last else None,
         "train_loss": train_loss if train_loss is None or math.isfinite(train_loss) else None,
         "tokens_seen": tokens_seen, "steps_run": steps_run, "resumed_from": resumed_from,
+        **(throughput or {}),
     })
 
 

@@ -216,3 +216,10 @@ def test_doc_lengths_come_from_starts_and_the_token_count():
 def test_documents_not_starting_at_zero_are_bad_data():
     with pytest.raises(BadData):
         PackedBatches(np.arange(10), np.array([2, 5]), seq_len=4, batch_size=1, seed=0)
+
+
+def test_unsigned_token_arrays_still_get_ignore_targets():
+    tokens, starts = corpus([5, 3])
+    p = PackedBatches(tokens.astype(np.uint16), starts, seq_len=4, batch_size=2, seed=0)
+    y = p.get(0)[1]
+    assert (y == IGNORE).sum() == 2 and y.dtype == torch.int64  # the two document ends

@@ -134,13 +134,25 @@ def test_progress_file_has_start_step_and_commit_lines_in_order(single):
                      ("commit", 4), ("step", 5), ("step", 6), ("step", 7), ("step", 8),
                      ("commit", 8)]
     step = lines[2]
-    assert set(step) == {"type", "step", "loss", "lr", "tokens_per_s", "step_time_s", "ts"}
+    assert set(step) == {"type", "step", "loss", "lr", "tokens_per_s", "step_time_s", "mfu",
+                         "peak_mem_bytes", "ts"}
     assert step["lr"] == pytest.approx(1.5e-3)  # warmup: lr * 1/2
+    assert step["mfu"] == pytest.approx(step["tokens_per_s"] * lines[0]["flops_per_token"]
+                                        / (lines[0]["peak_tflops"] * 1e12))
+    assert lines[0]["packing"] is True
+    assert lines[0]["peak_source"] == "measured:matmul_probe:float32"
     result = json.loads((root / "wa" / "result.json").read_text())
+    throughput = {k: result.pop(k) for k in ("tokens_per_s", "step_time_s", "mfu",
+                                             "flops_per_token", "peak_tflops", "peak_source",
+                                             "peak_mem_bytes")}
     assert result == {"final_step": 8, "last_committed_step": 8,
                       "last_committed_uri": CheckpointStore(str(a), "t").uri(8),
                       "train_loss": lines[-2]["loss"], "tokens_seen": 1024, "steps_run": 8,
                       "resumed_from": None}
+    step_times = [ln["step_time_s"] for ln in lines if ln["type"] == "step"]
+    assert throughput["step_time_s"] == pytest.approx(sum(step_times) / 8)
+    assert throughput["tokens_per_s"] == pytest.approx(1024 / sum(step_times))
+    assert throughput["peak_mem_bytes"] >= step["peak_mem_bytes"] > 0
 
 
 def test_retry_of_a_finished_segment_exits_at_once_without_training(single, dataset_uri):
