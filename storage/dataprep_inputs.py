@@ -138,8 +138,10 @@ def content_hash(data: DataConfig, files: list[InputFile]) -> str:
         except FileNotFoundError:
             raise BadData(data.tokenizer.path, "tokenizer file not found",
                           "fix data.tokenizer.path or leave it empty to train one") from None
+    # `workers` changes how fast, never what: datasets made with any count are the same.
+    config = {k: v for k, v in asdict(data).items() if k != "workers"}
     blob = json.dumps({"version": DATAPREP_VERSION, "inputs": inputs, "tokenizer": tokenizer,
-                       "config": asdict(data)}, sort_keys=True, default=str)
+                       "config": config}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
