@@ -1,12 +1,15 @@
 """Checkpoint store: `runs/<run_id>/checkpoints/step-<n>/` with MANIFEST.json as commit point.
 
 DESIGN §3: a checkpoint exists only once its manifest is written, last, on the durable
-tier. Readers ignore any directory without one. A manifest is never overwritten. Loading
-verifies every file's sha256 and size; a mismatch raises `CorruptCheckpoint`.
+tier. Readers ignore any directory without one. A manifest is never overwritten
+(`storage.fs.put_new`: conditional PUT on S3, link() on disk). Loading verifies every
+file's sha256 and size; a mismatch raises `CorruptCheckpoint`. Deletion removes the
+manifest first, so a deletion cut short leaves only an invisible directory.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -17,7 +20,8 @@ from typing import Any, Callable
 import structlog
 
 from ops.errors import MainspringError, StorageUnavailable
-from storage.fs import join, resolve, sha256_file, sha256_stream, storage_errors, walk_files
+from storage.fs import (join, put_new, resolve, sha256_file, sha256_stream, storage_errors,
+                        walk_files)
 
 log = structlog.get_logger(__name__)
 
@@ -44,6 +48,7 @@ class CheckpointManifest:
     tokens_seen: int = 0
     data_cursor: int = 0
     skip_ranges: tuple[tuple[int, int], ...] = ()
+    detector_state: str = ""  # file in `files` that holds the spike detector's state
     config_hash: str = ""
     parent: int | None = None
     writer: str = ""
@@ -60,6 +65,8 @@ class CheckpointManifest:
     @classmethod
     def from_json(cls, text: str) -> "CheckpointManifest":
         raw = json.loads(text)
+        known = {f.name for f in dataclasses.fields(cls)}
+        raw = {k: v for k, v in raw.items() if k in known}  # newer writers may add fields
         raw["files"] = {k: FileEntry(**v) for k, v in raw["files"].items()}
         raw["skip_ranges"] = tuple(tuple(r) for r in raw.get("skip_ranges", ()))
         return cls(**raw)
@@ -69,13 +76,33 @@ def step_dir(step: int) -> str:
     return f"step-{step:09d}"
 
 
+def hash_dir(local_dir: str) -> dict[str, FileEntry]:
+    """sha256 and size of every file under local_dir (hashlib releases the GIL per chunk)."""
+    files = {}
+    for rel in walk_files(local_dir):
+        if rel == MANIFEST or os.path.basename(rel).startswith("."):
+            continue
+        with open(os.path.join(local_dir, rel), "rb") as f:
+            digest, size = sha256_stream(f)
+        files[rel] = FileEntry(size=size, sha256=digest)
+    return files
+
+
 class CheckpointStore:
-    """Committed checkpoints of one run on one fsspec URL (the durable tier)."""
+    """Committed checkpoints of one run on one fsspec URL (durable tier, or a local fast tier)."""
 
     def __init__(self, durable_url: str, run_id: str) -> None:
         self.fs, root = resolve(durable_url)
         self.url = durable_url
         self.root = join(root, "runs", run_id, "checkpoints")
+
+    @classmethod
+    def local(cls, directory: str) -> "CheckpointStore":
+        """A store whose step directories sit right under `directory` (the fast tier)."""
+        store = cls.__new__(cls)
+        store.fs, store.root = resolve(directory)
+        store.url = directory
+        return store
 
     # ---- naming ---------------------------------------------------------------
     def path(self, step: int, name: str = "") -> str:
@@ -84,18 +111,30 @@ class CheckpointStore:
     def uri(self, step: int) -> str:
         return f"{self.fs.unstrip_protocol(self.path(step))}"
 
+    def _unavailable(self, exc: BaseException) -> StorageUnavailable:
+        return StorageUnavailable(self.url, repr(exc))
+
     # ---- reading --------------------------------------------------------------
+    def _steps_under(self, root: str) -> list[int]:
+        self.fs.invalidate_cache()
+        if not self.fs.exists(root):
+            return []
+        names = [p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(root, detail=False)]
+        steps = [int(m.group(1)) for n in names if (m := STEP_DIR.match(n))]
+        return sorted(s for s in steps if self.fs.exists(join(root, step_dir(s), MANIFEST)))
+
     def list_committed(self) -> list[int]:
         """Steps whose MANIFEST.json exists, ascending. Uncommitted directories are ignored."""
         try:
-            self.fs.invalidate_cache()
-            if not self.fs.exists(self.root):
-                return []
-            names = [p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(self.root, detail=False)]
-            steps = [int(m.group(1)) for n in names if (m := STEP_DIR.match(n))]
-            return sorted(s for s in steps if self.fs.exists(self.path(s, MANIFEST)))
+            return self._steps_under(self.root)
         except storage_errors() as exc:
-            raise StorageUnavailable(self.url, repr(exc)) from exc
+            raise self._unavailable(exc) from exc
+
+    def list_promoted(self) -> list[int]:
+        try:
+            return self._steps_under(self.promoted_path(0).rsplit("/", 1)[0])
+        except storage_errors() as exc:
+            raise self._unavailable(exc) from exc
 
     def latest_committed(self, at_or_before: int | None = None) -> int | None:
         steps = [s for s in self.list_committed() if at_or_before is None or s <= at_or_before]
@@ -118,19 +157,38 @@ class CheckpointStore:
                 problems.append(CorruptCheckpoint(step, name, entry.sha256, digest))
         return problems
 
+    def latest_verified(self, at_or_before: int | None = None,
+                        on_corrupt: Callable[[CorruptCheckpoint], None] | None = None,
+                        ) -> int | None:
+        """Newest committed step whose every file verifies; corrupt ones are reported, skipped."""
+        for step in reversed(self.list_committed()):
+            if at_or_before is not None and step > at_or_before:
+                continue
+            problems = self.verify(step)
+            if not problems:
+                return step
+            _report(problems[0], on_corrupt)
+        return None
+
     def fetch(self, step: int, local_dir: str) -> CheckpointManifest:
         """Download a committed checkpoint into local_dir, verifying each file while copying."""
         man = self.manifest(step)
         for name, entry in man.files.items():
             dest = os.path.join(local_dir, name)
             os.makedirs(os.path.dirname(dest), exist_ok=True)
-            with self.fs.open(self.path(step, name), "rb") as src, open(dest + ".part", "wb") as out:
-                digest, size = sha256_stream(src, copy_to=out)
+            try:
+                with self.fs.open(self.path(step, name), "rb") as src, \
+                        open(dest + ".part", "wb") as out:
+                    digest, size = sha256_stream(src, copy_to=out)
+            except FileNotFoundError:
+                raise CorruptCheckpoint(step, name, entry.sha256, "missing") from None
             if digest != entry.sha256 or size != entry.size:
                 os.unlink(dest + ".part")
                 raise CorruptCheckpoint(step, name, entry.sha256, digest)
             os.replace(dest + ".part", dest)
         return man
+
+    load = fetch  # the issue's name: load(step) into a local directory, verified
 
     def fetch_latest(self, local_dir: str, at_or_before: int | None = None,
                      on_corrupt: Callable[[CorruptCheckpoint], None] | None = None,
@@ -142,39 +200,53 @@ class CheckpointStore:
             try:
                 return self.fetch(step, os.path.join(local_dir, step_dir(step)))
             except CorruptCheckpoint as exc:
-                log.warning("checkpoint_corrupt", step=step, file=exc.file,
-                            expected=exc.expected, actual=exc.actual)
-                if on_corrupt:
-                    on_corrupt(exc)
+                _report(exc, on_corrupt)
         return None
 
     # ---- writing --------------------------------------------------------------
-    def commit(self, step: int, local_dir: str, **meta: Any) -> CheckpointManifest:
+    def commit(self, step: int, local_dir: str, *, files: dict[str, FileEntry] | None = None,
+               **meta: Any) -> CheckpointManifest:
         """Upload every file under local_dir, then write MANIFEST.json last (the commit point).
 
-        Idempotent: if step is already committed, the existing manifest is returned untouched.
+        `files` (already hashed, e.g. by the fast tier) skips re-hashing. Idempotent: if the
+        step is already committed — before we start, or by a racing writer whose conditional
+        manifest put won — the existing manifest is returned untouched.
         """
-        if self.fs.exists(self.path(step, MANIFEST)):
-            log.info("checkpoint_already_committed", step=step)
-            return self.manifest(step)
-        files: dict[str, FileEntry] = {}
         try:
-            for rel in walk_files(local_dir):
-                with open(os.path.join(local_dir, rel), "rb") as f:
-                    digest, size = sha256_stream(f)
+            if self.fs.exists(self.path(step, MANIFEST)):
+                log.info("checkpoint_already_committed", step=step)
+                return self.manifest(step)
+            files = files if files is not None else hash_dir(local_dir)
+            for rel in files:
                 dest = self.path(step, rel)
                 self.fs.makedirs(dest.rsplit("/", 1)[0], exist_ok=True)
                 self.fs.put_file(os.path.join(local_dir, rel), dest)
-                files[rel] = FileEntry(size=size, sha256=digest)
             man = CheckpointManifest(step=step, files=files, **meta)
-            self.fs.makedirs(self.path(step), exist_ok=True)
-            with self.fs.open(self.path(step, MANIFEST), "w") as f:
-                f.write(man.to_json())
+            put_new(self.fs, self.path(step, MANIFEST), man.to_json().encode())
+        except FileExistsError:
+            log.warning("checkpoint_commit_lost_race", step=step)
+            return self.manifest(step)
         except storage_errors() as exc:
-            raise StorageUnavailable(self.url, repr(exc)) from exc
+            raise self._unavailable(exc) from exc
         log.info("checkpoint_committed", step=step, uri=self.uri(step), bytes=man.total_bytes)
         return man
 
+    def commit_in_place(self, step: int, **meta: Any) -> CheckpointManifest:
+        """Local tier: the files already sit at path(step); hash them and write the manifest."""
+        man = CheckpointManifest(step=step, files=hash_dir(self.path(step)), **meta)
+        put_new(self.fs, self.path(step, MANIFEST), man.to_json().encode())
+        return man
+
+    def delete(self, step: int) -> None:
+        """Uncommit (manifest first), then remove the files; safe to cut short at any point."""
+        try:
+            if self.fs.exists(self.path(step, MANIFEST)):
+                self.fs.rm_file(self.path(step, MANIFEST))
+            if self.fs.exists(self.path(step)):
+                self.fs.rm(self.path(step), recursive=True)
+        except storage_errors() as exc:
+            raise self._unavailable(exc) from exc
+        log.info("checkpoint_deleted", step=step, uri=self.uri(step))
 
     # ---- promotion ------------------------------------------------------------
     def promoted_path(self, step: int, name: str = "") -> str:
@@ -186,6 +258,9 @@ class CheckpointStore:
         if problems:
             raise problems[0]
         man = self.manifest(step)
+        uri = self.fs.unstrip_protocol(self.promoted_path(step))
+        if self.fs.exists(self.promoted_path(step, MANIFEST)):
+            return uri, man  # an activity retry after the promotion committed
         for name, entry in man.files.items():
             dest = self.promoted_path(step, name)
             self.fs.makedirs(dest.rsplit("/", 1)[0], exist_ok=True)
@@ -193,8 +268,17 @@ class CheckpointStore:
             digest, size = sha256_file(self.fs, dest)
             if digest != entry.sha256 or size != entry.size:
                 raise CorruptCheckpoint(step, f"promoted/{name}", entry.sha256, digest)
-        with self.fs.open(self.promoted_path(step, MANIFEST), "w") as f:
-            f.write(man.to_json())
-        uri = self.fs.unstrip_protocol(self.promoted_path(step))
+        try:
+            put_new(self.fs, self.promoted_path(step, MANIFEST), man.to_json().encode())
+        except FileExistsError:
+            pass  # a racing retry promoted the same verified bytes
         log.info("checkpoint_promoted", step=step, uri=uri, bytes=man.total_bytes)
         return uri, man
+
+
+def _report(exc: CorruptCheckpoint, on_corrupt: Callable[[CorruptCheckpoint], None] | None,
+            ) -> None:
+    log.warning("checkpoint_corrupt", step=exc.step, file=exc.file, expected=exc.expected,
+                actual=exc.actual)
+    if on_corrupt:
+        on_corrupt(exc)

@@ -14,13 +14,13 @@ import os
 import threading
 import time
 import uuid
-from typing import Any, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import structlog
 from opentelemetry import trace
 
 from ops.errors import StorageUnavailable
-from storage.fs import join, resolve, storage_errors
+from storage.fs import join, put_new, resolve, storage_errors
 
 log = structlog.get_logger(__name__)
 
@@ -84,8 +84,9 @@ class EventLog:
         body = "".join(json.dumps(e, sort_keys=True) + "\n" for e in batch)
         try:
             self.fs.makedirs(self.dir, exist_ok=True)
-            with self.fs.open(path, "w") as f:
-                f.write(body)
+            put_new(self.fs, path, body.encode())  # whole or absent, never rewritten
+        except FileExistsError:
+            log.warning("event_batch_exists", path=path)  # our earlier put landed after all
         except storage_errors() as exc:
             with self._lock:  # keep them for the next flush rather than losing them
                 self._buffer[:0] = batch
@@ -99,23 +100,73 @@ class EventLog:
 
 
 def read_events(durable_url: str, run_id: str, kinds: tuple[str, ...] = ()) -> list[dict]:
-    """Merged, deduplicated, ordered events of a run."""
+    """Merged, deduplicated, ordered events of a run (the same answer whatever the listing
+    order: of repeated event_ids the earliest (ts, writer) copy wins; order is (ts, event_id))."""
     fs, root = resolve(durable_url)
-    directory = events_root(root, run_id)
-    fs.invalidate_cache()
-    if not fs.exists(directory):
-        return []
-    seen: dict[str, dict] = {}
-    for path in sorted(fs.ls(directory, detail=False)):
-        if not path.endswith(".jsonl"):
-            continue
-        for event in _parse(fs.cat_file(path).decode()):
-            seen.setdefault(event["event_id"], event)
-    events = sorted(seen.values(), key=lambda e: (e["ts"], e["event_id"]))
+    events = merge(_load(fs, p) for p in _batches(fs, events_root(root, run_id)))
     return [e for e in events if not kinds or e["kind"] in kinds]
 
 
-def _parse(text: str) -> Iterator[dict]:
+def merge(batches: Iterable[Iterable[dict]]) -> list[dict]:
+    """Pure: dedupe by event_id (earliest (ts, writer) copy wins), order by (ts, event_id)."""
+    best: dict[str, dict] = {}
+    for batch in batches:
+        for event in batch:
+            old = best.get(event["event_id"])
+            if old is None or _rank(event) < _rank(old):
+                best[event["event_id"]] = event
+    return sorted(best.values(), key=lambda e: (e["ts"], e["event_id"]))
+
+
+def follow(durable_url: str, run_id: str, *, poll_s: float = 1.0,
+           stop: Callable[[], bool] = lambda: False) -> Iterator[dict]:
+    """Tail a run's log: yield each new event once (by event_id), batch by batch, until stop().
+
+    Within one poll events come in (ts, event_id) order; a batch flushed late by a slow
+    writer can carry events older than ones already yielded (read_events gives the total order).
+    """
+    fs, root = resolve(durable_url)
+    directory = events_root(root, run_id)
+    seen_paths: set[str] = set()
+    seen_ids: set[str] = set()
+    while True:
+        fresh = [p for p in _batches(fs, directory) if p not in seen_paths]
+        seen_paths.update(fresh)
+        for event in merge(_load(fs, p) for p in fresh):
+            if event["event_id"] not in seen_ids:
+                seen_ids.add(event["event_id"])
+                yield event
+        if stop():
+            return
+        time.sleep(poll_s)
+
+
+def _rank(event: dict) -> tuple:
+    return (event["ts"], event.get("writer", ""))
+
+
+def _batches(fs, directory: str) -> list[str]:
+    try:
+        fs.invalidate_cache()
+        if not fs.exists(directory):
+            return []
+        return sorted(p for p in fs.ls(directory, detail=False) if p.endswith(".jsonl"))
+    except storage_errors() as exc:
+        raise StorageUnavailable(directory, repr(exc)) from exc
+
+
+def _load(fs, path: str) -> list[dict]:
+    try:
+        return list(_parse(fs.cat_file(path).decode(), path))
+    except FileNotFoundError:
+        return []
+
+
+def _parse(text: str, path: str = "") -> Iterator[dict]:
     for line in text.splitlines():
-        if line.strip():
+        if not line.strip():
+            continue
+        try:
             yield json.loads(line)
+        except json.JSONDecodeError:  # a pre-atomic writer's torn tail: skip, say so
+            log.warning("event_line_unreadable", path=path, line=line[:200])

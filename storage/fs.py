@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 from typing import IO, Iterator
+from uuid import uuid4
 
 import fsspec
 from fsspec.spec import AbstractFileSystem
@@ -96,3 +97,41 @@ def storage_errors() -> tuple[type[BaseException], ...]:
     except ImportError:
         pass
     return tuple(errors)
+
+
+def is_local(fs: AbstractFileSystem) -> bool:
+    return "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
+
+
+def put_new(fs: AbstractFileSystem, path: str, data: bytes) -> None:
+    """Create `path` with `data` whole, or raise FileExistsError: an object is never overwritten.
+
+    S3: a conditional PUT (`If-None-Match: *`, honoured by AWS S3 and SeaweedFS ≥ 3.x; see
+    docs/decisions.md). Local disk: write a temporary file, fsync, then `link()` it to the
+    final name — atomic and exclusive, so a reader never sees a half-written object even if
+    the writer is SIGKILLed. Other filesystems (memory://): check-then-write.
+    """
+    if is_local(fs):
+        directory = os.path.dirname(path)
+        os.makedirs(directory, exist_ok=True)
+        tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.{uuid4().hex}")
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.link(tmp, path)  # EEXIST if someone committed first
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        return
+    try:
+        fs.pipe_file(path, data, mode="create")
+    except FileExistsError:
+        raise
+    except storage_errors():
+        raise
+    except OSError as exc:  # s3fs turns 412 Precondition Failed into a plain OSError
+        if fs.exists(path):
+            raise FileExistsError(path) from exc
+        raise

@@ -136,7 +136,7 @@ def _fast_store(run: Run) -> CheckpointStore:
     succeeds once every checkpoint is durable, so the next segment needs nothing from here.
     """
     if "fast_store" not in run.__dict__:
-        run.fast_store = CheckpointStore(os.path.join(run.workdir, "fast"), run.spec.run_id)
+        run.fast_store = CheckpointStore.local(os.path.join(run.workdir, "ckpt"))
     return run.fast_store
 
 
@@ -184,7 +184,7 @@ def restore(run: Run, engine) -> TrainState | None:
 
     Rank 0 picks it from either tier (TieredCheckpointer.resume: fast copies verified in
     place, durable ones verified while fetched, corrupt ones reported and skipped) and
-    broadcasts (step, tier). Layouts `fast/…/checkpoints/step-X/` and
+    broadcasts (step, tier). Layouts `ckpt/step-X/` (fast tier) and
     `restore-rank{r}/step-X/` are DeepSpeed's `load_dir/tag/`.
     """
     root = os.path.join(run.workdir, f"restore-rank{run.rank}")

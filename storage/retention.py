@@ -1,0 +1,71 @@
+"""Which committed checkpoints to delete: a pure function of the committed steps (DESIGN §7).
+
+Kept: the last `keep_last`, every `keep_every`-th step, anything promoted, anything inside
+the rollback horizon (the spike detector may roll back up to `rollback_horizon` steps
+behind the newest commit, DESIGN §3), and always the newest verified checkpoint — even if
+a caller passes a policy that would keep nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import structlog
+
+from ops.errors import BadConfig
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RetentionPolicy:
+    keep_last: int = 0  # the newest K commits; 0 keeps every commit (retention off)
+    keep_every: int = 0  # also keep steps divisible by M (long-horizon history); 0 = none
+    rollback_horizon: int = 0  # keep every commit within this many steps of the newest
+
+    def __post_init__(self) -> None:
+        for name in ("keep_last", "keep_every", "rollback_horizon"):
+            if getattr(self, name) < 0:
+                raise BadConfig(f"storage.{name}", f"must be >= 0, got {getattr(self, name)}",
+                                "use 0 to disable this rule")
+
+    @property
+    def enabled(self) -> bool:
+        return self.keep_last > 0
+
+
+def steps_to_keep(committed: list[int], policy: RetentionPolicy, *, promoted: frozenset[int]
+                  = frozenset(), newest_verified: int | None = None) -> set[int]:
+    if not committed:
+        return set()
+    if not policy.enabled:
+        return set(committed)
+    newest = max(committed)
+    keep = set(sorted(committed)[-policy.keep_last:])
+    keep |= {s for s in committed if policy.keep_every and s % policy.keep_every == 0}
+    keep |= {s for s in committed if s in promoted}
+    keep |= {s for s in committed if newest - s <= policy.rollback_horizon}
+    keep.add(newest if newest_verified is None else newest_verified)
+    return keep
+
+
+def steps_to_delete(committed: list[int], policy: RetentionPolicy, *, promoted: frozenset[int]
+                    = frozenset(), newest_verified: int | None = None) -> list[int]:
+    """Committed steps the policy lets go, oldest first; never the newest verified one."""
+    keep = steps_to_keep(committed, policy, promoted=promoted, newest_verified=newest_verified)
+    return sorted(s for s in committed if s not in keep)
+
+
+def apply_retention(store, policy: RetentionPolicy, *, newest_verified: int | None = None,
+                    ) -> list[int]:
+    """Delete what the policy lets go from `store` (a CheckpointStore); returns the steps."""
+    if not policy.enabled:
+        return []
+    doomed = steps_to_delete(store.list_committed(), policy,
+                             promoted=frozenset(store.list_promoted()),
+                             newest_verified=newest_verified)
+    for step in doomed:
+        store.delete(step)
+    if doomed:
+        log.info("retention_deleted", steps=doomed, uri=store.url)
+    return doomed
