@@ -16,17 +16,26 @@ from storage.events import EventLog
 @activity.defn(name=PREPARE_DATA)
 @classified
 def prepare_data(inp: PrepareDataInput) -> PrepareDataResult:
+    """Progress (phases, committed work units) becomes heartbeats; a retry after a crash
+    resumes from the work units the dead attempt committed (`storage.dataprep_units`)."""
     spec = RunSpec.from_dict(inp.spec)
+    attempt = activity.info().attempt
+    with EventLog(spec.storage.durable, spec.run_id, "data", attempt=attempt) as events:
+        events.emit("dataprep_started", event_id=f"dataprep_started/{attempt}",
+                    corpus=spec.data.corpus)
     uri, man, cache_hit = prepare_dataset(
         spec.data, spec.storage.durable, spec.seed,
         progress=lambda phase, counts: activity.heartbeat({"phase": phase, **counts}))
-    with EventLog(spec.storage.durable, spec.run_id, "data") as events:
+    stats = man.stats
+    with EventLog(spec.storage.durable, spec.run_id, "data", attempt=attempt) as events:
         events.emit("dataset_ready", event_id=f"dataset_ready/{man.content_hash}", uri=uri,
                     cache_hit=cache_hit, content_hash=man.content_hash,
-                    docs_out=man.stats.get("docs_out"), train_tokens=man.tokens("train"),
+                    docs_in=stats.get("docs_in"), docs_out=stats.get("docs_out"),
+                    exact_dups=stats.get("exact_dups"), near_dups=stats.get("near_dups"),
+                    resume=stats.get("resume"), train_tokens=man.tokens("train"),
                     val_tokens=man.tokens("val"), vocab_size=man.vocab_size)
     return PrepareDataResult(manifest_uri=uri, cache_hit=cache_hit,
-                             docs_out=int(man.stats.get("docs_out", 0)),
+                             docs_out=int(stats.get("docs_out", 0)),
                              train_tokens=man.tokens("train"), val_tokens=man.tokens("val"),
                              vocab_size=man.vocab_size)
 
