@@ -76,3 +76,22 @@ def test_uncommitted_step_is_bad_data_exit_3(trained, dataset_uri):
     assert proc.returncode == 3
     error = json.loads((root / "ev" / "error.json").read_text())
     assert error["type"] == "BadData" and "[15]" in error["message"]
+
+
+def test_zero3_checkpoint_weights_are_reassembled_for_evaluation(tmp_path, dataset_uri):
+    # ZeRO-3 model-state files hold empty partitions; evaluate must rebuild the full weights:
+    # step 0 then scores exactly like a freshly seeded model, and step 4 scores differently.
+    over = {"train.zero_stage": 3, "train.checkpoint_every": 4}
+    spec_path = write_spec(tiny_spec(tmp_path / "store", **over), tmp_path / "spec.json")
+    proc = run_segment(spec_path, dataset_uri, 4, tmp_path / "w")
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    step0 = tmp_path / "store" / "runs" / "t" / "checkpoints" / "step-000000000"
+    assert not (step0 / "mp_rank_00_model_states.pt").exists()
+    proc = evaluate(spec_path, dataset_uri, "0,4", tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((tmp_path / "out.json").read_text())["results"]
+    spec = tiny_spec(tmp_path / "store", **over)
+    tokens, _ = read_split(dataset_uri, "val")
+    batches = val_batches(tokens, seq_len=32, batch_size=4, k=spec.train.eval_batches)
+    assert results[0]["val_loss"] == evaluate_model(GPT(spec.model, VOCAB, seed=spec.seed), batches)
+    assert results[1]["val_loss"] != results[0]["val_loss"]

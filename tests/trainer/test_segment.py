@@ -280,3 +280,13 @@ def test_resuming_with_a_different_model_shape_is_bad_config(single, dataset_uri
     assert proc.returncode == 3, proc.stderr[-3000:]
     error = json.loads((tmp_path / "w" / "error.json").read_text())
     assert error["type"] == "BadConfig" and "step 8 does not fit" in error["message"]
+
+
+def test_packing_flag_chooses_packed_documents_or_fixed_windows(tmp_path, dataset_uri):
+    from trainer.data import PackedBatches, TrainBatches
+    from trainer.segment import make_batches
+
+    packed = make_batches(tiny_spec(tmp_path), dataset_uri, 0, 1)
+    windows = make_batches(tiny_spec(tmp_path, **{"train.packing": False}), dataset_uri, 0, 1)
+    assert isinstance(packed, PackedBatches) and isinstance(windows, TrainBatches)
+    assert len(packed.get(0)) == 4 and len(windows.get(0)) == 2

@@ -1,0 +1,111 @@
+"""Training throughput of a named model size on this device: tokens/s, step time, MFU.
+
+    python benchmarks/throughput.py [--size tiny|small|350m|1b] [--steps N] [--peak-tflops X]
+
+One process, the model from `trainer.model`, AdamW, packed rows (several documents per row,
+block-causal attention: flash-attn varlen on CUDA when importable, else SDPA), bf16
+autocast on CUDA and fp32 on CPU. FLOPs per token and MFU come from `trainer.throughput`
+(6N + 12·L·d·T, PaLM appendix B). The peak is, in order: --peak-tflops; the datasheet dense
+bf16 figure for a known GPU; a matmul probe on this device. Prints one JSON line:
+{"figure": "throughput", "value": tokens/s, "step_time_s", "mfu", "peak_tflops", "peak_source", ...}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from ops.spec import ModelConfig  # noqa: E402
+from trainer.model import GPT  # noqa: E402
+from trainer.throughput import (flops_per_token, matmul_params, measured_peak_flops, mfu,  # noqa: E402
+                                peak_memory_bytes, sync)
+
+VOCAB = 32_000
+SIZES = {  # name: (ModelConfig fields, micro-batch rows)
+    "tiny": (dict(d_model=128, n_layers=4, n_heads=4, n_kv_heads=4, seq_len=256), 8),
+    "small": (dict(d_model=512, n_layers=8, n_heads=8, n_kv_heads=8, seq_len=512), 4),
+    "350m": (dict(d_model=1024, n_layers=24, n_heads=16, n_kv_heads=16, seq_len=2048), 8),
+    "1b": (dict(d_model=2048, n_layers=20, n_heads=16, n_kv_heads=8, seq_len=2048), 8),
+}
+# Dense bf16 tensor-core peaks (NVIDIA datasheets, no sparsity), TFLOP/s.
+DATASHEET_BF16 = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 70.0}
+
+
+def peak(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> tuple[float, str]:
+    if args.peak_tflops > 0:
+        return args.peak_tflops * 1e12, "flag:--peak-tflops"
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        for key, tflops in DATASHEET_BF16.items():
+            if key in name:
+                return tflops * 1e12, f"datasheet:{key}:bf16_dense"
+    return measured_peak_flops(device, dtype), f"measured:matmul_probe:{dtype}".replace("torch.", "")
+
+
+def packed_batch(rows: int, seq_len: int, device: torch.device, gen: torch.Generator):
+    """Random tokens in rows of 1-4 documents each, with per-document positions and ids."""
+    x = torch.randint(0, VOCAB, (rows, seq_len + 1), generator=gen)
+    doc = torch.zeros(rows, seq_len, dtype=torch.long)
+    pos = torch.zeros(rows, seq_len, dtype=torch.long)
+    for r in range(rows):
+        cuts = sorted(torch.randint(1, seq_len, (int(torch.randint(0, 4, (1,), generator=gen)),),
+                                    generator=gen).tolist())
+        for i, (a, b) in enumerate(zip([0, *cuts], [*cuts, seq_len])):
+            doc[r, a:b], pos[r, a:b] = i, torch.arange(b - a)
+    return [t.to(device) for t in (x[:, :-1], x[:, 1:], pos, doc)]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--size", choices=sorted(SIZES), default=None,
+                   help="model size (default: 1b on CUDA, tiny on CPU)")
+    p.add_argument("--steps", type=int, default=0, help="timed steps (default 20 CUDA, 5 CPU)")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--peak-tflops", type=float, default=0.0)
+    args = p.parse_args()
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    size = args.size or ("1b" if cuda else "tiny")
+    fields, rows = SIZES[size]
+    cfg = ModelConfig(**fields, attention="auto")
+    dtype = torch.bfloat16 if cuda else torch.float32
+    model = GPT(cfg, VOCAB, seed=0).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=cuda)
+    n = model.param_count()
+    fpt = flops_per_token(matmul_params(n, cfg, VOCAB), cfg.n_layers, cfg.d_model, cfg.seq_len)
+    peak_flops, source = peak(args, device, dtype)
+    gen = torch.Generator().manual_seed(0)
+    steps = args.steps or (20 if cuda else 5)
+    times = []
+    for i in range(args.warmup + steps):
+        x, y, pos, doc = packed_batch(rows, cfg.seq_len, device, gen)
+        sync(device)
+        t0 = time.perf_counter()
+        with torch.autocast(device.type, dtype=dtype, enabled=cuda):
+            _, loss = model(x, y, position_ids=pos, doc_ids=doc)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        sync(device)
+        if i >= args.warmup:
+            times.append(time.perf_counter() - t0)
+    step_time = sorted(times)[len(times) // 2]  # median: robust to a noisy shared machine
+    tps = rows * cfg.seq_len / step_time
+    print(json.dumps({
+        "figure": "throughput", "value": tps, "unit": "tokens/s", "step_time_s": step_time,
+        "mfu": mfu(tps, fpt, peak_flops), "peak_tflops": peak_flops / 1e12, "peak_source": source,
+        "model": size, "params": n, "flops_per_token": fpt, "tokens_per_step": rows * cfg.seq_len,
+        "device": torch.cuda.get_device_name(device) if cuda else "cpu",
+        "dtype": str(dtype).replace("torch.", ""), "attention": model.blocks[0].attn.kernel,
+        "peak_mem_bytes": peak_memory_bytes(device), "steps": steps, "loss": float(loss)}))
+
+
+if __name__ == "__main__":
+    main()
