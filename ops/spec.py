@@ -115,7 +115,7 @@ class DataConfig:
     shard_tokens: int = 1 << 20  # tokens per shard file
     val_fraction: float = 0.05  # share of documents (by hash) held out for validation
     workers: int = 0  # processes for read/clean/hash/tokenize; 0 = every core
-    unit_bytes: int = 4 << 20  # input bytes per work unit (the unit of resume after a crash)
+    unit_bytes: int = 1 << 20  # input bytes per work unit (the unit of resume after a crash)
 
     def __post_init__(self) -> None:
         _require(bool(self.corpus.strip()), "corpus", "is empty",
