@@ -190,7 +190,10 @@ class SeaweedS3:
                 f"-master.port={ports['master']}", f"-volume.port={ports['volume']}",
                 f"-filer.port={ports['filer']}", "-s3", f"-s3.port={self.s3_port}",
                 f"-s3.port.grpc={free_port()}", f"-s3.config={self._identities()}",
-                "-master.volumeSizeLimitMB=256", "-volume.max=100", "-metricsPort=0"]
+                "-master.volumeSizeLimitMB=256", "-volume.max=100", "-metricsPort=0",
+                # 4.x also opens Iceberg (8181) and Lance (9101) listeners on fixed ports;
+                # a second instance on the machine dies on them. We use neither.
+                "-s3.port.iceberg=0", "-s3.port.lance=0"]
 
     def start(self, timeout_s: float = 60.0) -> "SeaweedS3":
         os.makedirs(os.path.join(self.state_dir, "data"), exist_ok=True)

@@ -20,7 +20,7 @@ from typing import Any, Callable
 import structlog
 
 from ops.errors import MainspringError, StorageUnavailable
-from storage.fs import (join, put_new, resolve, sha256_file, sha256_stream, storage_errors,
+from storage.fs import (is_unavailable, join, put_new, resolve, sha256_file, sha256_stream, storage_errors,
                         walk_files)
 
 log = structlog.get_logger(__name__)
@@ -226,8 +226,10 @@ class CheckpointStore:
         except FileExistsError:
             log.warning("checkpoint_commit_lost_race", step=step)
             return self.manifest(step)
-        except storage_errors() as exc:
-            raise self._unavailable(exc) from exc
+        except Exception as exc:  # noqa: BLE001 - classified, then re-raised
+            if is_unavailable(exc):
+                raise self._unavailable(exc) from exc
+            raise
         log.info("checkpoint_committed", step=step, uri=self.uri(step), bytes=man.total_bytes)
         return man
 

@@ -20,7 +20,7 @@ import structlog
 from opentelemetry import trace
 
 from ops.errors import StorageUnavailable
-from storage.fs import join, put_new, resolve, storage_errors
+from storage.fs import is_unavailable, join, put_new, resolve, storage_errors
 
 log = structlog.get_logger(__name__)
 
@@ -87,10 +87,12 @@ class EventLog:
             put_new(self.fs, path, body.encode())  # whole or absent, never rewritten
         except FileExistsError:
             log.warning("event_batch_exists", path=path)  # our earlier put landed after all
-        except storage_errors() as exc:
+        except Exception as exc:
             with self._lock:  # keep them for the next flush rather than losing them
                 self._buffer[:0] = batch
-            raise StorageUnavailable(self.url, repr(exc)) from exc
+            if is_unavailable(exc):
+                raise StorageUnavailable(self.url, repr(exc)) from exc
+            raise
 
     def __enter__(self) -> "EventLog":
         return self

@@ -8,6 +8,7 @@ other's commits at once.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 from typing import IO, Iterator
@@ -79,6 +80,19 @@ def walk_files(local_dir: str) -> Iterator[str]:
         for name in names:
             found.append(os.path.relpath(os.path.join(dirpath, name), local_dir))
     yield from sorted(found)
+
+
+# A local or network filesystem that went away or read-only (NFS, a remounted disk):
+# retry later. Disk full and permission errors are not in this list: they need a human.
+UNAVAILABLE_ERRNOS = frozenset({errno.EROFS, errno.EIO, errno.ENOTCONN, errno.ESTALE,
+                                errno.EHOSTDOWN, errno.EHOSTUNREACH, errno.ETIMEDOUT,
+                                errno.ENODEV, errno.ENXIO})
+
+
+def is_unavailable(exc: BaseException) -> bool:
+    """True for errors that mean 'the store is unreachable' rather than 'the data is wrong'."""
+    return isinstance(exc, storage_errors()) or (
+        isinstance(exc, OSError) and exc.errno in UNAVAILABLE_ERRNOS)
 
 
 def storage_errors() -> tuple[type[BaseException], ...]:

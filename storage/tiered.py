@@ -119,16 +119,14 @@ class TieredCheckpointer:
         self._raise_if_failed()
         t0 = time.perf_counter()
         with self._cond:
-            if len(self._queue) + (self._busy is not None) >= self.policy.max_in_flight:
+            while self._full() and self._error is None:
                 if self._outage_since is not None and self._queue:
                     old = self._queue.pop()  # newest queued, not yet uploading
                     self._emit("checkpoint_superseded", step=old.step, by_step=step,
                                event_id=f"checkpoint_superseded/{old.step}",
                                reason="durable tier unavailable")
-                else:
-                    while (len(self._queue) + (self._busy is not None) >= self.policy.max_in_flight
-                           and self._error is None):
-                        self._cond.wait(0.5)
+                    break
+                self._cond.wait(0.2)
             self._queue.append(_Job(step=step, meta=meta))
             self.last_step = step if self.last_step is None else max(self.last_step, step)
             self._cond.notify_all()
@@ -139,6 +137,9 @@ class TieredCheckpointer:
             log.warning("checkpoint_backpressure", step=step, waited_s=round(waited, 3))
         self._raise_if_failed()
         return waited
+
+    def _full(self) -> bool:
+        return len(self._queue) + (self._busy is not None) >= self.policy.max_in_flight
 
     def in_flight(self) -> list[int]:
         with self._cond:
@@ -229,11 +230,20 @@ class TieredCheckpointer:
                 if self._error is not None:
                     return
 
-    def _commit(self, job: _Job) -> None:
+    def _fast_commit(self, job: _Job) -> CheckpointManifest:
         if self.fast.fs.exists(self.fast.path(job.step, MANIFEST)):
-            fast_man = self.fast.manifest(job.step)
-        else:
-            fast_man = self.fast.commit_in_place(job.step, **job.meta)
+            return self.fast.manifest(job.step)
+        return self.fast.commit_in_place(job.step, **job.meta)
+
+    def _fast_commit_queued(self) -> None:
+        """While uploads wait out an outage, make every queued snapshot resumable locally."""
+        with self._cond:
+            queued = list(self._queue)
+        for job in queued:
+            self._fast_commit(job)
+
+    def _commit(self, job: _Job) -> None:
+        fast_man = self._fast_commit(job)
         backoff, tries = self.policy.retry_s, 0
         while True:
             try:
@@ -243,6 +253,7 @@ class TieredCheckpointer:
             except StorageUnavailable as exc:
                 tries += 1
                 self._outage(job.step, exc, backoff)
+                self._fast_commit_queued()
                 with self._cond:
                     if self._cond.wait_for(lambda: self._closing, timeout=backoff):
                         return
