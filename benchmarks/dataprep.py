@@ -22,10 +22,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import structlog  # noqa: E402
+import structlog
 
-from ops.spec import DataConfig, TokenizerConfig  # noqa: E402
-from storage.dataprep import prepare_dataset  # noqa: E402
+from ops.spec import DataConfig, TokenizerConfig
+from storage.dataprep import prepare_dataset
 
 
 def run_once(data: DataConfig, store: str) -> dict:

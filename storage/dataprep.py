@@ -26,7 +26,7 @@ from ops.errors import BadData, StorageUnavailable
 from ops.spec import DataConfig
 from storage.dataprep_inputs import InputFile, content_hash, corpus_url, list_inputs
 from storage.dataprep_minhash import near_duplicates, shingles
-from storage.dataprep_text import Document, dedup_exact, split_by_hash, tally
+from storage.dataprep_text import Document, split_by_hash, tally
 from storage.dataprep_tokens import cut_shards, eos_id, load_tokenizer, train_tokenizer, write_split
 from storage.dataprep_units import (CleanOutput, WorkDir, clean_unit, plan_units, run_jobs,
                                     tokenize_unit, worker_count)
@@ -115,7 +115,7 @@ def _build(data: DataConfig, key: str, in_fs: AbstractFileSystem, files: list[In
            phases: _Phases) -> DatasetManifest:
     units = plan_units(files, data.unit_bytes)
     resume = {"units": len(units), "clean_reused": 0, "tokenize_reused": 0}
-    workers = worker_count(data, len(units), corpus_url(data.corpus))
+    workers = worker_count(data, len(units), sum(f.size for f in files), corpus_url(data.corpus))
     outputs = _clean_units(data, in_fs, units, work, workers, phases, resume)
     docs, unit_of = _dedup(data, outputs, phases)
     with phases("split") as counts:

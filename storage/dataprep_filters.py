@@ -78,7 +78,7 @@ def top_ngram_char_fraction(hashes: np.ndarray, lengths: np.ndarray, n: int) -> 
     total = int(lengths.sum())
     if grams.size == 0 or total == 0:
         return 0.0
-    uniq, first, counts = np.unique(grams, return_index=True, return_counts=True)
+    _, first, counts = np.unique(grams, return_index=True, return_counts=True)
     top = int(np.argmax(counts))
     if counts[top] < 2:
         return 0.0

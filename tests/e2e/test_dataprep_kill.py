@@ -11,7 +11,6 @@ import asyncio
 import glob
 import os
 import signal
-import time
 
 import pytest
 
@@ -53,7 +52,7 @@ def test_sigkilled_data_worker_is_retried_and_redoes_only_unfinished_units(tempo
             victim = fleet.procs["data"]
             fleet.kill("data", signal.SIGKILL)
             victim.wait(10)
-            time.sleep(0.5)  # its pool children die with it (parent-death signal)
+            await asyncio.sleep(0.5)  # its pool children die with it (parent-death signal)
             left = (len(markers(store, "clean")), len(markers(store, "tokens")))
             ready = await asyncio.to_thread(
                 wait_for, lambda: [e for e in read_events(store, spec.run_id)

@@ -41,8 +41,8 @@ def small_units(tmp_path, **kw) -> DataConfig:
     return config(corpus, unit_bytes=400, **kw)  # ~4 files per unit: 12 units
 
 
-def test_crash_while_cleaning_redoes_only_the_unfinished_units(tmp_path):
-    data = small_units(tmp_path)
+def test_crash_while_cleaning_in_worker_processes_redoes_only_the_unfinished_units(tmp_path):
+    data = small_units(tmp_path, workers=2)
     store = str(tmp_path / "store")
     with pytest.raises(Crash):
         prepare_dataset(data, store, seed=1, progress=crash_after("unit_cleaned", 5))
