@@ -38,7 +38,7 @@ def test_sigkilled_data_worker_is_retried_and_redoes_only_unfinished_units(tempo
     store = str(tmp_path / "store")
     # All 168 top-level stdlib modules (~4.7 MB) in ~200 KB units: ~24 units per job kind.
     spec = tiny_spec("e2e-dataprep-kill", store, str(tmp_path / "fast"),
-                     **{"data.max_documents": 0, "data.unit_bytes": 200_000})
+                     **{"data.max_documents": 0, "data.unit_bytes": 200_000, "data.workers": 2})
     fleet = WorkerFleet(temporal_server.address, roles=("orchestrator", "data"),
                         log_dir=str(tmp_path / "logs"), restart=True).start()
     try:
