@@ -99,8 +99,9 @@ def prepare_dataset(data: DataConfig, durable_url: str, seed: int,
         work = WorkDir(out_fs, out_dir)
         try:
             manifest = _build(data, key, in_fs, files, work, out_fs, out_dir, phases)
-        except BadData:
-            out_fs.rm(out_dir, recursive=True) if out_fs.exists(out_dir) else None
+        except BadData:  # deterministic: a retry would fail the same way, so keep nothing
+            if out_fs.exists(out_dir):
+                out_fs.rm(out_dir, recursive=True)
             raise
         work.remove()  # only after the commit: until then it is what a retry resumes from
     log.info("dataset_committed", content_hash=key, manifest=url,
