@@ -35,6 +35,7 @@ from storage.retention import RetentionPolicy, apply_retention
 log = structlog.get_logger(__name__)
 
 OnCommit = Callable[[CheckpointManifest, str], None]
+UPLOADER_NICE = 10  # hashing + upload run at lower priority than the training loop
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,6 +73,7 @@ def free_bytes(path: str) -> int | None:
 class _Job:
     step: int
     meta: dict[str, Any]
+    write: Callable[[str], None] | None = None  # writes the fast tier off the loop's thread
 
 
 class TieredCheckpointer:
@@ -114,8 +116,13 @@ class TieredCheckpointer:
         return StorageUnavailable(self.fast.url, f"writing checkpoint step {step} to the fast "
                                   f"tier failed: {exc!r} ({free} bytes free)")
 
-    def submit(self, step: int, **meta: Any) -> float:
-        """Queue step (already written under prepare(step)) for commit; returns seconds waited."""
+    def submit(self, step: int, write: Callable[[str], None] | None = None, **meta: Any) -> float:
+        """Queue step for commit; returns the seconds the loop waited for a free slot.
+
+        Either the files are already under prepare(step) (DeepSpeed wrote them), or `write`
+        writes them there from the uploader thread — then it must own a snapshot of the
+        state (e.g. tensors copied to CPU memory), which is what `max_in_flight` bounds.
+        """
         self._raise_if_failed()
         t0 = time.perf_counter()
         with self._cond:
@@ -127,7 +134,7 @@ class TieredCheckpointer:
                                reason="durable tier unavailable")
                     break
                 self._cond.wait(0.2)
-            self._queue.append(_Job(step=step, meta=meta))
+            self._queue.append(_Job(step=step, meta=meta, write=write))
             self.last_step = step if self.last_step is None else max(self.last_step, step)
             self._cond.notify_all()
         waited = time.perf_counter() - t0
@@ -212,6 +219,7 @@ class TieredCheckpointer:
 
     # ---- the uploader thread ---------------------------------------------------------
     def _run(self) -> None:
+        _lower_priority()
         while True:
             with self._cond:
                 while not self._queue and not self._closing:
@@ -233,6 +241,12 @@ class TieredCheckpointer:
     def _fast_commit(self, job: _Job) -> CheckpointManifest:
         if self.fast.fs.exists(self.fast.path(job.step, MANIFEST)):
             return self.fast.manifest(job.step)
+        if job.write is not None:
+            try:
+                job.write(self.prepare(job.step))
+            except OSError as exc:
+                raise self.write_failed(job.step, exc) from exc
+            job.write = None  # drop the snapshot's memory as soon as it is on disk
         return self.fast.commit_in_place(job.step, **job.meta)
 
     def _fast_commit_queued(self) -> None:
@@ -299,6 +313,20 @@ class TieredCheckpointer:
             self.events.flush()
         except StorageUnavailable as exc:  # the batch stays buffered for the next flush
             log.warning("event_flush_deferred", error=exc.cause[:200])
+
+
+def _lower_priority() -> None:
+    """Background work yields the CPU to the step loop (Linux nice is per thread): this
+    thread, and fsspec's event-loop thread, which runs every async (S3) transfer."""
+    import fsspec.asyn
+
+    fsspec.asyn.get_loop()  # starts the I/O thread if it is not running yet
+    io_thread = fsspec.asyn.iothread[0]
+    for tid in {threading.get_native_id(), getattr(io_thread, "native_id", None)} - {None}:
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, UPLOADER_NICE)
+        except (AttributeError, OSError) as exc:
+            log.info("uploader_priority_unchanged", thread=tid, error=repr(exc))
 
 
 def _tell(exc: CorruptCheckpoint, on_corrupt: Callable[[CorruptCheckpoint], None] | None) -> None:
