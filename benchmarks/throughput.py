@@ -104,7 +104,7 @@ def main() -> None:
         "model": size, "params": n, "flops_per_token": fpt, "tokens_per_step": rows * cfg.seq_len,
         "device": torch.cuda.get_device_name(device) if cuda else "cpu",
         "dtype": str(dtype).replace("torch.", ""), "attention": model.blocks[0].attn.kernel,
-        "peak_mem_bytes": peak_memory_bytes(device), "steps": steps, "loss": float(loss)}))
+        "peak_mem_bytes": peak_memory_bytes(device), "steps": steps, "loss": loss.item()}))
 
 
 if __name__ == "__main__":

@@ -32,12 +32,28 @@ except Exception:  # ImportError, or a CUDA/ABI mismatch raised at import time
 
 _LOGGED_CHOICE: set[str] = set()
 IGNORE = -100  # target id that carries no loss (F.cross_entropy's default ignore_index)
+HALF = (torch.float16, torch.bfloat16)
+PACKED_MODES = ("auto", "mask", "segments")
 
 
 def ffn_hidden(cfg: ModelConfig) -> int:
     """SwiGLU hidden size: ffn_mult * d_model * 2/3 rounded up to a multiple of 64 (Llama)."""
     raw = cfg.ffn_mult * cfg.d_model * 2 / 3
     return int(math.ceil(raw / 64) * 64)
+
+
+def packed_mode(kernel: str, dtype: torch.dtype, device: torch.device, requested: str) -> str:
+    """How packed rows attend: 'flash_varlen', 'segments' or 'mask'. Logged once per choice."""
+    if kernel == "flash" and dtype in HALF:
+        mode = "flash_varlen"
+    elif requested != "auto":
+        mode = requested
+    else:
+        mode = "segments" if device.type == "cpu" else "mask"
+    if f"packed:{mode}" not in _LOGGED_CHOICE:
+        _LOGGED_CHOICE.add(f"packed:{mode}")
+        log.info("packed_attention", mode=mode, kernel=kernel, dtype=str(dtype))
+    return mode
 
 
 def choose_attention(requested: str, cuda: bool) -> str:
@@ -106,6 +122,20 @@ def cu_seqlens(doc_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
     return cu, int((cu[1:] - cu[:-1]).max())
 
 
+def segment_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor,
+                      gqa: bool) -> torch.Tensor:
+    """Causal SDPA over each segment of flattened (N, H, D) tensors: varlen attention
+    without flash-attn. Costs sum(len²) instead of T² per row, and each call can use the
+    fused causal kernel, which a dense boolean mask cannot (about 2x slower on CPU)."""
+    out = []
+    for s, e in zip(cu[:-1].tolist(), cu[1:].tolist()):
+        y = F.scaled_dot_product_attention(q[s:e].transpose(0, 1), k[s:e].transpose(0, 1),
+                                           v[s:e].transpose(0, 1), is_causal=True,
+                                           enable_gqa=gqa)
+        out.append(y.transpose(0, 1))
+    return torch.cat(out)
+
+
 def apply_rope(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     """x: (B, T, H, D); c, s from `rope_at`. Rotates interleaved pairs (x0, x1), (x2, x3), ..."""
     x1, x2 = x.float()[..., 0::2], x.float()[..., 1::2]
@@ -132,14 +162,18 @@ class Attention(nn.Module):
         q = apply_rope(self.wq(x).view(b, t, self.n_heads, self.head_dim), cos, sin)
         k = apply_rope(self.wk(x).view(b, t, self.n_kv, self.head_dim), cos, sin)
         v = self.wv(x).view(b, t, self.n_kv, self.head_dim)
-        if self.kernel == "flash" and q.dtype in (torch.float16, torch.bfloat16):
-            if cu is None:
-                y = flash_attn_func(q, k, v, causal=True)  # (B, T, H, D), GQA native
-            else:  # packed: (B*T, H, D) with segment boundaries, no cross-document attention
-                y = flash_attn_varlen_func(q.reshape(b * t, self.n_heads, -1),
-                                           k.reshape(b * t, self.n_kv, -1),
-                                           v.reshape(b * t, self.n_kv, -1),
-                                           cu, cu, max_len, max_len, causal=True)
+        flash = self.kernel == "flash" and q.dtype in HALF
+        if cu is not None and flash:  # packed: (B*T, H, D) with segment boundaries
+            y = flash_attn_varlen_func(q.reshape(b * t, self.n_heads, -1),
+                                       k.reshape(b * t, self.n_kv, -1),
+                                       v.reshape(b * t, self.n_kv, -1),
+                                       cu, cu, max_len, max_len, causal=True)
+        elif cu is not None:
+            y = segment_attention(q.reshape(b * t, self.n_heads, -1),
+                                  k.reshape(b * t, self.n_kv, -1),
+                                  v.reshape(b * t, self.n_kv, -1), cu, self.n_kv != self.n_heads)
+        elif flash and mask is None:
+            y = flash_attn_func(q, k, v, causal=True)  # (B, T, H, D), GQA native
         else:
             y = F.scaled_dot_product_attention(
                 q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
@@ -193,6 +227,10 @@ class GPT(nn.Module):
         kernel = choose_attention(cfg.attention, torch.cuda.is_available() if cuda is None else cuda)
         for block in self.blocks:
             block.attn.kernel = kernel
+        # Packed rows without flash: "segments" (per-document causal SDPA) on CPU, where it is
+        # faster; "mask" (one block-diagonal boolean mask) on CUDA, where per-segment calls
+        # would cost a kernel launch each. "auto" picks by device.
+        self.packed_sdpa = "auto"
         self.reset_parameters(seed)
 
     @torch.no_grad()
@@ -222,10 +260,13 @@ class GPT(nn.Module):
         cos, sin = rope_at(self.rope_cos, self.rope_sin, idx.shape[1], position_ids)
         mask, cu, max_len = None, None, 0
         if doc_ids is not None:
-            if self.blocks[0].attn.kernel == "flash" and x.dtype in (torch.float16, torch.bfloat16):
-                cu, max_len = cu_seqlens(doc_ids)
-            else:
+            dtype = (torch.get_autocast_dtype(x.device.type)  # what q, k, v will be
+                     if torch.is_autocast_enabled(x.device.type) else x.dtype)
+            mode = packed_mode(self.blocks[0].attn.kernel, dtype, x.device, self.packed_sdpa)
+            if mode == "mask":
                 mask = block_causal_mask(doc_ids)
+            else:  # flash varlen, or SDPA per segment
+                cu, max_len = cu_seqlens(doc_ids)
         for block in self.blocks:
             if self.cfg.activation_checkpointing and self.training and torch.is_grad_enabled():
                 x = checkpoint(block, x, cos, sin, mask, cu, max_len, use_reentrant=False)
