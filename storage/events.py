@@ -4,7 +4,8 @@ Writers buffer events and put immutable batch objects
 `runs/<run_id>/events/<writer>-<seq>.jsonl`; nothing is ever rewritten. Each writer id is
 unique per process, so two writers never race for one object. An `event_id` given by the
 caller makes an event idempotent across activity retries: readers merge all batches,
-drop repeated ids (first write wins) and order by (ts, event_id).
+drop repeated ids (the earliest (ts, writer) copy wins, whatever the listing
+order) and order by (ts, event_id). Batches are written whole or not at all (put_new).
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import os
 import shutil
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -36,6 +37,11 @@ log = structlog.get_logger(__name__)
 
 OnCommit = Callable[[CheckpointManifest, str], None]
 UPLOADER_NICE = 10  # hashing + upload run at lower priority than the training loop
+# While the uploader runs Python (aiohttp, pickling), the loop waits for the GIL after each
+# torch op that released it: up to the switch interval (5 ms default) per op. With 0.5 ms one
+# run of benchmarks/checkpoint_stall.py went from 1.52x to 1.29x step-time slowdown during
+# S3 uploads (single runs on a loaded 2-core machine: noisy, see docs/decisions.md).
+GIL_SWITCH_S = 0.0005
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,6 +97,7 @@ class TieredCheckpointer:
         self._outage_since: float | None = None
         self.committed: list[int] = []  # durable commits made by this checkpointer, in order
         self.last_step: int | None = None  # newest snapshot submitted (the next one's parent)
+        sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_S))
         self._thread = threading.Thread(target=self._run, name="ckpt-uploader", daemon=True)
         self._thread.start()
 
