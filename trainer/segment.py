@@ -235,7 +235,10 @@ def restore(run: Run, engine) -> TrainState | None:
     if run.rank == 0:
         run.checkpointer.last_step = step
         durable = run.store.latest_committed(at_or_before=step)  # heartbeats: durable only
-        run.last_commit = (durable, run.store.uri(durable)) if durable is not None else None
+        run.last_commit = None
+        if durable is not None:  # a kill between manifest and event flush loses only the
+            # newest commit's event; announcing it again is idempotent (same event_id)
+            _on_durable_commit(run, run.store.manifest(durable), run.store.uri(durable))
     return state
 
 
