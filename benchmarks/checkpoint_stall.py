@@ -25,11 +25,11 @@ import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import psutil  # noqa: E402
-import torch  # noqa: E402
+import psutil
+import torch
 
-from storage.checkpoints import CheckpointStore  # noqa: E402
-from storage.tiered import TieredCheckpointer, TierPolicy  # noqa: E402
+from storage.checkpoints import CheckpointStore
+from storage.tiered import TieredCheckpointer, TierPolicy
 
 
 def build(mb: int, width: int = 1024) -> tuple[torch.nn.Module, torch.optim.Optimizer]:

@@ -14,14 +14,23 @@ import json
 import os
 import re
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import structlog
 
 from ops.errors import MainspringError, StorageUnavailable
-from storage.fs import (is_unavailable, join, put_new, resolve, sha256_file, sha256_stream, storage_errors,
-                        walk_files)
+from storage.fs import (
+    is_unavailable,
+    join,
+    put_new,
+    resolve,
+    sha256_file,
+    sha256_stream,
+    storage_errors,
+    walk_files,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -63,7 +72,7 @@ class CheckpointManifest:
         return json.dumps(asdict(self), sort_keys=True, indent=1)
 
     @classmethod
-    def from_json(cls, text: str) -> "CheckpointManifest":
+    def from_json(cls, text: str) -> CheckpointManifest:
         raw = json.loads(text)
         known = {f.name for f in dataclasses.fields(cls)}
         raw = {k: v for k, v in raw.items() if k in known}  # newer writers may add fields
@@ -97,7 +106,7 @@ class CheckpointStore:
         self.root = join(root, "runs", run_id, "checkpoints")
 
     @classmethod
-    def local(cls, directory: str) -> "CheckpointStore":
+    def local(cls, directory: str) -> CheckpointStore:
         """A store whose step directories sit right under `directory` (the fast tier)."""
         store = cls.__new__(cls)
         store.fs, store.root = resolve(directory)
@@ -226,7 +235,7 @@ class CheckpointStore:
         except FileExistsError:
             log.warning("checkpoint_commit_lost_race", step=step)
             return self.manifest(step)
-        except Exception as exc:  # noqa: BLE001 - classified, then re-raised
+        except Exception as exc:
             if is_unavailable(exc):
                 raise self._unavailable(exc) from exc
             raise

@@ -15,7 +15,8 @@ import os
 import threading
 import time
 import uuid
-from typing import Any, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import structlog
 from opentelemetry import trace
@@ -95,7 +96,7 @@ class EventLog:
                 raise StorageUnavailable(self.url, repr(exc)) from exc
             raise
 
-    def __enter__(self) -> "EventLog":
+    def __enter__(self) -> EventLog:
         return self
 
     def __exit__(self, *exc: object) -> None:

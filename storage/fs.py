@@ -11,7 +11,8 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
-from typing import IO, Iterator
+from collections.abc import Iterator
+from typing import IO
 from uuid import uuid4
 
 import fsspec

@@ -23,14 +23,20 @@ import shutil
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import structlog
 
 from ops.errors import StorageUnavailable
-from storage.checkpoints import (MANIFEST, CheckpointManifest, CheckpointStore,
-                                 CorruptCheckpoint, step_dir)
+from storage.checkpoints import (
+    MANIFEST,
+    CheckpointManifest,
+    CheckpointStore,
+    CorruptCheckpoint,
+    step_dir,
+)
 from storage.retention import RetentionPolicy, apply_retention
 
 log = structlog.get_logger(__name__)
@@ -53,7 +59,7 @@ class TierPolicy:
     retention: RetentionPolicy = field(default_factory=RetentionPolicy)
 
     @classmethod
-    def from_storage(cls, cfg: Any) -> "TierPolicy":
+    def from_storage(cls, cfg: Any) -> TierPolicy:
         """From ops.spec.StorageConfig (validated there)."""
         return cls(max_in_flight=cfg.max_in_flight, retry_s=cfg.upload_retry_s,
                    retry_max_s=cfg.upload_retry_max_s, drain_timeout_s=cfg.drain_timeout_s,
@@ -236,7 +242,7 @@ class TieredCheckpointer:
                 self._busy = self._queue.popleft()
             try:
                 self._commit(self._busy)
-            except BaseException as exc:  # noqa: BLE001 - handed to the loop, which raises it
+            except BaseException as exc:
                 log.exception("checkpoint_upload_failed", step=self._busy.step)
                 self._error = exc
             with self._cond:

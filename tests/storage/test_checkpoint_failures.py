@@ -6,15 +6,22 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 from ops.errors import StorageUnavailable
 from storage.checkpoints import MANIFEST, CheckpointStore
 from storage.events import EventLog, read_events
-from tests.storage.ckpt_helpers import (BACKENDS, durable_url, flip_byte, kinds, payload, save,
-                                        small_disk, tiered, write_files)
+from tests.storage.ckpt_helpers import (
+    BACKENDS,
+    durable_url,
+    flip_byte,
+    payload,
+    save,
+    small_disk,
+    tiered,
+    write_files,
+)
 
 __all__ = ["small_disk"]  # fixture
 
