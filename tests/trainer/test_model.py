@@ -224,3 +224,16 @@ def test_packed_attention_mode_prefers_flash_then_segments_on_cpu_then_mask():
     assert packed_mode("flash", torch.float32, gpu, "auto") == "mask"  # flash needs fp16/bf16
     assert packed_mode("sdpa", torch.float32, cpu, "auto") == "segments"
     assert packed_mode("sdpa", torch.float32, cpu, "mask") == "mask"
+
+
+def test_activation_checkpointing_keeps_packed_rows_exact():
+    docs = [tokens(1, n, seed=n)[0] for n in (5, 7, 4)]
+    idx, pos, doc = packed_row(docs)
+    out = []
+    for ckpt in (False, True):
+        model = GPT(cfg(activation_checkpointing=ckpt), V, seed=0)
+        _, loss = model(idx, (idx + 1) % V, position_ids=pos, doc_ids=doc)
+        loss.backward()
+        out.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
+    assert torch.equal(out[0][0], out[1][0])
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(out[0][1], out[1][1]))

@@ -293,3 +293,25 @@ def test_packing_flag_chooses_packed_documents_or_fixed_windows(tmp_path, datase
     windows = make_batches(tiny_spec(tmp_path, **{"train.packing": False}), dataset_uri, 0, 1)
     assert isinstance(packed, PackedBatches) and isinstance(windows, TrainBatches)
     assert len(packed.get(0)) == 4 and len(windows.get(0)) == 2
+
+
+def test_bf16_zero1_with_overlap_comm_and_no_clipping_trains_on_cpu(tmp_path, dataset_uri):
+    over = {"train.precision": "bf16", "train.zero_stage": 1, "train.overlap_comm": True,
+            "train.grad_clip": 0.0, "train.checkpoint_every": 6}
+    spec = write_spec(tiny_spec(tmp_path / "s", **over), tmp_path / "spec.json")
+    ok(run_segment(spec, dataset_uri, 6, tmp_path / "w"))
+    steps = [ln for ln in read_jsonl(tmp_path / "w" / "progress.jsonl") if ln["type"] == "step"]
+    assert len(steps) == 6 and all(s["loss"] == s["loss"] for s in steps)  # finite, not NaN
+    assert steps[-1]["loss"] < steps[0]["loss"]
+    weights = load_tensors(tmp_path / "s" / CKPT.format(6) / "mp_rank_00_model_states.pt")
+    assert weights["/module/embed.weight"].dtype == torch.bfloat16
+
+
+def test_fp16_on_cpu_fails_fast_as_bad_config(tmp_path, dataset_uri):
+    spec = write_spec(tiny_spec(tmp_path / "s", **{"train.precision": "fp16"}),
+                      tmp_path / "spec.json")
+    proc = segment_direct(["--spec", spec, "--dataset", dataset_uri, "--to-step", "4"],
+                          tmp_path / "w")
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    error = json.loads((tmp_path / "w" / "error.json").read_text())
+    assert error["type"] == "BadConfig" and "train.precision" in error["message"]
