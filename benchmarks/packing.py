@@ -25,9 +25,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ops.spec import ModelConfig  # noqa: E402
-from trainer.data import IGNORE, PackedBatches  # noqa: E402
-from trainer.model import GPT  # noqa: E402
+from ops.spec import ModelConfig
+from trainer.data import IGNORE, PackedBatches
+from trainer.model import GPT
 
 SEQ_LEN, ROWS, REPEATS, EOS, VOCAB = 1024, 2, 3, 256, 257
 MIN_BYTES, MAX_BYTES, TARGET_TOKENS = 64, 4096, 60_000

@@ -20,9 +20,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from storage.dataset import DatasetManifest, commit_manifest, token_dtype, write_shard  # noqa: E402
-from storage.fs import resolve  # noqa: E402
-from tests.trainer.helpers import run_segment, tiny_spec, write_spec  # noqa: E402
+from storage.dataset import DatasetManifest, commit_manifest, token_dtype, write_shard
+from storage.fs import resolve
+from tests.trainer.helpers import run_segment, tiny_spec, write_spec
 
 STEPS = 8
 VOCAB = 512
@@ -79,7 +79,7 @@ def compare(root: Path, dataset: str, world: int, zero: int) -> dict:
                 raise SystemExit(proc.stderr[-4000:])
         runs[name] = root / name / "runs" / "t" / "checkpoints" / f"step-{STEPS:09d}"
     weights, other, n_weights, n_all = 0.0, 0.0, 0, 0
-    load = lambda p: tensors(torch.load(p, map_location="cpu", weights_only=False))  # noqa
+    load = lambda p: tensors(torch.load(p, map_location="cpu", weights_only=False))
     for path in sorted(runs["straight"].glob("*.pt")):
         a, b = load(path), load(runs["resumed"] / path.name)
         module = {k: v for k, v in a.items() if k.startswith("/module/")}
@@ -88,7 +88,7 @@ def compare(root: Path, dataset: str, world: int, zero: int) -> dict:
         other, n_weights, n_all = max(other, max_diff(a, b)), n_weights + len(module), n_all + len(a)
     # Control: the weights did move between the resume point and the end, so 0.0 means something.
     model = "mp_rank_00_model_states.pt"
-    weights_of = lambda p: {k: v for k, v in load(p).items() if k.startswith("/module/")}  # noqa
+    weights_of = lambda p: {k: v for k, v in load(p).items() if k.startswith("/module/")}
     moved = max_diff(weights_of(runs["straight"] / model),
                      weights_of(runs["straight"].parent / f"step-{STEPS // 2:09d}" / model))
     return {"world_size": world, "zero_stage": zero, "max_abs_weight_diff": weights,

@@ -22,10 +22,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ops.spec import ModelConfig  # noqa: E402
-from trainer.model import GPT  # noqa: E402
-from trainer.throughput import (flops_per_token, matmul_params, measured_peak_flops, mfu,  # noqa: E402
-                                peak_memory_bytes, sync)
+from ops.spec import ModelConfig
+from trainer.model import GPT
+from trainer.throughput import (
+    flops_per_token,
+    matmul_params,
+    measured_peak_flops,
+    mfu,
+    peak_memory_bytes,
+    sync,
+)
 
 VOCAB = 32_000
 SIZES = {  # name: (ModelConfig fields, micro-batch rows)

@@ -20,7 +20,7 @@ arithmetic, same skip ranges.
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import torch

@@ -324,8 +324,8 @@ def make_batches(spec: RunSpec, dataset: str, rank: int, world: int
                  ) -> TrainBatches | PackedBatches:
     """Packed documents (train.packing) or fixed windows of the token stream."""
     tokens, doc_starts = read_split(dataset, "train")
-    common = dict(seq_len=spec.model.seq_len, batch_size=micro_batch_size(spec), seed=spec.seed,
-                  rank=rank, world=world, source=dataset)
+    common = {"seq_len": spec.model.seq_len, "batch_size": micro_batch_size(spec),
+              "seed": spec.seed, "rank": rank, "world": world, "source": dataset}
     if spec.train.packing:
         return PackedBatches(tokens, doc_starts, **common)
     return TrainBatches(tokens, **common)

@@ -19,7 +19,6 @@ import torch
 
 from ops.spec import ModelConfig
 
-
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 

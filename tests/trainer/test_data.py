@@ -7,9 +7,21 @@ import pytest
 import torch
 
 from ops.errors import BadData
-from trainer.data import (IGNORE, PackedBatches, TrainBatches, doc_lengths, epoch_order,
-                          locate, n_windows, pack_layout, pack_row, sample_indices,
-                          skip_past, val_batches, windows)
+from trainer.data import (
+    IGNORE,
+    PackedBatches,
+    TrainBatches,
+    doc_lengths,
+    epoch_order,
+    locate,
+    n_windows,
+    pack_layout,
+    pack_row,
+    sample_indices,
+    skip_past,
+    val_batches,
+    windows,
+)
 
 
 def test_windows_are_non_overlapping_runs_of_seq_len_plus_one_tokens():

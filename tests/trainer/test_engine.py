@@ -6,10 +6,9 @@ import math
 
 import pytest
 
-from ops.spec import RunSpec, TrainConfig
 from ops.errors import BadConfig
-from trainer.engine import (check_device, deepspeed_config, lr_at, micro_batch_size,
-                            tokens_per_step)
+from ops.spec import RunSpec, TrainConfig
+from trainer.engine import check_device, deepspeed_config, lr_at, micro_batch_size, tokens_per_step
 
 
 def cfg(**kw) -> TrainConfig:

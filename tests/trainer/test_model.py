@@ -9,8 +9,16 @@ import torch
 
 from ops.errors import BadConfig
 from ops.spec import ModelConfig
-from trainer.model import (GPT, IGNORE, block_causal_mask, choose_attention, cu_seqlens,
-                           ffn_hidden, packed_mode, param_groups)
+from trainer.model import (
+    GPT,
+    IGNORE,
+    block_causal_mask,
+    choose_attention,
+    cu_seqlens,
+    ffn_hidden,
+    packed_mode,
+    param_groups,
+)
 
 V = 97
 

@@ -7,8 +7,15 @@ import torch
 
 from ops.spec import ModelConfig
 from trainer.model import GPT
-from trainer.throughput import (Meter, flops_per_token, matmul_params, measured_peak_flops, mfu,
-                                peak_flops, peak_memory_bytes)
+from trainer.throughput import (
+    Meter,
+    flops_per_token,
+    matmul_params,
+    measured_peak_flops,
+    mfu,
+    peak_flops,
+    peak_memory_bytes,
+)
 
 
 def test_flops_per_token_is_six_n_plus_attention_term():
