@@ -49,8 +49,9 @@ def assert_completed_five_stages(result: dict, spec: RunSpec) -> list[dict]:
     """The acceptance checks every full run must pass; returns the run's events."""
     assert result["status"] == "completed"
     assert result["stages"] == list(STAGES)
-    # Clearly learned: held-out loss well below the untrained model's.
-    assert result["final_val_loss"] < 0.85 * result["initial_val_loss"], result
+    # Clearly learned: held-out loss at least 0.5 nats (perplexity -39 %) below the
+    # untrained model's; a model that does not learn stays within noise of it.
+    assert result["final_val_loss"] < result["initial_val_loss"] - 0.5, result
     events = read_events(spec.storage.durable, spec.run_id)
     for stage in STAGES:
         kinds = {(e["kind"], e["payload"].get("stage")) for e in events}
