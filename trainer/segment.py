@@ -35,10 +35,8 @@ if __name__ == "__main__":
 
 # ruff: noqa: E402 — the heavy imports deliberately come after die_with_parent().
 import argparse
-import json
 import math
 import random
-import shutil
 import socket
 import time
 from typing import Any
@@ -50,237 +48,33 @@ import torch.distributed as dist
 
 from ops.errors import BadConfig, BadData, MainspringError, StorageUnavailable
 from ops.spec import RunSpec
-from storage.checkpoints import CheckpointManifest, CheckpointStore, step_dir
 from storage.dataset import load_manifest, read_split
-from storage.events import EventLog
-from storage.tiered import TierPolicy, TieredCheckpointer
+from trainer.checkpointing import (
+    Run,
+    commit_checkpoint,
+    finish_uploads,
+    load_spec,
+    restore,
+    write_json,
+)
 from trainer.data import PackedBatches, TrainBatches, skip_past
-from trainer.faults import due_faults, inject
 from trainer.engine import build_engine, lr_at, micro_batch_size, set_lr, tokens_per_step
+from trainer.faults import due_faults, inject
 from trainer.model import GPT
-from trainer.state import TrainState, state_file
-from trainer.throughput import DTYPES, Meter, flops_per_token, matmul_params, peak_flops, \
-    peak_memory_bytes
+from trainer.state import TrainState
+from trainer.throughput import (
+    DTYPES,
+    Meter,
+    flops_per_token,
+    matmul_params,
+    peak_flops,
+    peak_memory_bytes,
+)
 
 log = structlog.get_logger(__name__)
 
 EXIT_BAD_INPUT = 3
 EXIT_STORAGE = 4
-
-
-# ---- small helpers -------------------------------------------------------------------
-def write_json(path: str, obj: Any) -> None:
-    tmp = f"{path}.{os.getpid()}.tmp"  # ranks may write the same file
-    with open(tmp, "w") as f:
-        json.dump(obj, f)
-    os.replace(tmp, path)
-
-
-def load_spec(path: str) -> RunSpec:
-    try:
-        with open(path) as f:
-            raw = json.load(f)
-    except (OSError, json.JSONDecodeError) as exc:
-        raise BadConfig("--spec", f"cannot read {path}: {exc}", "pass a RunSpec JSON file") from None
-    return RunSpec.from_dict(raw)
-
-
-class Progress:
-    """Rank 0's append-only progress file, flushed per line so the supervisor can tail it."""
-
-    def __init__(self, path: str | None) -> None:
-        self.path, self.f = path, None
-
-    def write(self, kind: str, **fields: Any) -> None:
-        if self.path is None:
-            return
-        if self.f is None:
-            self.f = open(self.path, "a")
-        self.f.write(json.dumps({"type": kind, **fields, "ts": time.time()}) + "\n")
-        self.f.flush()
-
-
-class Run:
-    """What one segment process knows: spec, rank, store, and rank 0's outputs."""
-
-    def __init__(self, args: argparse.Namespace, spec: RunSpec, rank: int, world: int) -> None:
-        self.args, self.spec, self.rank, self.world = args, spec, rank, world
-        self.workdir, self.target = args.workdir, args.to_step
-        self.store = CheckpointStore(spec.storage.durable, spec.run_id)
-        self.events = None
-        if rank == 0:
-            traceparent = os.environ.get("TRACEPARENT", "")
-            trace_id = traceparent.split("-")[1] if traceparent.count("-") >= 3 else ""
-            self.events = EventLog(spec.storage.durable, spec.run_id, "trainer",
-                                   attempt=args.attempt, trace_id=trace_id)
-        self.progress = Progress(os.path.join(self.workdir, "progress.jsonl") if rank == 0 else None)
-        self.last_commit: tuple[int, str] | None = None  # (step, uri)
-
-    def barrier(self) -> None:
-        if self.world > 1:
-            dist.barrier()
-
-    def mean_over_ranks(self, value: torch.Tensor) -> float:
-        if self.world > 1:
-            value = value.clone()
-            dist.all_reduce(value, op=dist.ReduceOp.SUM)
-            value /= self.world
-        return float(value)
-
-
-# ---- resume and commit -----------------------------------------------------------------
-def _fast_store(run: Run) -> CheckpointStore:
-    """The fast tier: a local store under the segment's workdir (shared by a node's ranks).
-
-    Per workdir, so a retry of this segment on this machine resumes locally; a segment only
-    succeeds once every checkpoint is durable, so the next segment needs nothing from here.
-    """
-    if "fast_store" not in run.__dict__:
-        run.fast_store = CheckpointStore.local(os.path.join(run.workdir, "ckpt"))
-    return run.fast_store
-
-
-def _checkpointer(run: Run) -> TieredCheckpointer:
-    """Rank 0's uploader: fast tier → durable store, made on first use."""
-    if "checkpointer" not in run.__dict__:
-        run.checkpointer = TieredCheckpointer(
-            run.store, _fast_store(run), TierPolicy.from_storage(run.spec.storage),
-            events=run.events, on_commit=lambda man, uri: _on_durable_commit(run, man, uri))
-    return run.checkpointer
-
-
-def _on_durable_commit(run: Run, man: CheckpointManifest, uri: str) -> None:
-    """Uploader thread, after the durable manifest is written: only now is it committed."""
-    run.events.emit("checkpoint_committed", step=man.step,
-                    event_id=f"checkpoint_committed/{man.step}", uri=uri, bytes=man.total_bytes)
-    try:
-        run.events.flush()
-    except StorageUnavailable as exc:  # the batch stays buffered for the next flush
-        log.warning("event_flush_deferred", step=man.step, error=exc.cause[:200])
-    run.last_commit = (man.step, uri)
-    # One O_APPEND write per line: atomic next to the loop's own appends to this file.
-    line = json.dumps({"type": "commit", "step": man.step, "uri": uri,
-                       "bytes": man.total_bytes, "ts": time.time()}) + "\n"
-    fd = os.open(os.path.join(run.workdir, "progress.jsonl"),
-                 os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, line.encode())
-    finally:
-        os.close(fd)
-
-
-def finish_uploads(run: Run) -> None:
-    """Segment end: wait until every snapshot is durable (StorageUnavailable on timeout)."""
-    ckpt = run.__dict__.get("checkpointer")
-    if ckpt is not None:
-        try:
-            ckpt.drain()
-        finally:
-            ckpt.close()
-
-
-def restore(run: Run, engine) -> TrainState | None:
-    """Load the newest verified checkpoint at or before the target step; None if there is none.
-
-    Rank 0 picks it from either tier (TieredCheckpointer.resume: fast copies verified in
-    place, durable ones verified while fetched, corrupt ones reported and skipped) and
-    broadcasts (step, tier). Layouts `ckpt/step-X/` (fast tier) and
-    `restore-rank{r}/step-X/` are DeepSpeed's `load_dir/tag/`.
-    """
-    root = os.path.join(run.workdir, f"restore-rank{run.rank}")
-    shutil.rmtree(root, ignore_errors=True)
-    pick, man = None, None
-    if run.rank == 0:
-        def on_corrupt(exc) -> None:
-            run.events.emit("checkpoint_corrupt", step=exc.step, file=exc.file,
-                            event_id=f"checkpoint_corrupt/{exc.step}/{exc.file}",
-                            expected=exc.expected, actual=exc.actual)
-            run.events.flush()
-
-        found = _checkpointer(run).resume(root, at_or_before=run.target, on_corrupt=on_corrupt)
-        if found:
-            man, _, tier = found
-            pick = (man.step, tier)
-    if run.world > 1:
-        box = [pick]
-        dist.broadcast_object_list(box, src=0)
-        pick = box[0]
-    if pick is None:
-        return None
-    step, tier = pick
-    tag = step_dir(step)
-    if tier == "fast":
-        root = _fast_store(run).root
-        man = man or _fast_store(run).manifest(step)
-    elif run.rank != 0:
-        man = run.store.fetch(step, os.path.join(root, tag))
-    if man.config_hash != run.spec.spec_hash():
-        log.warning("checkpoint_config_differs", step=step, checkpoint=man.config_hash,
-                    spec=run.spec.spec_hash())
-    try:
-        load_path, _ = engine.load_checkpoint(root, tag=tag)
-    except RuntimeError as exc:
-        if not any(m in str(exc) for m in ("size mismatch", "key(s) in state_dict")):
-            raise  # not a config problem: let the supervisor retry
-        raise BadConfig("model", f"checkpoint step {step} does not fit this model ({exc})",
-                        "resume with the model config the run started with, or use a new run_id"
-                        ) from None
-    if load_path is None:
-        raise RuntimeError(f"DeepSpeed found no checkpoint under {root}/{tag}")
-    state = TrainState.load(os.path.join(root, tag, state_file(run.rank)))
-    if state.step != step:
-        raise RuntimeError(f"train state says step {state.step}, manifest says {step}")
-    state.restore_rng()
-    shutil.rmtree(os.path.join(run.workdir, f"restore-rank{run.rank}"), ignore_errors=True)
-    if run.rank == 0:
-        run.checkpointer.last_step = step
-        durable = run.store.latest_committed(at_or_before=step)  # heartbeats: durable only
-        run.last_commit = None
-        if durable is not None:  # a kill between manifest and event flush loses only the
-            # newest commit's event; announcing it again is idempotent (same event_id)
-            _on_durable_commit(run, run.store.manifest(durable), run.store.uri(durable))
-    return state
-
-
-def commit_checkpoint(run: Run, engine, state: TrainState) -> None:
-    """Save on every rank to the fast tier (the loop's only pause); rank 0 then hands the
-    snapshot to the uploader, which commits it durably (manifest last) and only then
-    writes the `commit` progress line and the checkpoint_committed event.
-    With `storage.async_upload` off, waits here for that durable commit."""
-    t0 = time.perf_counter()
-    fast = _fast_store(run)
-    tag = step_dir(state.step)
-    if run.rank == 0:
-        _checkpointer(run).prepare(state.step)  # clears a partial save from an earlier attempt
-    run.barrier()
-    failure = None
-    try:
-        engine.save_checkpoint(fast.root, tag=tag, save_latest=False)
-        state.save(os.path.join(fast.path(state.step), state_file(run.rank)))
-    except (OSError, RuntimeError) as exc:  # disk full / I/O error (torch wraps OSError)
-        failure = exc
-    failed_ranks = run.mean_over_ranks(torch.tensor(float(failure is not None))) * run.world
-    if failed_ranks > 0:
-        if run.rank == 0:
-            raise run.checkpointer.write_failed(state.step, failure or RuntimeError(
-                f"{failed_ranks:.0f} other rank(s) failed to write the fast tier"))
-        raise StorageUnavailable(fast.url, f"writing step {state.step} failed: {failure!r}")
-    if run.rank != 0:
-        return
-    ckpt = run.checkpointer
-    waited = ckpt.submit(
-        state.step, tokens_seen=state.tokens_seen, data_cursor=state.data_cursor,
-        skip_ranges=tuple(tuple(r) for r in state.skip_ranges), detector_state=state_file(0),
-        config_hash=run.spec.spec_hash(), parent=ckpt.last_step,
-        writer=f"trainer-attempt{run.args.attempt}",
-        extra={"world_size": run.world, "zero_stage": run.spec.train.zero_stage})
-    if not run.spec.storage.async_upload:
-        ckpt.drain()
-    pause = time.perf_counter() - t0
-    run.events.emit("checkpoint_saved", step=state.step, tier="fast", pause_s=round(pause, 4),
-                    waited_s=round(waited, 4),
-                    event_id=f"checkpoint_saved/{state.step}/{run.args.attempt}")
-    log.info("checkpoint_pause", step=state.step, seconds=round(pause, 3))
 
 
 # ---- the step loop ---------------------------------------------------------------------
@@ -456,6 +250,10 @@ def main(argv: list[str] | None = None) -> int:
         log.exception("segment_crashed")
         code = 1
     if code == 0 and dist.is_initialized():
+        # All ranks leave together: a rank tearing down its process group while another
+        # still drains uploads died with SIGABRT ("terminate called without an active
+        # exception") in about one world-size-2 run in three.
+        dist.barrier()
         dist.destroy_process_group()
     return code
 
