@@ -1,8 +1,9 @@
 """train_segment and evaluate: thin adapters that supervise `trainer/` child processes.
 
 Heartbeat details carry only durable facts (DESIGN §3): the last committed checkpoint's
-URI and step. A retry resumes from the store's newest committed step at or before the
-segment's end, which the child finds itself; this activity records the recovery.
+URI and step. A retry's child resumes from the newest checkpoint at or before the segment's
+end that verifies on either tier (the fast tier when the retry lands on the same machine);
+this activity records the recovery with where the child actually resumed.
 """
 
 from __future__ import annotations
@@ -49,24 +50,32 @@ class DurableCommit:
             activity.heartbeat(self.details())
 
 
-def _record_recovery(events: EventLog, workdir: str, store: CheckpointStore,
-                     inp: TrainSegmentInput, attempt: int) -> None:
-    """On a retry: what was lost, from where we resume, and how long it took (MTTR)."""
-    heartbeat = activity.info().heartbeat_details
-    beat_step = heartbeat[0].get("step") if heartbeat and isinstance(heartbeat[0], dict) else None
-    # Resume from the newer of the store's latest commit and the last heartbeat (DESIGN §3);
-    # the child reads the store, so a heartbeat newer than the store is an inconsistency.
-    resumed = store.latest_committed(at_or_before=inp.to_step)
-    if beat_step is not None and (resumed is None or beat_step > resumed):
-        log.error("heartbeat_ahead_of_store", heartbeat_step=beat_step, store_step=resumed)
-    progress = os.path.join(workdir, "progress.jsonl")
-    seen = [p for p in ProgressTail(progress, from_start=True).read() if p.get("type") == "step"]
-    last_step = seen[-1]["step"] if seen else inp.from_step
-    last_ts = seen[-1]["ts"] if seen else time.time()
-    events.emit("recovered", step=resumed, event_id=f"recovered/{inp.from_step}-{inp.to_step}/{attempt}",
-                resumed_step=resumed, heartbeat_step=beat_step, last_step_seen=last_step,
-                lost_steps=max(0, last_step - (resumed or 0)), mttr_s=round(time.time() - last_ts, 2),
-                attempt=attempt)
+class Recovery:
+    """A retry's evidence: what the lost attempt reached (read before the child starts) and
+    where the new child actually resumed (its `start` line: durable or fast tier)."""
+
+    def __init__(self, events: EventLog, workdir: str, inp: TrainSegmentInput,
+                 attempt: int) -> None:
+        self.events, self.inp, self.attempt, self.reported = events, inp, attempt, False
+        heartbeat = activity.info().heartbeat_details
+        self.beat_step = (heartbeat[0].get("step")
+                          if heartbeat and isinstance(heartbeat[0], dict) else None)
+        seen = [p for p in ProgressTail(os.path.join(workdir, "progress.jsonl"),
+                                        from_start=True).read() if p.get("type") == "step"]
+        self.last_step = seen[-1]["step"] if seen else inp.from_step
+        self.last_ts = seen[-1]["ts"] if seen else time.time()
+
+    def report(self, resumed: int | None) -> None:
+        if self.reported:
+            return
+        self.reported = True
+        self.events.emit(
+            "recovered", step=resumed,
+            event_id=f"recovered/{self.inp.from_step}-{self.inp.to_step}/{self.attempt}",
+            resumed_step=resumed, heartbeat_step=self.beat_step, last_step_seen=self.last_step,
+            lost_steps=max(0, self.last_step - (resumed or 0)),
+            mttr_s=round(time.time() - self.last_ts, 2), attempt=self.attempt)
+        self.events.flush()
 
 
 @activity.defn(name=TRAIN_SEGMENT)
@@ -78,14 +87,18 @@ def train_segment(inp: TrainSegmentInput) -> TrainSegmentResult:
     os.makedirs(workdir, exist_ok=True)
     store = CheckpointStore(spec.storage.durable, spec.run_id)
     events = EventLog(spec.storage.durable, spec.run_id, "supervisor", attempt=attempt)
-    if attempt > 1:
-        _record_recovery(events, workdir, store, inp, attempt)
+    recovery = Recovery(events, workdir, inp, attempt) if attempt > 1 else None
     events.emit("segment_started", step=inp.from_step,
                 event_id=f"segment_started/{inp.from_step}-{inp.to_step}/{attempt}",
                 from_step=inp.from_step, to_step=inp.to_step, attempt=attempt)
     events.flush()
     latest = store.latest_committed(at_or_before=inp.to_step)
     tracker = DurableCommit(latest, store.uri(latest) if latest is not None else "")
+
+    def on_progress(line: dict) -> None:
+        tracker.on_progress(line)
+        if recovery and line.get("type") == "start":
+            recovery.report(line.get("resumed_from"))
     spec_file = os.path.join(workdir, "spec.json")
     with open(spec_file, "w") as f:
         json.dump(inp.spec, f)
@@ -94,10 +107,12 @@ def train_segment(inp: TrainSegmentInput) -> TrainSegmentResult:
     supervise(trainer_command("trainer.segment", spec.train.world_size, args), workdir=workdir,
               env=child_env({**child_trace_env(), WORKER_PID_ENV: str(os.getpid())}),
               progress_file=os.path.join(workdir, "progress.jsonl"),
-              on_progress=tracker.on_progress, heartbeat=lambda: activity.heartbeat(tracker.details()),
+              on_progress=on_progress, heartbeat=lambda: activity.heartbeat(tracker.details()),
               is_cancelled=activity.is_cancelled, hang_timeout_s=spec.ops.hang_timeout_s)
     with open(os.path.join(workdir, "result.json")) as f:
         res = json.load(f)
+    if recovery:  # an already-finished segment writes no start line
+        recovery.report(res["resumed_from"])
     events.emit("segment_finished", step=res["final_step"],
                 event_id=f"segment_finished/{inp.from_step}-{inp.to_step}",
                 from_step=inp.from_step, to_step=inp.to_step, attempt=attempt,

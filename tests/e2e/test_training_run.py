@@ -98,7 +98,10 @@ def test_sigkilled_trainer_worker_is_replaced_and_resumes_from_last_commit(
     # It resumed from the newest checkpoint committed before (or just at) the kill.
     resumed = recovered[0]["payload"]["resumed_step"]
     assert resumed >= max(out["committed_before"])
-    assert recovered[0]["payload"]["lost_steps"] <= spec.train.checkpoint_every
+    # Lost work is bounded by the checkpoints not yet committed on either tier: one interval
+    # plus the snapshots the background uploader may still hold (storage.max_in_flight).
+    bound = spec.train.checkpoint_every * (1 + spec.storage.max_in_flight)
+    assert recovered[0]["payload"]["lost_steps"] <= bound
 
 
 def test_malformed_spec_fails_at_once_naming_the_field(temporal_server, fleet_factory, tmp_path):
