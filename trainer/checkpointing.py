@@ -18,7 +18,7 @@ import structlog
 import torch
 import torch.distributed as dist
 
-from ops.errors import BadConfig, StorageUnavailable
+from ops.errors import BadConfig, BadData, StorageUnavailable
 from ops.spec import RunSpec
 from storage.checkpoints import CheckpointManifest, CheckpointStore, step_dir
 from storage.events import EventLog
@@ -27,6 +27,9 @@ from trainer.state import TrainState, state_file
 
 log = structlog.get_logger(__name__)
 
+EXIT_BAD_INPUT = 3  # BadConfig / BadData, error.json written: non-retryable
+EXIT_STORAGE = 4  # StorageUnavailable, error.json written: retryable
+
 
 # ---- small helpers -------------------------------------------------------------------
 def write_json(path: str, obj: Any) -> None:
@@ -34,6 +37,24 @@ def write_json(path: str, obj: Any) -> None:
     with open(tmp, "w") as f:
         json.dump(obj, f)
     os.replace(tmp, path)
+
+
+def run_classified(name: str, workdir: str, body) -> int:
+    """Run a child entry point's body; map failures to the supervisor's contract.
+
+    BadConfig/BadData -> error.json + exit 3 (non-retryable); StorageUnavailable ->
+    error.json + exit 4 (retryable); anything else -> exit 1 (a retryable HardwareFault).
+    """
+    try:
+        body()
+    except (BadConfig, BadData, StorageUnavailable) as exc:
+        log.error("entry_point_failed", entry=name, kind=exc.kind, message=str(exc))
+        write_json(os.path.join(workdir, "error.json"), {"type": exc.kind, "message": str(exc)})
+        return EXIT_STORAGE if isinstance(exc, StorageUnavailable) else EXIT_BAD_INPUT
+    except Exception:  # logged; the supervisor classifies the exit code
+        log.exception("entry_point_crashed", entry=name)
+        return 1
+    return 0
 
 
 def load_spec(path: str) -> RunSpec:

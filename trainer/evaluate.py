@@ -22,13 +22,13 @@ import sys
 import structlog
 import torch
 
-from ops.errors import BadConfig, BadData, StorageUnavailable
+from ops.errors import BadConfig, BadData
 from storage.checkpoints import CheckpointStore, CorruptCheckpoint, step_dir
 from storage.dataset import load_manifest, read_split
+from trainer.checkpointing import load_spec, run_classified, write_json
 from trainer.data import val_batches
 from trainer.engine import micro_batch_size
 from trainer.model import GPT
-from trainer.segment import EXIT_BAD_INPUT, EXIT_STORAGE, load_spec, write_json
 
 log = structlog.get_logger(__name__)
 
@@ -138,16 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     if os.path.exists(error_path):
         os.unlink(error_path)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 0) or (os.cpu_count() or 1))
-    try:
-        write_json(args.out, run_evaluate(args))
-    except (BadConfig, BadData, StorageUnavailable) as exc:
-        log.error("evaluate_failed", kind=exc.kind, message=str(exc))
-        write_json(error_path, {"type": exc.kind, "message": str(exc)})
-        return EXIT_STORAGE if isinstance(exc, StorageUnavailable) else EXIT_BAD_INPUT
-    except Exception:
-        log.exception("evaluate_crashed")
-        return 1
-    return 0
+    return run_classified("evaluate", args.workdir,
+                          lambda: write_json(args.out, run_evaluate(args)))
 
 
 if __name__ == "__main__":

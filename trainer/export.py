@@ -23,13 +23,13 @@ import structlog
 import torch
 from safetensors.torch import load_file, save_file
 
-from ops.errors import BadConfig, BadData, StorageUnavailable
+from ops.errors import BadData
 from ops.spec import ModelConfig
 from storage.checkpoints import CheckpointStore, CorruptCheckpoint, step_dir
 from storage.dataset import load_manifest
+from trainer.checkpointing import load_spec, run_classified
 from trainer.evaluate import read_state_dict
 from trainer.model import GPT, ffn_hidden
-from trainer.segment import EXIT_BAD_INPUT, EXIT_STORAGE, load_spec, write_json
 
 log = structlog.get_logger(__name__)
 
@@ -109,17 +109,7 @@ def run_export(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     os.makedirs(args.workdir, exist_ok=True)
-    try:
-        run_export(args)
-    except (BadConfig, BadData, StorageUnavailable) as exc:
-        log.error("export_failed", kind=exc.kind, message=str(exc))
-        write_json(os.path.join(args.workdir, "error.json"), {"type": exc.kind,
-                                                              "message": str(exc)})
-        return EXIT_STORAGE if isinstance(exc, StorageUnavailable) else EXIT_BAD_INPUT
-    except Exception:
-        log.exception("export_crashed")
-        return 1
-    return 0
+    return run_classified("export", args.workdir, lambda: run_export(args))
 
 
 if __name__ == "__main__":

@@ -50,6 +50,8 @@ from ops.errors import BadConfig, BadData, MainspringError, StorageUnavailable
 from ops.spec import RunSpec
 from storage.dataset import load_manifest, read_split
 from trainer.checkpointing import (
+    EXIT_BAD_INPUT,
+    EXIT_STORAGE,
     Run,
     commit_checkpoint,
     finish_uploads,
@@ -73,8 +75,6 @@ from trainer.throughput import (
 
 log = structlog.get_logger(__name__)
 
-EXIT_BAD_INPUT = 3
-EXIT_STORAGE = 4
 
 
 # ---- the step loop ---------------------------------------------------------------------
