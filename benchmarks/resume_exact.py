@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from storage.dataset import DatasetManifest, commit_manifest, token_dtype, write_shard
 from storage.fs import resolve
 from tests.trainer.helpers import run_segment, tiny_spec, write_spec
+from trainer.state import flat_tensors
 
 STEPS = 8
 VOCAB = 512
@@ -47,17 +48,6 @@ def skewed_dataset(root: Path, seed: int = 0) -> str:
     return fs.unstrip_protocol(f"{directory}/MANIFEST.json")
 
 
-def tensors(obj, prefix: str = "") -> dict[str, torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        return {prefix: obj}
-    items = obj.items() if isinstance(obj, dict) else enumerate(obj) \
-        if isinstance(obj, (list, tuple)) else ()
-    out: dict[str, torch.Tensor] = {}
-    for key, value in items:
-        out.update(tensors(value, f"{prefix}/{key}"))
-    return out
-
-
 def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     if a.keys() != b.keys():
         return float("inf")
@@ -79,7 +69,7 @@ def compare(root: Path, dataset: str, world: int, zero: int) -> dict:
                 raise SystemExit(proc.stderr[-4000:])
         runs[name] = root / name / "runs" / "t" / "checkpoints" / f"step-{STEPS:09d}"
     weights, other, n_weights, n_all = 0.0, 0.0, 0, 0
-    load = lambda p: tensors(torch.load(p, map_location="cpu", weights_only=False))
+    load = lambda p: flat_tensors(torch.load(p, map_location="cpu", weights_only=False))
     for path in sorted(runs["straight"].glob("*.pt")):
         a, b = load(path), load(runs["resumed"] / path.name)
         module = {k: v for k, v in a.items() if k.startswith("/module/")}

@@ -77,3 +77,15 @@ class TrainState:
         state = cls()
         state.load_state_dict(torch.load(path, weights_only=True))
         return state
+
+
+def flat_tensors(obj, prefix: str = "") -> dict[str, torch.Tensor]:
+    """Every tensor inside a (nested) checkpoint object, keyed by its path."""
+    if isinstance(obj, torch.Tensor):
+        return {prefix: obj}
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) \
+        if isinstance(obj, (list, tuple)) else ()
+    out: dict[str, torch.Tensor] = {}
+    for key, value in items:
+        out.update(flat_tensors(value, f"{prefix}/{key}"))
+    return out

@@ -17,22 +17,11 @@ import torch
 from storage.checkpoints import CheckpointStore
 from storage.events import read_events
 from tests.trainer.helpers import REPO, run_segment, tiny_spec, write_spec
+from trainer.state import flat_tensors
 
 pytestmark = pytest.mark.e2e
 
 CKPT = "runs/t/checkpoints/step-{:09d}"
-
-
-def flat_tensors(obj, prefix: str = "") -> dict[str, torch.Tensor]:
-    """Every tensor inside a (nested) checkpoint object, keyed by its path."""
-    if isinstance(obj, torch.Tensor):
-        return {prefix: obj}
-    items = obj.items() if isinstance(obj, dict) else enumerate(obj) \
-        if isinstance(obj, (list, tuple)) else ()
-    out: dict[str, torch.Tensor] = {}
-    for key, value in items:
-        out.update(flat_tensors(value, f"{prefix}/{key}"))
-    return out
 
 
 def load_tensors(path: Path) -> dict[str, torch.Tensor]:
