@@ -190,6 +190,12 @@ class TrainConfig:
     reduce_bucket_size: int = 500_000_000  # elements per gradient reduce bucket
     allgather_bucket_size: int = 500_000_000  # elements per parameter all-gather bucket
     peak_tflops: float = 0.0  # per-device peak for MFU; 0 = measure with a matmul probe
+    # Online evaluation inside the segment: held-out loss every `eval_every` steps (0 = off).
+    # Validation rising while training loss falls for `overfit_evals` evaluations in a row
+    # raises an `overfitting` event; `early_stop_on_overfit` also ends training there.
+    eval_every: int = 0
+    overfit_evals: int = 3
+    early_stop_on_overfit: bool = False
 
     def __post_init__(self) -> None:
         _positive(self, "total_steps", "segment_steps", "segments_per_run", "micro_batch_tokens",
@@ -215,6 +221,8 @@ class TrainConfig:
                  f"must be two numbers in [0, 1), got {self.betas}", "use e.g. [0.9, 0.95]")
         _require(self.grad_clip >= 0, "grad_clip", "must be >= 0", "use 0 to disable")
         _require(self.weight_decay >= 0, "weight_decay", "must be >= 0", "use e.g. 0.1")
+        _require(self.eval_every >= 0, "eval_every", "must be >= 0", "use 0 to turn it off")
+        _positive(self, "overfit_evals")
 
     @property
     def world_size(self) -> int:
@@ -320,21 +328,31 @@ class SpikeConfig:
                  "use e.g. 0.5")
 
 
-FAULT_KINDS = ("kill_worker",)
+FAULT_KINDS = ("kill_worker", "corrupt_batches", "lr_burst", "nan_loss")
 
 
 @dataclass(frozen=True, kw_only=True)
 class FaultSpec:
-    """An injected fault (tests and demo only)."""
+    """An injected fault (tests, benchmarks and the demo only; trainer/faults.py).
+
+    - kill_worker: SIGKILL the trainer worker right after `at_step` (on `attempt` only);
+    - corrupt_batches: the data batches that steps at_step .. at_step+steps-1 read in the
+      original order hold random tokens — bad data, there on every attempt and replay;
+    - lr_burst: the LR is multiplied by `factor` for `steps` steps from `at_step`, once;
+    - nan_loss: the loss of step `at_step` is NaN (its gradients too), once.
+    """
 
     kind: str
     at_step: int
-    attempt: int = 1  # fires only on this activity attempt, so the retry recovers
+    attempt: int = 1  # kill_worker fires only on this activity attempt, so the retry recovers
+    steps: int = 1
+    factor: float = 30.0
 
     def __post_init__(self) -> None:
         _require(self.kind in FAULT_KINDS, "kind", f"unknown fault {self.kind!r}",
                  f"use one of {', '.join(FAULT_KINDS)}")
         _require(self.at_step > 0, "at_step", "must be > 0", "inject after step 0")
+        _positive(self, "steps", "factor")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -160,8 +160,9 @@ def finish_uploads(run: Run) -> None:
             ckpt.close()
 
 
-def restore(run: Run, engine) -> TrainState | None:
-    """Load the newest verified checkpoint at or before the target step; None if there is none.
+def restore(run: Run, engine, at_or_before: int | None = None) -> TrainState | None:
+    """Load the newest verified checkpoint at or before `at_or_before` (default: the segment's
+    target step) into the engine; None if there is none. Also used mid-segment by a rollback.
 
     Rank 0 picks it from either tier (TieredCheckpointer.resume: fast copies verified in
     place, durable ones verified while fetched, corrupt ones reported and skipped) and
@@ -178,7 +179,9 @@ def restore(run: Run, engine) -> TrainState | None:
                             expected=exc.expected, actual=exc.actual)
             run.events.flush()
 
-        found = _checkpointer(run).resume(root, at_or_before=run.target, on_corrupt=on_corrupt)
+        found = _checkpointer(run).resume(
+            root, at_or_before=run.target if at_or_before is None else at_or_before,
+            on_corrupt=on_corrupt)
         if found:
             man, _, tier = found
             pick = (man.step, tier)
@@ -262,3 +265,19 @@ def commit_checkpoint(run: Run, engine, state: TrainState) -> None:
                     waited_s=round(waited, 4),
                     event_id=f"checkpoint_saved/{state.step}/{run.args.attempt}")
     log.info("checkpoint_pause", step=state.step, seconds=round(pause, 3))
+
+
+def discard_after(run: Run, step: int) -> list[int]:
+    """Rollback: uncommit every checkpoint newer than `step` on both tiers (they hold the
+    abandoned trajectory; replay commits those step numbers again). Waits for in-flight
+    uploads first so none lands after the deletion. Rank 0 only; returns the steps."""
+    if run.rank != 0:
+        return []
+    ckpt = _checkpointer(run)
+    ckpt.drain()
+    fast = _fast_store(run)
+    gone = sorted({s for s in run.store.list_committed() + fast.list_committed() if s > step})
+    for s in reversed(gone):  # newest first: a cut-short rollback never leaves a gap
+        run.store.delete(s)
+        fast.delete(s)
+    return gone

@@ -106,11 +106,21 @@ def build_engine(spec: RunSpec, model):
 
     check_device(spec, torch.cuda.is_available())
     from trainer.model import param_groups
+    from trainer.optim import build_optimizer
 
-    engine, _, _, _ = deepspeed.initialize(
-        model=model, model_parameters=param_groups(model, spec.train.weight_decay),
-        config=deepspeed_config(spec))
+    config = deepspeed_config(spec)
+    # The optimizer is ours (an AdamW whose update a spike verdict can veto, trainer/optim.py)
+    # with exactly the config's hyperparameters; ZeRO accepts it as a torch AdamW subclass.
+    optimizer = build_optimizer(param_groups(model, spec.train.weight_decay),
+                                config.pop("optimizer")["params"])
+    config["zero_allow_untested_optimizer"] = True
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
     return engine
+
+
+def veto_next_update(engine) -> None:
+    """The next engine.step() leaves weights, moments and step counts unchanged."""
+    engine.basic_optimizer.veto = True
 
 
 def set_lr(engine, lr: float) -> None:

@@ -94,8 +94,42 @@ def reset_window(state: DetectorState) -> DetectorState:
     return replace(state, outliers=())
 
 
-def skip_range(onset: int, cfg: SpikeConfig, times_in_region: int = 1) -> tuple[int, int]:
-    """Data batches to skip around a spike's onset; a repeat in the same region widens it."""
-    width = cfg.skip_window * (2 ** (times_in_region - 1))
-    start = max(0, onset - cfg.skip_before)
+def skip_range(onset: int, cfg: SpikeConfig, times_in_region: int = 1,
+               batches_per_step: int = 1) -> tuple[int, int]:
+    """Data batches [start, end) to skip around a spike whose onset step read batch `onset`.
+
+    `skip_before` steps before the onset and `skip_window` steps from there, in batches
+    (`batches_per_step` = gradient accumulation); a repeat in the same region doubles it.
+    """
+    width = cfg.skip_window * batches_per_step * (2 ** (times_in_region - 1))
+    start = max(0, onset - cfg.skip_before * batches_per_step)
     return start, start + width
+
+
+def times_in_region(skip_ranges: list[tuple[int, int]], onset: int, cfg: SpikeConfig,
+                    batches_per_step: int = 1) -> int:
+    """1 + the skip ranges already within one skip window of this onset (same bad region)."""
+    near = cfg.skip_window * batches_per_step
+    return 1 + sum(1 for a, b in skip_ranges if a - near <= onset <= b + near)
+
+
+def merge_ranges(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Sorted, overlapping or touching [start, end) ranges joined."""
+    out: list[tuple[int, int]] = []
+    for a, b in sorted(ranges):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def overfitting(evals: list[list[float]], k: int) -> bool:
+    """Validation loss rose and training loss fell across each of the last k evaluations.
+
+    `evals` rows are [step, train_loss, val_loss], oldest first.
+    """
+    if len(evals) < k + 1:
+        return False
+    tail = evals[-(k + 1):]
+    return all(b[2] > a[2] and b[1] < a[1] for a, b in zip(tail, tail[1:]))

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: + detector, evals, skipped (version 1 loads with empty ones)
 
 
 def state_file(rank: int) -> str:
@@ -27,6 +27,9 @@ class TrainState:
     tokens_seen: int = 0  # training tokens consumed by all ranks
     data_cursor: int = 0  # next micro-batch index (see trainer.data)
     skip_ranges: list[tuple[int, int]] = field(default_factory=list)  # [start, end) cursors
+    detector: dict[str, Any] = field(default_factory=dict)  # trainer.spikes.DetectorState
+    evals: list[list[float]] = field(default_factory=list)  # online evals: [step, train, val]
+    skipped: list[int] = field(default_factory=list)  # steps whose update was not applied
     rng: dict[str, Any] = field(default_factory=dict)  # filled by capture_rng()
 
     def capture_rng(self) -> None:
@@ -57,15 +60,21 @@ class TrainState:
             "tokens_seen": self.tokens_seen,
             "data_cursor": self.data_cursor,
             "skip_ranges": [list(r) for r in self.skip_ranges],
+            "detector": self.detector,
+            "evals": [list(e) for e in self.evals],
+            "skipped": list(self.skipped),
             "rng": self.rng,
         }
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
-        if sd.get("version") != STATE_VERSION:
+        if sd.get("version") not in (1, STATE_VERSION):
             raise ValueError(f"train state version {sd.get('version')} != {STATE_VERSION}")
         self.step, self.tokens_seen = int(sd["step"]), int(sd["tokens_seen"])
         self.data_cursor = int(sd["data_cursor"])
         self.skip_ranges = [(int(a), int(b)) for a, b in sd["skip_ranges"]]
+        self.detector = dict(sd.get("detector") or {})
+        self.evals = [[int(e[0]), float(e[1]), float(e[2])] for e in sd.get("evals", [])]
+        self.skipped = [int(s) for s in sd.get("skipped", [])]
         self.rng = sd["rng"]
 
     def save(self, path: str) -> None:
