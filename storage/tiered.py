@@ -1,15 +1,18 @@
-"""Tiered asynchronous checkpointing: save to local disk in the loop, upload in the background.
+"""Tiered asynchronous checkpointing: save to local disk in the loop, commit in another process.
 
 The step loop writes a snapshot to the fast tier (a local CheckpointStore; DeepSpeed's
 `save_checkpoint` writes there directly) and calls `submit()`, which returns at once
 unless `max_in_flight` snapshots are already waiting (then it blocks and emits
-`checkpoint_backpressure`). One background thread, per snapshot and in step order:
-hashes the files and commits the fast tier's manifest, uploads the files to the durable
-tier, writes the durable manifest last (the commit point), then calls `on_commit` — the
-only place progress/heartbeats learn about a commit (DESIGN §3). Hashing (hashlib) and
-file/socket I/O release the GIL, so the loop keeps its interpreter.
+`checkpoint_backpressure`). Everything after that runs in a child process
+(`storage.tiered_writer`, nice 10): hash the files and commit the fast tier's manifest
+right away, upload them to the durable tier, write the durable manifest last (the commit
+point). The training process only exchanges one-line JSON messages with it; a thread here
+reads the answers and calls `on_commit` — the only place progress/heartbeats learn about a
+commit (DESIGN §3). A process, not a thread: the S3 client (aiohttp, botocore) runs Python
+for every chunk it sends, and in-process that took the loop's GIL (issue 4: 1.25–1.70x
+step time during uploads with a thread; see docs/decisions.md).
 
-While the durable tier is unreachable the uploader retries with exponential backoff
+While the durable tier is unreachable the writer retries with exponential backoff
 (`durable_unavailable` once, `durable_recovered` when an upload succeeds again), and
 training continues: a queued snapshot that has not started uploading is superseded by a
 newer one (`checkpoint_superseded`) instead of blocking the loop.
@@ -18,36 +21,34 @@ newer one (`checkpoint_superseded`) instead of blocking the loop.
 from __future__ import annotations
 
 import collections
+import json
 import os
 import shutil
+import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import structlog
 
-from ops.errors import StorageUnavailable
+from ops.errors import BadConfig, StorageUnavailable
 from storage.checkpoints import (
-    MANIFEST,
     CheckpointManifest,
     CheckpointStore,
     CorruptCheckpoint,
     step_dir,
 )
-from storage.retention import RetentionPolicy, apply_retention
+from storage.retention import RetentionPolicy
+from storage.tiered_writer import WriterConfig, manifest_meta
 
 log = structlog.get_logger(__name__)
 
 OnCommit = Callable[[CheckpointManifest, str], None]
-UPLOADER_NICE = 10  # hashing + upload run at lower priority than the training loop
-# While the uploader runs Python (aiohttp, pickling), the loop waits for the GIL after each
-# torch op that released it: up to the switch interval (5 ms default) per op. With 0.5 ms one
-# run of benchmarks/checkpoint_stall.py went from 1.52x to 1.29x step-time slowdown during
-# S3 uploads (single runs on a loaded 2-core machine: noisy, see docs/decisions.md).
-GIL_SWITCH_S = 0.0005
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CLOSE_TIMEOUT_S = 30.0  # close() lets an upload in progress finish this long, then kills it
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,8 +68,14 @@ class TierPolicy:
                                              rollback_horizon=cfg.rollback_horizon))
 
 
-def next_backoff(current: float, policy: TierPolicy) -> float:
-    return min(current * 2, policy.retry_max_s)
+class CheckpointWriterFailed(RuntimeError):
+    """The writer process stopped on an error that is not an outage (or died): no more
+    uploads. Retryable as a crash; committed checkpoints on both tiers are intact."""
+
+    def __init__(self, step: int | None, error: str, exit_code: int | None = None) -> None:
+        self.step, self.error, self.exit_code = step, error, exit_code
+        super().__init__(f"checkpoint writer failed at step {step}: {error}"
+                         + (f" (exit code {exit_code})" if exit_code is not None else ""))
 
 
 def free_bytes(path: str) -> int | None:
@@ -81,6 +88,26 @@ def free_bytes(path: str) -> int | None:
     return st.f_bavail * st.f_frsize
 
 
+def start_writer(durable: CheckpointStore, fast: CheckpointStore, policy: TierPolicy,
+                 ) -> subprocess.Popen:
+    """The writer process (`python -m storage.tiered_writer`): it arms PR_SET_PDEATHSIG
+    itself, so it dies with the thread that starts it here — keep that thread alive."""
+    if durable.url.startswith("memory://"):
+        raise BadConfig("storage.durable", "a memory:// store lives inside one process, and "
+                        "checkpoints are uploaded by a separate writer process",
+                        "use a local path, file:// or s3:// URL")
+    cfg = WriterConfig(durable_url=durable.url, durable_root=durable.root, fast_dir=fast.root,
+                       retry_s=policy.retry_s, retry_max_s=policy.retry_max_s,
+                       retention=asdict(policy.retention), parent_pid=os.getpid())
+    path = os.environ.get("PYTHONPATH", "")
+    env = {**os.environ, "PYTHONPATH": REPO_ROOT + (os.pathsep + path if path else "")}
+    proc = subprocess.Popen([sys.executable, "-m", "storage.tiered_writer", cfg.to_json()],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True,
+                            bufsize=1)
+    log.info("checkpoint_writer_started", pid=proc.pid, durable=durable.url, fast=fast.root)
+    return proc
+
+
 @dataclass(kw_only=True)
 class _Job:
     step: int
@@ -88,24 +115,30 @@ class _Job:
     write: Callable[[str], None] | None = None  # writes the fast tier off the loop's thread
 
 
+QUEUED, UPLOADING = "queued", "uploading"  # a pending step's state, as the writer last said
+
+
 class TieredCheckpointer:
-    """Fast tier (local) → durable tier (any fsspec URL) with a bounded background uploader."""
+    """Fast tier (local) → durable tier (any fsspec URL) through a bounded writer process."""
 
     def __init__(self, durable: CheckpointStore, fast: CheckpointStore, policy: TierPolicy, *,
                  events: Any = None, on_commit: OnCommit | None = None) -> None:
         self.durable, self.fast, self.policy = durable, fast, policy
         self.events, self.on_commit = events, on_commit
-        self._queue: collections.deque[_Job] = collections.deque()
-        self._busy: _Job | None = None  # the job being uploaded (not in _queue)
+        self._pending: dict[int, str] = {}  # submitted, not yet durable: step -> state
+        self._outbox: collections.deque[_Job | dict[str, Any]] = collections.deque()
         self._cond = threading.Condition()
         self._closing = False
         self._error: BaseException | None = None
         self._outage_since: float | None = None
         self.committed: list[int] = []  # durable commits made by this checkpointer, in order
         self.last_step: int | None = None  # newest snapshot submitted (the next one's parent)
-        sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_S))
-        self._thread = threading.Thread(target=self._run, name="ckpt-uploader", daemon=True)
-        self._thread.start()
+        self._proc = start_writer(durable, fast, policy)
+        self.writer_pid = self._proc.pid
+        self._feeder = threading.Thread(target=self._feed, name="ckpt-feeder", daemon=True)
+        self._reader = threading.Thread(target=self._read, name="ckpt-reader", daemon=True)
+        self._feeder.start()
+        self._reader.start()
 
     # ---- the loop's side -------------------------------------------------------------
     def prepare(self, step: int) -> str:
@@ -133,21 +166,21 @@ class TieredCheckpointer:
         """Queue step for commit; returns the seconds the loop waited for a free slot.
 
         Either the files are already under prepare(step) (DeepSpeed wrote them), or `write`
-        writes them there from the uploader thread — then it must own a snapshot of the
-        state (e.g. tensors copied to CPU memory), which is what `max_in_flight` bounds.
+        writes them there from a background thread of this process — then it must own a
+        snapshot of the state (e.g. tensors copied to CPU memory), which is what
+        `max_in_flight` bounds. `meta` (the manifest's fields) must be JSON-serialisable.
         """
         self._raise_if_failed()
         t0 = time.perf_counter()
         with self._cond:
             while self._full() and self._error is None:
-                if self._outage_since is not None and self._queue:
-                    old = self._queue.pop()  # newest queued, not yet uploading
-                    self._emit("checkpoint_superseded", step=old.step, by_step=step,
-                               event_id=f"checkpoint_superseded/{old.step}",
-                               reason="durable tier unavailable")
+                waiting = [s for s, state in self._pending.items() if state == QUEUED]
+                if self._outage_since is not None and waiting:
+                    self._supersede(max(waiting), by_step=step)
                     break
                 self._cond.wait(0.2)
-            self._queue.append(_Job(step=step, meta=meta, write=write))
+            self._pending[step] = QUEUED
+            self._outbox.append(_Job(step=step, meta=meta, write=write))
             self.last_step = step if self.last_step is None else max(self.last_step, step)
             self._cond.notify_all()
         waited = time.perf_counter() - t0
@@ -158,40 +191,157 @@ class TieredCheckpointer:
         self._raise_if_failed()
         return waited
 
+    def _supersede(self, old: int, *, by_step: int) -> None:
+        """(Holding _cond.) Drop a queued snapshot for a newer one while uploads cannot run.
+        It stays committed on the fast tier. If the writer started its upload just now,
+        that upload still commits; the event then overstates, the data never does."""
+        del self._pending[old]
+        queued = [j for j in self._outbox if isinstance(j, _Job) and j.step == old]
+        for job in queued:
+            self._outbox.remove(job)
+        if not queued:
+            self._outbox.append({"op": "cancel", "step": old})
+        self._emit("checkpoint_superseded", step=old, by_step=by_step,
+                   event_id=f"checkpoint_superseded/{old}", reason="durable tier unavailable")
+
     def _full(self) -> bool:
-        return len(self._queue) + (self._busy is not None) >= self.policy.max_in_flight
+        return len(self._pending) >= self.policy.max_in_flight
 
     def in_flight(self) -> list[int]:
         with self._cond:
-            return ([self._busy.step] if self._busy else []) + [j.step for j in self._queue]
+            return sorted(self._pending)
 
     def drain(self, timeout_s: float | None = None) -> None:
         """Block until every submitted snapshot is durable; StorageUnavailable on timeout."""
         timeout_s = self.policy.drain_timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout_s
         with self._cond:
-            while (self._queue or self._busy) and self._error is None:
+            while self._pending and self._error is None:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise StorageUnavailable(self.durable.url, f"uploads of steps "
-                                             f"{self.in_flight_locked()} still pending after "
+                                             f"{sorted(self._pending)} still pending after "
                                              f"{timeout_s:.0f}s; they stay on the fast tier")
                 self._cond.wait(min(left, 0.5))
         self._raise_if_failed()
 
-    def in_flight_locked(self) -> list[int]:
-        return ([self._busy.step] if self._busy else []) + [j.step for j in self._queue]
-
     def close(self) -> None:
-        """Stop the uploader (pending snapshots stay on the fast tier for a later resume)."""
+        """Stop the writer (pending snapshots stay on the fast tier for a later resume); an
+        upload in progress may finish for CLOSE_TIMEOUT_S, then the writer is killed —
+        its half-uploaded files have no manifest, so nobody sees them."""
         with self._cond:
+            if self._closing:
+                return
             self._closing = True
             self._cond.notify_all()
-        self._thread.join(timeout=30)
+        self._feeder.join(timeout=10)
+        try:
+            self._proc.wait(timeout=CLOSE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            log.warning("checkpoint_writer_killed", pid=self._proc.pid, pending=self.in_flight())
+            self._proc.kill()
+            self._proc.wait()
+        self._reader.join(timeout=10)
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:
             raise self._error
+
+    # ---- talking to the writer process -------------------------------------------------
+    def _feed(self) -> None:
+        """Hand jobs to the writer in order; a job's `write` runs here, off the loop."""
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._outbox or self._closing)
+                if self._closing:
+                    break
+                item = self._outbox.popleft()
+            if isinstance(item, _Job):
+                item = self._written(item)
+            if item is not None and not self._send(item):
+                return
+        self._send({"op": "close"})
+        try:
+            self._proc.stdin.close()
+        except OSError:
+            pass
+
+    def _written(self, job: _Job) -> dict[str, Any] | None:
+        """The writer's `job` message once the snapshot is on the fast tier (None: dropped)."""
+        if job.write is not None:
+            try:
+                job.write(self.prepare(job.step))
+            except OSError as exc:
+                self._fail(self.write_failed(job.step, exc))
+                return None
+            except BaseException as exc:
+                log.exception("checkpoint_snapshot_write_failed", step=job.step)
+                self._fail(exc)
+                return None
+            job.write = None  # drop the snapshot's memory as soon as it is on disk
+        with self._cond:
+            if job.step not in self._pending:  # superseded while it was being written
+                return None
+        return {"op": "job", "step": job.step, "meta": job.meta}
+
+    def _send(self, msg: dict[str, Any]) -> bool:
+        try:
+            self._proc.stdin.write(json.dumps(msg) + "\n")
+            self._proc.stdin.flush()
+            return True
+        except (BrokenPipeError, ValueError, OSError):  # the writer is gone: _read says why
+            return False
+
+    def _read(self) -> None:
+        for line in self._proc.stdout:
+            try:
+                self._handle(json.loads(line))
+            except Exception as exc:  # e.g. on_commit failed: stop as the uploader would
+                log.exception("checkpoint_writer_message_failed", line=line[:200])
+                self._fail(exc)
+        code = self._proc.wait()
+        with self._cond:
+            if not self._closing and self._error is None:
+                log.error("checkpoint_writer_died", pid=self._proc.pid, exit_code=code)
+                self._error = CheckpointWriterFailed(None, "the writer process exited", code)
+            self._cond.notify_all()
+
+    def _handle(self, msg: dict[str, Any]) -> None:
+        op, step = msg["op"], msg.get("step")
+        if op == "started":
+            with self._cond:
+                if step in self._pending:
+                    self._pending[step] = UPLOADING
+        elif op == "committed":  # before `done`, so drain() waits for on_commit
+            self.committed.append(step)
+            if self.on_commit:
+                self.on_commit(CheckpointManifest.from_json(msg["manifest"]), msg["uri"])
+        elif op == "done":
+            with self._cond:
+                self._pending.pop(step, None)
+                self._cond.notify_all()
+        elif op == "event":
+            if msg["kind"] in ("durable_unavailable", "durable_recovered"):
+                down = msg["kind"] == "durable_unavailable"
+                self._outage_since = time.monotonic() if down else None
+            self._emit(msg["kind"], step=step, event_id=msg["event_id"], **msg["payload"])
+            if msg["flush"]:
+                self._flush()
+        elif op == "failed":
+            self._fail(self._writer_error(msg))
+
+    def _writer_error(self, msg: dict[str, Any]) -> BaseException:
+        if msg["kind"] == "StorageUnavailable":
+            return StorageUnavailable(msg["url"], msg["cause"])
+        if msg["stage"] == "fast" and msg["errno"] is not None:  # e.g. disk full: the manifest
+            return self.write_failed(msg["step"], OSError(msg["errno"], msg["error"]))
+        return CheckpointWriterFailed(msg["step"], msg["error"])
+
+    def _fail(self, exc: BaseException) -> None:
+        with self._cond:
+            if self._error is None:
+                self._error = exc
+            self._cond.notify_all()
 
     # ---- resume ----------------------------------------------------------------------
     def resume(self, local_root: str, at_or_before: int | None,
@@ -228,91 +378,7 @@ class TieredCheckpointer:
     def _catch_up(self, steps: list[int]) -> None:
         for step in steps:
             log.info("checkpoint_upload_resumed", step=step)
-            self.submit(step, **_meta_of(self.fast.manifest(step)))
-
-    # ---- the uploader thread ---------------------------------------------------------
-    def _run(self) -> None:
-        _lower_priority()
-        while True:
-            with self._cond:
-                while not self._queue and not self._closing:
-                    self._cond.wait()
-                if self._closing:
-                    return
-                self._busy = self._queue.popleft()
-            try:
-                self._commit(self._busy)
-            except BaseException as exc:
-                log.exception("checkpoint_upload_failed", step=self._busy.step)
-                self._error = exc
-            with self._cond:
-                self._busy = None
-                self._cond.notify_all()
-                if self._error is not None:
-                    return
-
-    def _fast_commit(self, job: _Job) -> CheckpointManifest:
-        if self.fast.fs.exists(self.fast.path(job.step, MANIFEST)):
-            return self.fast.manifest(job.step)
-        if job.write is not None:
-            try:
-                job.write(self.prepare(job.step))
-            except OSError as exc:
-                raise self.write_failed(job.step, exc) from exc
-            job.write = None  # drop the snapshot's memory as soon as it is on disk
-        return self.fast.commit_in_place(job.step, **job.meta)
-
-    def _fast_commit_queued(self) -> None:
-        """While uploads wait out an outage, make every queued snapshot resumable locally."""
-        with self._cond:
-            queued = list(self._queue)
-        for job in queued:
-            self._fast_commit(job)
-
-    def _commit(self, job: _Job) -> None:
-        fast_man = self._fast_commit(job)
-        backoff, tries = self.policy.retry_s, 0
-        while True:
-            try:
-                man = self.durable.commit(job.step, self.fast.path(job.step),
-                                          files=fast_man.files, **_meta_of(fast_man))
-                break
-            except StorageUnavailable as exc:
-                tries += 1
-                self._outage(job.step, exc, backoff)
-                self._fast_commit_queued()
-                with self._cond:
-                    if self._cond.wait_for(lambda: self._closing, timeout=backoff):
-                        return
-                backoff = next_backoff(backoff, self.policy)
-        self._recovered(job.step, tries)
-        self.committed.append(job.step)
-        if self.on_commit:
-            self.on_commit(man, self.durable.uri(job.step))
-        try:
-            apply_retention(self.durable, self.policy.retention, newest_verified=job.step)
-        except StorageUnavailable as exc:  # retention is retried after the next commit
-            log.warning("retention_deferred", step=job.step, error=exc.cause[:200])
-        for old in self.fast.list_committed():  # the fast tier keeps the newest durable copy
-            if old < job.step and old not in self.in_flight():
-                self.fast.delete(old)
-
-    def _outage(self, step: int, exc: StorageUnavailable, retry_in: float) -> None:
-        first = self._outage_since is None
-        if first:
-            self._outage_since = time.monotonic()
-            self._emit("durable_unavailable", step=step, uri=self.durable.url,
-                       error=exc.cause[:300], retry_in_s=retry_in)
-        log.warning("checkpoint_upload_retry", step=step, error=exc.cause[:200], retry_in_s=retry_in)
-
-    def _recovered(self, step: int, tries: int) -> None:
-        if self._outage_since is None:
-            return
-        outage_s = round(time.monotonic() - self._outage_since, 2)
-        self._outage_since = None
-        self._emit("durable_recovered", step=step, uri=self.durable.url, outage_s=outage_s,
-                   failed_uploads=tries)
-        self._flush()
+            self.submit(step, **manifest_meta(self.fast.manifest(step)))
 
     def _emit(self, kind: str, *, step: int | None, event_id: str | None = None,
               **payload: Any) -> None:
@@ -328,29 +394,8 @@ class TieredCheckpointer:
             log.warning("event_flush_deferred", error=exc.cause[:200])
 
 
-def _lower_priority() -> None:
-    """Background work yields the CPU to the step loop (Linux nice is per thread): this
-    thread, and fsspec's event-loop thread, which runs every async (S3) transfer."""
-    import fsspec.asyn
-
-    fsspec.asyn.get_loop()  # starts the I/O thread if it is not running yet
-    io_thread = fsspec.asyn.iothread[0]
-    for tid in {threading.get_native_id(), getattr(io_thread, "native_id", None)} - {None}:
-        try:
-            os.setpriority(os.PRIO_PROCESS, tid, UPLOADER_NICE)
-        except (AttributeError, OSError) as exc:
-            log.info("uploader_priority_unchanged", thread=tid, error=repr(exc))
-
-
 def _tell(exc: CorruptCheckpoint, on_corrupt: Callable[[CorruptCheckpoint], None] | None) -> None:
     log.warning("checkpoint_corrupt", step=exc.step, file=exc.file, expected=exc.expected,
                 actual=exc.actual)
     if on_corrupt:
         on_corrupt(exc)
-
-
-def _meta_of(man: CheckpointManifest) -> dict[str, Any]:
-    return {"tokens_seen": man.tokens_seen, "data_cursor": man.data_cursor,
-            "skip_ranges": man.skip_ranges, "detector_state": man.detector_state,
-            "config_hash": man.config_hash, "parent": man.parent, "writer": man.writer,
-            "extra": man.extra}

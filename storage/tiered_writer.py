@@ -1,0 +1,298 @@
+"""The tiered checkpointer's writer process: hash, upload and commit, off the loop's GIL.
+
+Started by `storage.tiered.TieredCheckpointer` as `python -m storage.tiered_writer CONFIG`.
+It reads one JSON message per line on stdin (`job`, `cancel`, `close`) and answers one per
+line on its original stdout (`started`, `committed`, `done`, `event`, `failed`); its own logs go to
+stderr. Two threads, each in step order:
+
+- fast: hash a submitted snapshot's files and write the fast tier's manifest at once, so
+  every snapshot is resumable locally a moment after submit — even one queued behind a
+  slow upload (issue 4: a snapshot waiting for the uploader was lost on a kill).
+- upload: put the files on the durable tier and write its manifest last (the commit
+  point), retrying with exponential backoff while the durable tier is unreachable; then
+  retention, and the fast tier keeps only the newest durable copy and what is in flight.
+
+The process runs at nice 10 and dies with its parent (PR_SET_PDEATHSIG, or stdin EOF), so a
+SIGKILLed trainer never leaves it uploading; a half-finished upload has no manifest and
+stays invisible (DESIGN §3).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import IO, Any
+
+import structlog
+
+from ops.errors import MainspringError, StorageUnavailable
+from storage.checkpoints import MANIFEST, CheckpointManifest, CheckpointStore
+from storage.fs import resolve
+from storage.retention import RetentionPolicy, apply_retention
+
+log = structlog.get_logger(__name__)
+
+WRITER_NICE = 10  # below the training loop (nice 0): CFS gives it ~1/10 of a shared core
+
+
+@dataclass(frozen=True, kw_only=True)
+class WriterConfig:
+    """What the parent passes on the command line (JSON): where to read and write, how to retry."""
+
+    durable_url: str
+    durable_root: str  # CheckpointStore.root of the durable tier (runs/<id>/checkpoints)
+    fast_dir: str
+    retry_s: float
+    retry_max_s: float
+    retention: dict[str, int]
+    parent_pid: int
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__)
+
+    @classmethod
+    def from_json(cls, text: str) -> WriterConfig:
+        return cls(**json.loads(text))
+
+
+def next_backoff(current: float, retry_max_s: float) -> float:
+    return min(current * 2, retry_max_s)
+
+
+def manifest_meta(man: CheckpointManifest) -> dict[str, Any]:
+    """The metadata a manifest carries over to its copy on the other tier."""
+    return {"tokens_seen": man.tokens_seen, "data_cursor": man.data_cursor,
+            "skip_ranges": man.skip_ranges, "detector_state": man.detector_state,
+            "config_hash": man.config_hash, "parent": man.parent, "writer": man.writer,
+            "extra": man.extra}
+
+
+def meta_from_json(meta: dict[str, Any]) -> dict[str, Any]:
+    """JSON turned skip_ranges' tuples into lists; the manifest keeps tuples."""
+    if "skip_ranges" in meta:
+        meta = {**meta, "skip_ranges": tuple(tuple(r) for r in meta["skip_ranges"])}
+    return meta
+
+
+def failure_message(step: int, stage: str, exc: BaseException) -> dict[str, Any]:
+    """A `failed` message: enough for the parent to raise the same kind of error."""
+    msg = {"op": "failed", "step": step, "stage": stage, "kind": type(exc).__name__,
+           "error": repr(exc)[:1000], "errno": getattr(exc, "errno", None)}
+    if isinstance(exc, StorageUnavailable):
+        msg |= {"url": exc.url, "cause": exc.cause}
+    elif isinstance(exc, MainspringError):
+        msg["kind"] = exc.kind
+    return msg
+
+
+def store_at(url: str, root: str) -> CheckpointStore:
+    """A CheckpointStore on `url` whose root the parent already resolved (no run id needed)."""
+    store = CheckpointStore.__new__(CheckpointStore)
+    store.fs, _ = resolve(url)
+    store.url, store.root = url, root
+    return store
+
+
+@dataclass(kw_only=True)
+class _Job:
+    step: int
+    meta: dict[str, Any]
+    manifest: CheckpointManifest | None = None  # the fast tier's, once hashed
+    cancelled: bool = False  # superseded by the parent: commit locally, do not upload
+
+
+class Writer:
+    """The two worker threads and the queues between stdin, them and the parent."""
+
+    def __init__(self, cfg: WriterConfig, out: IO[str]) -> None:
+        self.cfg, self._out, self._out_lock = cfg, out, threading.Lock()
+        self.durable = store_at(cfg.durable_url, cfg.durable_root)
+        self.fast = CheckpointStore.local(cfg.fast_dir)
+        self.retention = RetentionPolicy(**cfg.retention)
+        self._cond = threading.Condition()
+        self._to_hash: collections.deque[_Job] = collections.deque()
+        self._to_upload: collections.deque[_Job] = collections.deque()
+        self._uploading: _Job | None = None
+        self._closing = False
+        self._outage_since: float | None = None
+
+    # ---- messages ------------------------------------------------------------------
+    def send(self, **msg: Any) -> None:
+        with self._out_lock:
+            self._out.write(json.dumps(msg) + "\n")
+            self._out.flush()
+
+    def emit(self, kind: str, *, step: int, flush: bool = False, event_id: str | None = None,
+             **payload: Any) -> None:
+        self.send(op="event", kind=kind, step=step, event_id=event_id, flush=flush,
+                  payload=payload)
+
+    def handle(self, msg: dict[str, Any]) -> None:
+        with self._cond:
+            if msg["op"] == "job":
+                self._to_hash.append(_Job(step=msg["step"], meta=meta_from_json(msg["meta"])))
+            elif msg["op"] == "cancel":
+                self._cancel(msg["step"])
+            elif msg["op"] == "close":
+                self._closing = True
+            self._cond.notify_all()
+
+    def _cancel(self, step: int) -> None:
+        """Superseded during an outage: drop it from the uploads unless it already started."""
+        for job in self._to_hash:
+            if job.step == step:
+                job.cancelled = True
+        for job in [j for j in self._to_upload if j.step == step]:
+            self._to_upload.remove(job)
+        log.info("checkpoint_upload_cancelled", step=step)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+
+    def _next(self, queue: collections.deque[_Job]) -> _Job | None:
+        """The oldest job in `queue` (left there), waiting for one; None once closing."""
+        with self._cond:
+            self._cond.wait_for(lambda: queue or self._closing)
+            return None if self._closing else queue[0]
+
+    def in_flight(self) -> set[int]:
+        with self._cond:
+            jobs = [*self._to_hash, *self._to_upload, self._uploading]
+            return {job.step for job in jobs if job is not None}
+
+    # ---- fast thread: every snapshot resumable locally as soon as possible -----------
+    def fast_loop(self) -> None:
+        while (job := self._next(self._to_hash)) is not None:
+            try:
+                job.manifest = self._fast_commit(job)
+            except BaseException as exc:
+                log.exception("checkpoint_writer_failed", step=job.step, stage="fast")
+                self._fail(job.step, "fast", exc)
+                return
+            with self._cond:
+                self._to_hash.popleft()
+                if not job.cancelled:
+                    self._to_upload.append(job)
+                self._cond.notify_all()
+
+    def _fast_commit(self, job: _Job) -> CheckpointManifest:
+        if self.fast.fs.exists(self.fast.path(job.step, MANIFEST)):
+            return self.fast.manifest(job.step)  # a resume queued it again for upload
+        man = self.fast.commit_in_place(job.step, **job.meta)
+        log.info("checkpoint_fast_committed", step=job.step, bytes=man.total_bytes)
+        return man
+
+    # ---- upload thread: durable commit, manifest last ---------------------------------
+    def upload_loop(self) -> None:
+        while (job := self._next(self._to_upload)) is not None:
+            with self._cond:
+                self._to_upload.popleft()
+                self._uploading = job
+            self.send(op="started", step=job.step)
+            try:
+                man = self._durable_commit(job)
+                if man is not None:
+                    self._after_commit(job.step, man)
+            except BaseException as exc:
+                log.exception("checkpoint_writer_failed", step=job.step, stage="durable")
+                self._fail(job.step, "durable", exc)
+                return
+            with self._cond:
+                self._uploading = None
+            if man is None:
+                return  # closed while waiting out an outage
+            self.send(op="done", step=job.step)
+
+    def _durable_commit(self, job: _Job) -> CheckpointManifest | None:
+        fast_man = job.manifest
+        backoff, tries = self.cfg.retry_s, 0
+        while True:
+            try:
+                man = self.durable.commit(job.step, self.fast.path(job.step),
+                                          files=fast_man.files, **manifest_meta(fast_man))
+                break
+            except StorageUnavailable as exc:
+                tries += 1
+                self._outage(job.step, exc, backoff)
+                with self._cond:
+                    if self._cond.wait_for(lambda: self._closing, timeout=backoff):
+                        return None
+                backoff = next_backoff(backoff, self.cfg.retry_max_s)
+        self._recovered(job.step, tries)
+        return man
+
+    def _after_commit(self, step: int, man: CheckpointManifest) -> None:
+        """Tell the parent at once (heartbeats), then retention and fast-tier cleanup."""
+        self.send(op="committed", step=step, manifest=man.to_json(), uri=self.durable.uri(step))
+        try:
+            apply_retention(self.durable, self.retention, newest_verified=step)
+        except StorageUnavailable as exc:  # retention is retried after the next commit
+            log.warning("retention_deferred", step=step, error=exc.cause[:200])
+        busy = self.in_flight()
+        for old in self.fast.list_committed():  # the fast tier keeps the newest durable copy
+            if old < step and old not in busy:
+                self.fast.delete(old)
+
+    def _outage(self, step: int, exc: StorageUnavailable, retry_in: float) -> None:
+        if self._outage_since is None:
+            self._outage_since = time.monotonic()
+            self.emit("durable_unavailable", step=step, uri=self.durable.url,
+                      error=exc.cause[:300], retry_in_s=retry_in)
+        log.warning("checkpoint_upload_retry", step=step, error=exc.cause[:200],
+                    retry_in_s=retry_in)
+
+    def _recovered(self, step: int, tries: int) -> None:
+        if self._outage_since is None:
+            return
+        outage_s = round(time.monotonic() - self._outage_since, 2)
+        self._outage_since = None
+        self.emit("durable_recovered", step=step, flush=True, uri=self.durable.url,
+                  outage_s=outage_s, failed_uploads=tries)
+
+    def _fail(self, step: int, stage: str, exc: BaseException) -> None:
+        self.send(**failure_message(step, stage, exc))
+        self.close()
+
+
+def protocol_stream() -> IO[str]:
+    """Keep the original stdout for messages; anything else printed there goes to stderr."""
+    out = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    return out
+
+
+def main(argv: list[str]) -> int:
+    out = protocol_stream()
+    from ops.procs import set_parent_death_signal
+    from ops.telemetry import configure_logging
+
+    cfg = WriterConfig.from_json(argv[0])
+    set_parent_death_signal()
+    if os.getppid() != cfg.parent_pid:  # the parent died before the signal was armed
+        return 1
+    os.nice(WRITER_NICE)  # before any thread starts: threads inherit it
+    configure_logging()
+    writer = Writer(cfg, out)
+    threads = [threading.Thread(target=writer.fast_loop, name="ckpt-fast", daemon=True),
+               threading.Thread(target=writer.upload_loop, name="ckpt-upload", daemon=True)]
+    for thread in threads:
+        thread.start()
+    for line in sys.stdin:  # EOF: the parent closed the pipe or died
+        writer.handle(json.loads(line))
+        if writer._closing:
+            break
+    writer.close()
+    for thread in threads:
+        thread.join()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
