@@ -98,10 +98,11 @@ def test_sigkilled_trainer_worker_is_replaced_and_resumes_from_last_commit(
     # It resumed from the newest checkpoint committed before (or just at) the kill.
     resumed = recovered[0]["payload"]["resumed_step"]
     assert resumed >= max(out["committed_before"])
-    # Lost work is bounded by the checkpoints not yet committed on either tier: one interval
-    # plus the snapshots the background uploader may still hold (storage.max_in_flight).
-    bound = spec.train.checkpoint_every * (1 + spec.storage.max_in_flight)
-    assert recovered[0]["payload"]["lost_steps"] <= bound
+    # Lost work is about one checkpoint interval: the writer process commits every snapshot
+    # on the fast tier a moment after submit, even while earlier ones still upload. Half an
+    # interval of slack covers a kill between a submit and that fast commit.
+    bound = spec.train.checkpoint_every + spec.train.checkpoint_every // 2
+    assert recovered[0]["payload"]["lost_steps"] <= bound, recovered[0]["payload"]
 
 
 def test_malformed_spec_fails_at_once_naming_the_field(temporal_server, fleet_factory, tmp_path):
