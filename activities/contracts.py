@@ -45,6 +45,8 @@ class TrainSegmentInput:
     dataset_uri: str
     from_step: int
     to_step: int
+    lr_windows: list[list[float]] = field(default_factory=list)  # [start, end, factor]
+    max_rollbacks: int = -1  # end the segment after more rollbacks than this (-1: no limit)
 
 
 @dataclass
@@ -56,6 +58,10 @@ class TrainSegmentResult:
     resumed_from: int | None
     attempt: int
     lost_steps: int = 0
+    rollbacks: list[dict[str, Any]] = field(default_factory=list)  # trainer.guard records
+    skipped_steps: list[int] = field(default_factory=list)
+    stopped: str = ""  # "" | rollback_budget | overfitting
+    evals: list[list[float]] = field(default_factory=list)  # online: [step, train, val]
 
 
 @dataclass
@@ -130,6 +136,13 @@ class RunCarry:
     segments_total: int = 0
     runs: int = 1  # workflow runs so far (continue-as-new count + 1)
     stages_done: list[str] = field(default_factory=list)
+    # spike escalation (workflows/policy.py:escalate)
+    rollback_steps: list[int] = field(default_factory=list)  # steps where the trainer rolled back
+    lowered_at: list[int] = field(default_factory=list)  # steps where the LR was lowered
+    lr_windows: list[list[float]] = field(default_factory=list)  # [start, end, factor]
+    budget_from: int = 0  # rollbacks before this step no longer count (set by a resume)
+    pauses: int = 0
+    early_stopped: str = ""
 
 
 @dataclass

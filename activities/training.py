@@ -103,7 +103,8 @@ def train_segment(inp: TrainSegmentInput) -> TrainSegmentResult:
     with open(spec_file, "w") as f:
         json.dump(inp.spec, f)
     args = ["--spec", spec_file, "--dataset", inp.dataset_uri, "--to-step", str(inp.to_step),
-            "--workdir", workdir, "--attempt", str(attempt)]
+            "--workdir", workdir, "--attempt", str(attempt),
+            "--lr-windows", json.dumps(inp.lr_windows), "--max-rollbacks", str(inp.max_rollbacks)]
     supervise(trainer_command("trainer.segment", spec.train.world_size, args), workdir=workdir,
               env=child_env({**child_trace_env(), WORKER_PID_ENV: str(os.getpid())}),
               progress_file=os.path.join(workdir, "progress.jsonl"),
@@ -118,11 +119,14 @@ def train_segment(inp: TrainSegmentInput) -> TrainSegmentResult:
                 from_step=inp.from_step, to_step=inp.to_step, attempt=attempt,
                 train_loss=res["train_loss"], resumed_from=res["resumed_from"])
     events.flush()
+    spikes = res.get("spikes", {})
     return TrainSegmentResult(final_step=res["final_step"],
                               last_committed_step=res["last_committed_step"],
                               last_committed_uri=res["last_committed_uri"],
                               train_loss=res["train_loss"], resumed_from=res["resumed_from"],
-                              attempt=attempt)
+                              attempt=attempt, rollbacks=spikes.get("rollbacks", []),
+                              skipped_steps=spikes.get("skipped_steps", []),
+                              stopped=spikes.get("stopped", ""), evals=spikes.get("evals", []))
 
 
 @activity.defn(name=EVALUATE)

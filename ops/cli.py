@@ -102,6 +102,25 @@ async def _run_status(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _run_resume(args: argparse.Namespace) -> int:
+    """Continue a run paused in needs_attention (the TrainingRun `resume` update)."""
+    from temporalio.client import WorkflowUpdateFailedError
+    from temporalio.service import RPCError
+
+    from ops.client import connect
+
+    client = await connect(args.address, args.namespace)
+    handle = client.get_workflow_handle(args.run_id)
+    try:
+        out = await handle.execute_update("resume", args.note)
+    except (WorkflowUpdateFailedError, RPCError) as exc:  # not paused / already closed
+        cause = getattr(getattr(exc, "cause", None), "message", None) or str(exc)
+        print(f"mainspring: cannot resume {args.run_id}: {cause}", file=sys.stderr)
+        return 1
+    print(json.dumps(out, default=str))
+    return 0
+
+
 def cmd_events(args: argparse.Namespace) -> int:
     from storage.events import read_events
 
@@ -150,6 +169,12 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("run_id")
     temporal_flags(status)
     status.set_defaults(fn=lambda a: asyncio.run(_run_status(a)))
+
+    resume = run_sub.add_parser("resume", help="continue a run paused in needs_attention")
+    resume.add_argument("run_id")
+    resume.add_argument("--note", default="", help="why it is safe to continue (recorded)")
+    temporal_flags(resume)
+    resume.set_defaults(fn=lambda a: asyncio.run(_run_resume(a)))
 
     events = sub.add_parser("events", help="print a run's event log")
     events.add_argument("run_id")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import signal
-from typing import Iterable
+from collections.abc import Iterable
 
 import structlog
 import torch
@@ -67,9 +67,9 @@ class Injector:
         self.fired.add(key)
         log.warning("injecting_fault", kind=fault.kind, step=step, **evidence)
         if self.events is not None:
-            self.events.emit("fault", step=step, event_id=f"fault/{fault.kind}/{fault.at_step}",
-                             kind=fault.kind, injected=True, at_step=fault.at_step,
-                             steps=fault.steps, **evidence)
+            self.events.record("fault", step, f"fault/{fault.kind}/{fault.at_step}",
+                               {"kind": fault.kind, "injected": True, "at_step": fault.at_step,
+                                "steps": fault.steps, **evidence})
 
     def batch(self, cursor: int, step: int,
               tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:

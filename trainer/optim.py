@@ -22,7 +22,7 @@ class SkippableAdamW(torch.optim.AdamW):
         self.vetoed = 0  # updates skipped by this process
 
     @torch.no_grad()
-    def step(self, closure=None):  # noqa: D401 — torch's signature
+    def step(self, closure=None):
         if self.veto:
             self.veto = False
             self.vetoed += 1

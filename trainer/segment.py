@@ -33,8 +33,10 @@ def die_with_parent() -> None:
 if __name__ == "__main__":
     die_with_parent()
 
-# ruff: noqa: E402 — the heavy imports deliberately come after die_with_parent().
+
 import argparse
+import dataclasses
+import json
 import math
 import random
 import socket
@@ -59,10 +61,12 @@ from trainer.checkpointing import (
     restore,
     write_json,
 )
-from trainer.data import PackedBatches, TrainBatches, skip_past
+from trainer.data import PackedBatches, TrainBatches, skip_past, val_batches
 from trainer.engine import build_engine, lr_at, micro_batch_size, set_lr, tokens_per_step
-from trainer.faults import due_faults, inject
+from trainer.faults import Injector, due_faults, inject
+from trainer.guard import SpikeGuard, recorded_skip_ranges
 from trainer.model import GPT
+from trainer.spikes import merge_ranges
 from trainer.state import TrainState
 from trainer.throughput import (
     DTYPES,
@@ -79,38 +83,66 @@ log = structlog.get_logger(__name__)
 
 # ---- the step loop ---------------------------------------------------------------------
 def train(run: Run, engine, batches: TrainBatches | PackedBatches, state: TrainState,
-          meter: Meter) -> float | None:
-    """Optimizer steps from state.step to run.target; commits on schedule. Returns last loss."""
+          meter: Meter, guard: SpikeGuard, inject_faults: Injector) -> TrainState:
+    """Optimizer steps from state.step to run.target: judge every loss before its update
+    (skip / roll back, trainer/guard.py), commit on schedule, evaluate online. Returns the
+    final state (a rollback replaces it with the restored one)."""
     cfg = run.spec.train
     step_tokens = tokens_per_step(run.spec)
-    loss_value = None
-    while state.step < run.target:
+    while state.step < run.target and not guard.outcome.stopped:
         t0 = time.perf_counter()
-        lr = lr_at(state.step, cfg)
+        step = state.step + 1  # the step being run, 1-based
+        lr = lr_at(state.step, cfg) * lr_scale(run.args.lr_windows, step) \
+            * inject_faults.lr_factor(step)
         set_lr(engine, lr)
+        first_cursor = skip_past(state.data_cursor, state.skip_ranges)
         loss_sum = torch.zeros((), dtype=torch.float32)
-        for _ in range(cfg.grad_accum):  # engine.step() only updates on the last micro-batch
+        for micro in range(cfg.grad_accum):  # engine.step() updates on the last micro-batch only
             state.data_cursor = skip_past(state.data_cursor, state.skip_ranges)
-            x, y, *packed = (t.to(engine.device) for t in batches.get(state.data_cursor))
+            x, y, *packed = (t.to(engine.device) for t in inject_faults.batch(
+                state.data_cursor, step, batches.get(state.data_cursor)))
             # Packed rows also carry (position_ids, doc_ids): attention stays per document.
             _, loss = engine(x, y, **dict(zip(("position_ids", "doc_ids"), packed)))
+            if micro == 0 and inject_faults.poison(step):
+                loss = loss * float("nan")
             engine.backward(loss)
+            loss_sum += loss.detach().float().cpu()
+            if micro == cfg.grad_accum - 1:  # judged before the update: a bad one is vetoed
+                loss_value = run.mean_over_ranks(loss_sum / cfg.grad_accum)
+                verdict = guard.judge(state, step, loss_value, first_cursor)
             engine.step()
             state.data_cursor += 1
-            loss_sum += loss.detach().float().cpu()
-        state.step += 1
-        state.tokens_seen += step_tokens
-        loss_value = run.mean_over_ranks(loss_sum / cfg.grad_accum)
+        state.step, state.tokens_seen = step, state.tokens_seen + step_tokens
         dt = time.perf_counter() - t0
-        run.progress.write("step", step=state.step, loss=loss_value, lr=lr,
-                           **meter.add(step_tokens, dt),
+        run.progress.write("step", step=step, loss=_json_float(loss_value), lr=lr,
+                           verdict=verdict.action, **meter.add(step_tokens, dt),
                            peak_mem_bytes=peak_memory_bytes(torch.device(engine.device)))
+        verdict = guard.after_step(step, loss_value, verdict)
+        if verdict.action == "rollback":
+            state = guard.rollback(state, verdict)
+            continue
         if state.step % cfg.checkpoint_every == 0 or state.step == run.target:
             commit_checkpoint(run, engine, state)
         if run.rank == 0:
             for fault in due_faults(run.spec.faults, state.step, run.args.attempt):
                 inject(fault, run.events, state.step, run.last_commit and run.last_commit[0])
-    return loss_value
+        guard.maybe_evaluate(state)
+    if guard.outcome.stopped == "overfitting" and state.step % cfg.checkpoint_every:
+        commit_checkpoint(run, engine, state)  # an early stop ends on a committed step
+    return state
+
+
+def lr_scale(windows: list[list[float]], step: int) -> float:
+    """Product of the workflow's LR factors [start, end, factor] whose window holds `step`."""
+    scale = 1.0
+    for start, end, factor in windows:
+        if start < step <= end:
+            scale *= factor
+    return scale
+
+
+def _json_float(x: float) -> float | None:
+    return x if math.isfinite(x) else None
 
 
 # ---- the segment -----------------------------------------------------------------------
@@ -123,6 +155,15 @@ def make_batches(spec: RunSpec, dataset: str, rank: int, world: int
     if spec.train.packing:
         return PackedBatches(tokens, doc_starts, **common)
     return TrainBatches(tokens, **common)
+
+
+def make_val(spec: RunSpec, dataset: str) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+    """Validation batches for online evaluation (train.eval_every > 0), else None."""
+    if not spec.train.eval_every:
+        return None
+    tokens, _ = read_split(dataset, "val")
+    return val_batches(tokens, seq_len=spec.model.seq_len, batch_size=micro_batch_size(spec),
+                       k=spec.train.eval_batches, source=dataset)
 
 
 def make_meter(spec: RunSpec, model: GPT, vocab_size: int, device: torch.device,
@@ -167,6 +208,8 @@ def run_segment(args: argparse.Namespace, rank: int, world: int) -> None:
 
     state = restore(run, engine)
     resumed_from = state.step if state else None
+    if state is not None:  # windows decided by rollbacks after this checkpoint was written
+        state.skip_ranges = merge_ranges(state.skip_ranges + recorded_skip_ranges(run))
     if state is None:  # fresh run: seed every RNG, then commit step 0 as the rollback base
         random.seed(spec.seed + rank)
         np.random.seed(spec.seed + rank)
@@ -182,18 +225,27 @@ def run_segment(args: argparse.Namespace, rank: int, world: int) -> None:
         commit_checkpoint(run, engine, state)
 
     first = state.step
-    loss = train(run, engine, batches, state, meter)
+    guard = SpikeGuard(run, engine, make_val(spec, args.dataset), args.max_rollbacks)
+    faults = Injector(spec.faults, batches_per_step=spec.train.grad_accum,
+                      vocab_size=manifest.vocab_size, seed=spec.seed, events=run.events)
+    state = train(run, engine, batches, state, meter, guard, faults)
     finish_uploads(run)  # every checkpoint durable before the segment reports success
+    if run.events is not None:
+        run.events.flush()  # decisions after the last checkpoint (evaluations) too
+    loss = sum(guard.recent) / len(guard.recent) if guard.recent else None
     if rank == 0:
         write_result(run, final_step=state.step, train_loss=loss, tokens_seen=state.tokens_seen,
                      steps_run=state.step - first, resumed_from=resumed_from, last=run.last_commit,
-                     throughput=meter.summary(torch.device(engine.device)))
-    log.info("segment_finished", final_step=state.step, train_loss=loss)
+                     throughput=meter.summary(torch.device(engine.device)),
+                     spikes=dataclasses.asdict(guard.outcome))
+    log.info("segment_finished", final_step=state.step, train_loss=loss,
+             stopped=guard.outcome.stopped, rollbacks=len(guard.outcome.rollbacks))
 
 
 def write_result(run: Run, *, final_step: int, train_loss: float | None, tokens_seen: int,
                  steps_run: int, resumed_from: int | None, last: tuple[int, str] | None,
-                 throughput: dict[str, Any] | None = None) -> None:
+                 throughput: dict[str, Any] | None = None,
+                 spikes: dict[str, Any] | None = None) -> None:
     write_json(os.path.join(run.workdir, "result.json"), {
         "final_step": final_step,
         "last_committed_step": last[0] if last else None,
@@ -201,6 +253,7 @@ def write_result(run: Run, *, final_step: int, train_loss: float | None, tokens_
         "train_loss": train_loss if train_loss is None or math.isfinite(train_loss) else None,
         "tokens_seen": tokens_seen, "steps_run": steps_run, "resumed_from": resumed_from,
         **(throughput or {}),
+        "spikes": spikes or {},
     })
 
 
@@ -223,6 +276,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--to-step", type=int, required=True, help="train until this global step")
     p.add_argument("--workdir", required=True, help="local directory for progress and results")
     p.add_argument("--attempt", type=int, default=1, help="activity attempt (for events)")
+    p.add_argument("--lr-windows", type=json.loads, default=[],
+                   help='JSON [[start, end, factor], ...]: LR x factor for steps in (start, end]')
+    p.add_argument("--max-rollbacks", type=int, default=-1,
+                   help="end the segment early after this many rollbacks (-1: no limit)")
     return p.parse_args(argv)
 
 

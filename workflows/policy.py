@@ -90,3 +90,14 @@ def escalate(rollback_steps: tuple[int, ...], step: int, lowered_at: tuple[int, 
                                    f"exceed the budget of {cfg.budget.rollbacks}")
     return ESCALATE_PAUSE, (f"{len(recent)} rollbacks in {cfg.budget.per_steps} steps even "
                             f"after lowering the LR at step {max(lowered_at)}")
+
+
+def rollback_allowance(rollback_steps: list[int], budget_from: int, step: int,
+                       cfg: SpikeConfig) -> int:
+    """Rollbacks the next segment may do before it must end early and let the workflow
+    escalate: what is left of the budget in the window ending at `step` (-1: handling off)."""
+    if not cfg.enabled:
+        return -1
+    horizon = step - cfg.budget.per_steps
+    used = sum(1 for s in rollback_steps if s >= budget_from and s > horizon)
+    return max(0, cfg.budget.rollbacks - used)

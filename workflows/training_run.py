@@ -23,7 +23,8 @@ with workflow.unsafe.imports_passed_through():
                                       TrainSegmentResult)
     from ops.errors import BadConfig
     from ops.spec import RunSpec
-    from workflows.policy import segment_bounds, segment_options, short_options, with_params
+    from workflows.policy import (ESCALATE_LOWER_LR, ESCALATE_PAUSE, escalate, rollback_allowance,
+                                  segment_bounds, segment_options, short_options, with_params)
     from workflows.sweep import Sweep
 
 RUN_ID = SearchAttributeKey.for_keyword("MainspringRunId")
@@ -48,6 +49,8 @@ class TrainingRun:
         self._stage = "starting"
         self._evals: dict[int, float] = {}
         self._span = None  # the current stage's OTel span (replay-safe via the plugin)
+        self._attention = ""  # why the run is paused in needs_attention ("" when not)
+        self._resume_note: str | None = None
 
     @workflow.query
     def status(self) -> dict:
@@ -56,7 +59,24 @@ class TrainingRun:
                 "total_steps": self._spec.train.total_steps if self._spec else 0,
                 "train_loss": self._carry.train_loss, "stages_done": self._carry.stages_done,
                 "best_params": self._carry.best_params, "workflow_runs": self._carry.runs,
-                "evals": {str(k): v for k, v in self._evals.items()}}
+                "evals": {str(k): v for k, v in self._evals.items()},
+                "needs_attention": self._attention or None,
+                "rollback_steps": self._carry.rollback_steps, "lr_windows": self._carry.lr_windows,
+                "early_stopped": self._carry.early_stopped or None}
+
+    @workflow.update
+    async def resume(self, note: str = "") -> dict:
+        """Operator: continue a run paused in needs_attention (`mainspring run resume`).
+        The rollback budget starts afresh from the current step."""
+        self._resume_note = note or "resumed by operator"
+        return {"run_id": self._spec.run_id if self._spec else "", "step": self._carry.next_step,
+                "reason_was": self._attention}
+
+    @resume.validator
+    def _resume_allowed(self, note: str = "") -> None:
+        if self._stage != "needs_attention":
+            raise ApplicationError(f"run is not paused (stage {self._stage!r}); nothing to resume",
+                                   type="NotPaused", non_retryable=True)
 
     @workflow.run
     async def run(self, spec: dict, carry: RunCarry | None = None) -> RunResult:
@@ -93,7 +113,10 @@ class TrainingRun:
             while c.next_step < s.train.total_steps:
                 lo, hi = segment_bounds(c.next_step, s)
                 seg = await workflow.execute_activity(
-                    TRAIN_SEGMENT, TrainSegmentInput(train_spec.to_dict(), c.dataset_uri, lo, hi),
+                    TRAIN_SEGMENT, TrainSegmentInput(
+                        train_spec.to_dict(), c.dataset_uri, lo, hi, lr_windows=c.lr_windows,
+                        max_rollbacks=rollback_allowance(c.rollback_steps, c.budget_from, lo,
+                                                         s.spikes)),
                     task_queue=TRAINER_QUEUE, result_type=TrainSegmentResult,
                     **segment_options(s))
                 c.next_step, c.train_loss = seg.final_step, seg.train_loss
@@ -101,10 +124,17 @@ class TrainingRun:
                 segments_this_run += 1
                 workflow.upsert_search_attributes([STEP.value_set(c.next_step),
                                                    LOSS.value_set(_finite(seg.train_loss))])
+                if seg.rollbacks:
+                    c.rollback_steps += [r["at_step"] for r in seg.rollbacks]
+                    await self._escalate()
+                if seg.stopped == "overfitting":
+                    c.early_stopped = "overfitting"
+                    break
                 if c.next_step < s.train.total_steps and segments_this_run >= s.train.segments_per_run:
                     c.runs += 1  # keep history bounded (DESIGN §3): carry only what is done
                     workflow.continue_as_new(args=[spec, c])
-            await self._finish("train", final_step=c.next_step, segments=c.segments_total)
+            await self._finish("train", final_step=c.next_step, segments=c.segments_total,
+                               rollbacks=len(c.rollback_steps), early_stopped=c.early_stopped)
 
         await self._begin("evaluate")
         evaluated = await workflow.execute_activity(
@@ -125,6 +155,41 @@ class TrainingRun:
                          initial_val_loss=self._evals[0], final_val_loss=self._evals[chosen],
                          final_step=c.next_step, promoted_checkpoint=promoted.uri,
                          best_params=c.best_params, workflow_runs=c.runs)
+
+    # ---- spike escalation: continue / lower the LR / pause for a human ------------------
+    async def _escalate(self) -> None:
+        s, c = self._spec, self._carry
+        assert s is not None
+        counted = tuple(x for x in c.rollback_steps if x >= c.budget_from)
+        action, reason = escalate(counted, c.next_step,
+                                  tuple(x for x in c.lowered_at if x >= c.budget_from), s.spikes)
+        if action == ESCALATE_LOWER_LR:
+            window = [c.next_step, c.next_step + s.spikes.lr_backoff_steps, s.spikes.lr_backoff]
+            c.lowered_at.append(c.next_step)
+            c.lr_windows.append(window)
+            await self._event("lr_lowered", f"lr_lowered/{c.next_step}", reason=reason,
+                              factor=s.spikes.lr_backoff, from_step=window[0], to_step=window[1],
+                              rollback_steps=list(counted))
+        elif action == ESCALATE_PAUSE:
+            await self._pause(reason, counted)
+
+    async def _pause(self, reason: str, counted: tuple[int, ...]) -> None:
+        """needs_attention: stop looping, say why everywhere, wait for `resume`."""
+        c = self._carry
+        c.pauses += 1
+        self._attention, self._resume_note, self._stage = reason, None, "needs_attention"
+        workflow.upsert_search_attributes([STAGE.value_set("needs_attention")])
+        await self._event("needs_attention", f"needs_attention/{c.next_step}/{c.pauses}",
+                          reason=reason, rollback_steps=list(counted),
+                          lr_windows=c.lr_windows,
+                          fix="inspect the rollback and loss_spike events, then "
+                              f"`mainspring run resume {self._spec.run_id if self._spec else ''}`")
+        await workflow.wait_condition(lambda: self._resume_note is not None)
+        c.budget_from = c.next_step  # the operator has looked: the budget starts afresh
+        await self._event("run_resumed", f"run_resumed/{c.next_step}/{c.pauses}",
+                          note=self._resume_note, paused_for=reason)
+        self._attention, self._stage = "", "train"
+        workflow.upsert_search_attributes([STAGE.value_set("train")])
 
     # ---- stage bookkeeping: search attributes + events via a local activity ---------
     async def _begin(self, stage: str) -> None:

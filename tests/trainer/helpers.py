@@ -57,12 +57,13 @@ def write_spec(spec: RunSpec, path: Path) -> str:
 
 
 def run_segment(spec_path: str, dataset: str, to_step: int, workdir: Path, *, world: int = 1,
-                attempt: int = 1, timeout: float = 300) -> subprocess.CompletedProcess:
+                attempt: int = 1, timeout: float = 300, extra: tuple[str, ...] = ()
+                ) -> subprocess.CompletedProcess:
     """Run `trainer.segment` under torchrun exactly as the supervisor does."""
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": str(REPO)}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            "--nproc_per_node", str(world), "-m", "trainer.segment", "--spec", spec_path,
            "--dataset", dataset, "--to-step", str(to_step), "--workdir", str(workdir),
-           "--attempt", str(attempt)]
+           "--attempt", str(attempt), *extra]
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)

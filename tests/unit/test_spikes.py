@@ -2,8 +2,13 @@
 
 import math
 
-from ops.spec import SpikeConfig
-from trainer.spikes import DetectorState, observe, reset_window, robust_stats, skip_range
+import torch
+
+from ops.spec import FaultSpec, SpikeConfig
+from trainer.faults import Injector
+from trainer.guard import loss_scale_verdict
+from trainer.spikes import (DetectorState, merge_ranges, observe, overfitting, reset_window,
+                            robust_stats, skip_range, times_in_region)
 
 CFG = SpikeConfig(window=10, warmup=5, skip_threshold=6.0, patience=3, skip_before=2,
                   skip_window=8)
@@ -103,3 +108,51 @@ def test_skip_range_starts_before_onset_and_widens_on_repeat():
     assert skip_range(100, CFG) == (98, 106)
     assert skip_range(100, CFG, times_in_region=2) == (98, 114)
     assert skip_range(1, CFG) == (0, 8)
+
+
+def test_skip_range_is_counted_in_batches_with_gradient_accumulation():
+    assert skip_range(100, CFG, batches_per_step=4) == (92, 124)
+
+
+def test_a_second_spike_near_an_existing_skip_range_is_in_the_same_region():
+    ranges = [(98, 106)]
+    assert times_in_region([], 100, CFG) == 1
+    assert times_in_region(ranges, 107, CFG) == 2
+    assert times_in_region(ranges, 106 + CFG.skip_window + 1, CFG) == 1
+
+
+def test_merge_ranges_joins_overlapping_and_touching_ranges_only():
+    assert merge_ranges([(10, 20), (0, 5), (15, 30), (30, 31), (40, 41)]) == [
+        (0, 5), (10, 31), (40, 41)]
+
+
+def test_overfitting_needs_k_evaluations_of_rising_val_and_falling_train():
+    rising = [[10, 3.0, 2.0], [20, 2.9, 2.1], [30, 2.8, 2.2], [40, 2.7, 2.3]]
+    assert overfitting(rising, 3)
+    assert not overfitting(rising[:3], 3)  # only two rises so far
+    flat_train = [[10, 3.0, 2.0], [20, 3.0, 2.1], [30, 2.8, 2.2], [40, 2.7, 2.3]]
+    assert not overfitting(flat_train, 3)
+    both_fall = [[10, 3.0, 2.4], [20, 2.9, 2.3], [30, 2.8, 2.2], [40, 2.7, 2.1]]
+    assert not overfitting(both_fall, 3)
+
+
+def test_overflow_at_the_minimum_loss_scale_is_a_sustained_spike():
+    assert loss_scale_verdict(7, 3.0, 1.0, 1.0, overflowed=True).action == "rollback"
+    assert loss_scale_verdict(7, 3.0, 4.0, 1.0, overflowed=True) is None
+    assert loss_scale_verdict(7, 3.0, 1.0, 1.0, overflowed=False) is None
+
+
+def test_injected_corruption_is_there_on_every_replay_but_transients_fire_once():
+    faults = [FaultSpec(kind="corrupt_batches", at_step=5, steps=2),
+              FaultSpec(kind="lr_burst", at_step=3, steps=2, factor=10.0),
+              FaultSpec(kind="nan_loss", at_step=4)]
+    inj = Injector(faults, batches_per_step=2, vocab_size=50, seed=1)
+    assert inj.corrupt == [(8, 12)]
+    clean = (torch.zeros(2, 4, dtype=torch.long), torch.zeros(2, 4, dtype=torch.long))
+    assert inj.batch(7, 4, clean) is clean
+    first = inj.batch(8, 5, clean)
+    assert not torch.equal(first[0], clean[0])
+    assert torch.equal(inj.batch(8, 5, clean)[0], first[0])  # the same bad data on replay
+    assert [inj.lr_factor(s) for s in (2, 3, 4, 5)] == [1.0, 10.0, 10.0, 1.0]
+    assert [inj.lr_factor(s) for s in (3, 4)] == [1.0, 1.0]  # replayed after a rollback
+    assert inj.poison(4) and not inj.poison(4)

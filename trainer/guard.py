@@ -1,0 +1,203 @@
+"""The step loop's spike handling and online evaluation (issue 6, DESIGN §3).
+
+The decisions are pure (trainer/spikes.py); this module applies them to the live engine
+and records every one with its evidence:
+
+- `skip`: the update of this step is vetoed (trainer/optim.py): weights, Adam moments and
+  step counts stay as if the batch were never seen. The step counter and the LR schedule
+  still advance (the schedule is a function of the step, so the run ends on its planned
+  step and token budget; docs/decisions.md). Events `loss_spike` + `batch_skipped`.
+- `rollback`: uncommit checkpoints from the spike's onset on, restore the newest committed
+  checkpoint before the onset, add the data window around the onset to the skip ranges
+  (doubled when the region already had one), reset the detector's outlier window and
+  continue. Events `loss_spike` + `rollback`, flushed at once. More rollbacks in this
+  segment than the workflow allows end the segment early so the workflow can escalate.
+- online evaluation every `train.eval_every` steps; `overfitting` when validation rises while
+  training loss falls for `train.overfit_evals` evaluations in a row.
+
+Every rank runs the same code on the same all-reduced loss, so verdicts agree across ranks.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import structlog
+import torch
+import torch.distributed as dist
+
+from ops.errors import Diverged
+from storage.events import read_events
+from trainer.checkpointing import Run, discard_after, restore
+from trainer.evaluate import evaluate_model
+from trainer.spikes import (
+    DetectorState,
+    Verdict,
+    merge_ranges,
+    observe,
+    overfitting,
+    reset_window,
+    skip_range,
+    times_in_region,
+)
+from trainer.state import TrainState
+
+log = structlog.get_logger(__name__)
+
+EVALS_KEPT = 32  # online evaluations kept in the TrainState (the overfitting test needs k+1)
+
+
+def loss_scale_verdict(step: int, loss: float, scale: float | None, min_scale: float,
+                       overflowed: bool) -> Verdict | None:
+    """fp16: an overflow at the minimum loss scale cannot be scaled away: a sustained spike."""
+    if scale is None or not overflowed or scale > min_scale:
+        return None
+    return Verdict(action="rollback", step=step, loss=loss, reason="loss_scale_at_minimum",
+                   onset=step, evidence={"loss_scale": scale, "min_loss_scale": min_scale})
+
+
+@dataclass
+class SegmentOutcome:
+    """What the segment reports about spikes and evaluation (result.json)."""
+
+    rollbacks: list[dict] = field(default_factory=list)
+    skipped_steps: list[int] = field(default_factory=list)
+    overflow_steps: int = 0
+    evals: list[list[float]] = field(default_factory=list)
+    stopped: str = ""  # "" | rollback_budget | overfitting
+
+
+class SpikeGuard:
+    def __init__(self, run: Run, engine, val: list[tuple[torch.Tensor, torch.Tensor]] | None,
+                 max_rollbacks: int) -> None:
+        self.run, self.engine, self.val = run, engine, val
+        self.cfg, self.train_cfg = run.spec.spikes, run.spec.train
+        self.per_step = run.spec.train.grad_accum
+        self.max_rollbacks = max_rollbacks  # < 0: unlimited
+        self.cursors: dict[int, int] = {}  # step -> data cursor its first batch was read at
+        self.train_losses: list[float] = []  # accepted losses since the last online evaluation
+        self.recent: list[float] = []  # last accepted losses (the segment's reported loss)
+        self.outcome = SegmentOutcome()
+
+    # ---- per step ------------------------------------------------------------------
+    def judge(self, state: TrainState, step: int, loss: float, cursor: int) -> Verdict:
+        """Detector verdict for `step` (1-based), before its update; vetoes the update unless ok."""
+        self.cursors[step] = cursor
+        if not self.cfg.enabled:
+            return Verdict(action="ok", step=step, loss=loss, reason="handling_off")
+        det = DetectorState.from_dict(state.detector) if state.detector else DetectorState()
+        det, verdict = observe(det, step, loss, self.cfg)
+        state.detector = det.to_dict()
+        if verdict.action != "ok":
+            self.engine.basic_optimizer.veto = True
+            self._event("loss_spike", step, f"loss_spike/{step}", **evidence(verdict))
+        if verdict.action == "skip":
+            state.skipped.append(step)
+            self.outcome.skipped_steps.append(step)
+            self._event("batch_skipped", step, f"batch_skipped/{step}", reason=verdict.reason,
+                        batches=[cursor, cursor + self.per_step], loss=_finite(loss))
+        return verdict
+
+    def after_step(self, step: int, loss: float, verdict: Verdict) -> Verdict:
+        """After engine.step(): count fp16 overflow skips; one at the minimum scale is a
+        sustained spike (rollback verdict). Keeps accepted losses for online eval."""
+        if verdict.action == "ok" and math.isfinite(loss):
+            self.train_losses.append(loss)
+            self.recent = (self.recent + [loss])[-10:]
+        if self.train_cfg.precision != "fp16" or self.engine.was_step_applied():
+            return verdict
+        self.outcome.overflow_steps += 1
+        scaled = loss_scale_verdict(step, loss, getattr(self.engine.optimizer, "cur_scale", None),
+                                    self.train_cfg.fp16_min_loss_scale, overflowed=True)
+        if scaled is None or not self.cfg.enabled:
+            return verdict
+        self._event("loss_spike", step, f"loss_spike/{step}", **evidence(scaled))
+        return scaled
+
+    # ---- rollback --------------------------------------------------------------------
+    def rollback(self, state: TrainState, verdict: Verdict) -> TrainState:
+        """Restore the newest checkpoint before the onset; skip the data around it."""
+        run, onset = self.run, verdict.onset or verdict.step
+        onset_cursor = self.cursors.get(onset, state.data_cursor)
+        gone = discard_after(run, onset - 1)
+        restored = restore(run, self.engine, at_or_before=onset - 1)
+        if restored is None:
+            raise Diverged(verdict.step, f"no committed checkpoint before the spike's onset "
+                                         f"at step {onset} to roll back to")
+        ranges = merge_ranges(list(state.skip_ranges) + list(restored.skip_ranges))
+        times = times_in_region(ranges, onset_cursor, self.cfg, self.per_step)
+        window = skip_range(onset_cursor, self.cfg, times, self.per_step)
+        restored.skip_ranges = merge_ranges(ranges + [window])
+        det = DetectorState.from_dict(restored.detector) if restored.detector else DetectorState()
+        restored.detector = reset_window(det).to_dict()
+        record = {"at_step": verdict.step, "onset": onset, "to_step": restored.step,
+                  "skip": list(window), "times_in_region": times, "discarded": gone}
+        self.outcome.rollbacks.append(record)
+        self._event("rollback", verdict.step, f"rollback/{verdict.step}/{onset}/{restored.step}",
+                    **record, lost_steps=verdict.step - restored.step, **evidence(verdict))
+        log.warning("rollback", **record)
+        if 0 <= self.max_rollbacks < len(self.outcome.rollbacks):
+            self.outcome.stopped = "rollback_budget"
+        return restored
+
+    # ---- online evaluation -------------------------------------------------------------
+    def maybe_evaluate(self, state: TrainState) -> None:
+        every = self.train_cfg.eval_every
+        if not every or self.val is None or state.step % every:
+            return
+        val = self.run.mean_over_ranks(torch.tensor(evaluate_model(self.engine.module, self.val)))
+        train = sum(self.train_losses) / len(self.train_losses) if self.train_losses else math.nan
+        self.train_losses = []
+        state.evals = (state.evals + [[state.step, train, val]])[-EVALS_KEPT:]
+        self.outcome.evals.append([state.step, train, val])
+        self.run.progress.write("eval", step=state.step, val_loss=val, train_loss=train)
+        self._event("eval", state.step, f"eval/{state.step}", val_loss=val,
+                    train_loss=_finite(train))
+        k = self.train_cfg.overfit_evals
+        if overfitting(state.evals, k):
+            tail = state.evals[-(k + 1):]
+            self._event("overfitting", state.step, f"overfitting/{state.step}", evals=tail,
+                        early_stop=self.train_cfg.early_stop_on_overfit,
+                        evidence=f"validation loss rose {k} evaluations in a row "
+                                 f"({tail[0][2]:.4f} -> {tail[-1][2]:.4f}) while training loss "
+                                 f"fell ({tail[0][1]:.4f} -> {tail[-1][1]:.4f})")
+            if self.train_cfg.early_stop_on_overfit:
+                self.outcome.stopped = "overfitting"
+
+    def _event(self, kind: str, step: int, event_id: str, **payload) -> None:
+        if self.run.events is None:
+            return
+        # A replay after a rollback passes the same step numbers again: its events are new.
+        event_id += f"/a{self.run.args.attempt}r{len(self.outcome.rollbacks)}"
+        self.run.events.emit(kind, step=step, event_id=event_id, **payload)
+        if kind in ("rollback", "overfitting"):
+            self.run.events.flush()  # every recovery decision is durable at once
+
+
+def recorded_skip_ranges(run: Run) -> list[tuple[int, int]]:
+    """The skip window of every rollback in the run's event log (flushed at each decision).
+
+    A rollback restores a checkpoint committed *before* it decided the window, so until the
+    next commit the window lives only in memory: a segment that ends at the restored step
+    (rollback budget spent) or dies before its next commit would replay the bad data. The
+    restored TrainState is merged with these, read by rank 0 and broadcast.
+    """
+    ranges = None
+    if run.rank == 0:
+        ranges = [tuple(e["payload"]["skip"]) for e in read_events(
+            run.spec.storage.durable, run.spec.run_id, kinds=("rollback",))]
+    if run.world > 1:
+        box = [ranges]
+        dist.broadcast_object_list(box, src=0)
+        ranges = box[0]
+    return [(int(a), int(b)) for a, b in ranges or []]
+
+
+def evidence(v: Verdict) -> dict:
+    return {"loss": _finite(v.loss), "baseline": v.baseline, "spread": v.spread,
+            "threshold": v.threshold, "reason": v.reason, **v.evidence}
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
