@@ -167,9 +167,9 @@ class TrainingRun:
             window = [c.next_step, c.next_step + s.spikes.lr_backoff_steps, s.spikes.lr_backoff]
             c.lowered_at.append(c.next_step)
             c.lr_windows.append(window)
-            await self._event("lr_lowered", f"lr_lowered/{c.next_step}", reason=reason,
-                              factor=s.spikes.lr_backoff, from_step=window[0], to_step=window[1],
-                              rollback_steps=list(counted))
+            await self._event("lr_adjusted", f"lr_adjusted/{c.next_step}", reason=reason,
+                              scale=s.spikes.lr_backoff, from_step=window[0],
+                              until_step=window[1], rollback_steps=list(counted))
         elif action == ESCALATE_PAUSE:
             await self._pause(reason, counted)
 

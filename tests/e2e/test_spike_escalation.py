@@ -1,0 +1,91 @@
+"""Spike escalation through the real workflow (issue 6, acceptance 4): repeated spikes spend
+the rollback budget -> the LR is lowered -> the run pauses in needs_attention ->
+`mainspring run resume` continues it to the end."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from ops.cli import main
+from ops.client import connect, start_run
+from storage.events import read_events
+from tests.e2e.runs import assert_completed_five_stages, tiny_spec, wait_for
+from trainer.engine import lr_at
+
+pytestmark = pytest.mark.e2e
+
+# Three separate regions of corrupted data; one rollback allowed per 1000 steps.
+ESCALATING = {
+    "train.total_steps": 120, "train.segment_steps": 60, "train.segments_per_run": 4,
+    "train.checkpoint_every": 5, "train.lr": 1e-2, "sweep.enabled": False,
+    "spikes.window": 20, "spikes.warmup": 10, "spikes.skip_window": 6, "spikes.skip_threshold": 4.0,
+    "spikes.budget": {"rollbacks": 1, "per_steps": 1000}, "spikes.lr_backoff_steps": 500,
+    "faults": [{"kind": "corrupt_batches", "at_step": s, "steps": 4} for s in (40, 52, 70)],
+}
+
+
+def test_repeated_spikes_lower_the_lr_then_pause_until_resumed(temporal_server, fleet_factory,
+                                                               tmp_path, capsys):
+    spec = tiny_spec("e2e-spikes", str(tmp_path / "store"), str(tmp_path / "fast"),
+                     **ESCALATING)
+    fleet_factory()
+    address = temporal_server.address
+
+    def status() -> dict:
+        capsys.readouterr()
+        assert main(["run", "status", spec.run_id, "--address", address]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    async def paused_runs() -> list[str]:
+        client = await connect(address)
+        return [r.id async for r in client.list_workflows(
+            "MainspringStage = 'needs_attention'")]
+
+    asyncio.run(_start(address, spec))
+    paused = wait_for(lambda: (s := status())["stage"] == "needs_attention" and s, 480,
+                      "the run to pause in needs_attention", every_s=2.0)
+    assert "even after lowering the LR" in paused["needs_attention"]
+    assert len(paused["rollback_steps"]) == 3
+    assert len(paused["lr_windows"]) == 1 and paused["lr_windows"][0][2] == spec.spikes.lr_backoff
+    assert wait_for(lambda: spec.run_id in asyncio.run(paused_runs()), 30,
+                    "the needs_attention search attribute")
+    step_when_paused = paused["step"]
+
+    capsys.readouterr()
+    assert main(["run", "resume", spec.run_id, "--note", "bad shards removed",
+                 "--address", address]) == 0
+    assert json.loads(capsys.readouterr().out)["step"] == step_when_paused
+
+    async def result() -> dict:
+        client = await connect(address)
+        res = await asyncio.wait_for(client.get_workflow_handle(spec.run_id).result(), 480)
+        return res if isinstance(res, dict) else res.__dict__
+
+    events = assert_completed_five_stages(asyncio.run(result()), spec)
+    kinds = [e["kind"] for e in events]
+    rollbacks = [e["payload"] for e in events if e["kind"] == "rollback"]
+    assert len(rollbacks) == 3 and all(r["to_step"] < r["onset"] for r in rollbacks)
+    order = [kinds.index(k) for k in ("lr_adjusted", "needs_attention", "run_resumed")]
+    assert order == sorted(order)
+    resumed = next(e["payload"] for e in events if e["kind"] == "run_resumed")
+    assert resumed["note"] == "bad shards removed"
+    # The lowered LR really reached the trainer: steps inside the window ran at half the LR.
+    lowered = next(e for e in events if e["kind"] == "lr_adjusted")["payload"]
+    assert lowered["scale"] == spec.spikes.lr_backoff
+    ran = [json.loads(line) for f in (tmp_path / "fast").glob("*/segments/*/progress.jsonl")
+           for line in f.read_text().splitlines()]
+    inside = [p for p in ran if p["type"] == "step" and p["step"] > lowered["from_step"]]
+    assert inside and all(p["lr"] == pytest.approx(lr_at(p["step"] - 1, spec.train) * 0.5)
+                          for p in inside)
+
+    # Nothing to resume any more: a clear refusal, not a hang.
+    capsys.readouterr()
+    assert main(["run", "resume", spec.run_id, "--address", address]) == 1
+    assert "cannot resume" in capsys.readouterr().err
+
+
+async def _start(address: str, spec) -> None:
+    await start_run(await connect(address), spec)
