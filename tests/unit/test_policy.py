@@ -1,7 +1,8 @@
 import math
 
-from ops.spec import preset
-from workflows.policy import segment_bounds, sweep_points, trial_spec, with_params
+from ops.spec import SpikeBudget, SpikeConfig, preset
+from workflows.policy import (rollback_allowance, segment_bounds, sweep_points, trial_spec,
+                              with_params)
 
 
 def test_sweep_points_span_the_range_log_spaced():
@@ -45,3 +46,13 @@ def test_escalation_continues_then_lowers_lr_then_pauses():
     # Old rollbacks and an old LR change fall out of the window: back to normal.
     assert escalate((10, 20, 30), 250, (35,), cfg)[0] == "continue"
     assert escalate((210, 220, 230), 250, (35,), cfg)[0] == "lower_lr"
+
+
+def test_rollback_allowance_is_what_is_left_of_the_budget_in_its_window():
+    cfg = SpikeConfig(budget=SpikeBudget(rollbacks=2, per_steps=100))
+    assert rollback_allowance([], 0, 50, cfg) == 2
+    assert rollback_allowance([40], 0, 50, cfg) == 1
+    assert rollback_allowance([40, 45, 48], 0, 50, cfg) == 0  # never negative
+    assert rollback_allowance([40, 45], 0, 150, cfg) == 2  # both left the window
+    assert rollback_allowance([40, 45], 46, 50, cfg) == 2  # forgiven by a resume at 46
+    assert rollback_allowance([40], 0, 50, SpikeConfig(enabled=False)) == -1
