@@ -2,8 +2,8 @@
 
 Started by `storage.tiered.TieredCheckpointer` as `python -m storage.tiered_writer CONFIG`.
 It reads one JSON message per line on stdin (`job`, `cancel`, `close`) and answers one per
-line on its original stdout (`started`, `committed`, `done`, `event`, `failed`); its own logs go to
-stderr. Two threads, each in step order:
+line on its original stdout (`started`, `committed`, `done`, `event`, `failed`); its own
+logs go to stderr. Two threads, each in step order:
 
 - fast: hash a submitted snapshot's files and write the fast tier's manifest at once, so
   every snapshot is resumable locally a moment after submit — even one queued behind a
@@ -277,7 +277,11 @@ def main(argv: list[str]) -> int:
     set_parent_death_signal()
     if os.getppid() != cfg.parent_pid:  # the parent died before the signal was armed
         return 1
-    os.nice(WRITER_NICE)  # before any thread starts: threads inherit it
+    # Before any thread starts: threads inherit it. With CONFIG_SCHED_AUTOGROUP nice ranks
+    # the writer below the trainer inside their session's CPU group. A session of its own
+    # (group nice 10) starved it under other sessions' load — uploads stalled and the loop
+    # waited on backpressure (docs/decisions.md) — so it shares the trainer's group.
+    os.nice(WRITER_NICE)
     configure_logging()
     writer = Writer(cfg, out)
     threads = [threading.Thread(target=writer.fast_loop, name="ckpt-fast", daemon=True),
