@@ -25,16 +25,25 @@ def summarize(spec: RunSpec, result: dict[str, Any] | None, status: str, wall_s:
     kinds = [e["kind"] for e in events]
     result = result or {}
     return {"run_id": spec.run_id, "status": status, "stages": result.get("stages", []),
-            "faults_injected": kinds.count("fault"), "faults_recovered": kinds.count("recovered"),
+            "faults_injected": kinds.count("fault"), "faults_recovered": recoveries(events),
+            "spike_rollbacks": kinds.count("rollback"), "batches_skipped": kinds.count("batch_skipped"),
             "human_actions": kinds.count("operator"),
             "initial_val_loss": result.get("initial_val_loss"),
             "final_val_loss": result.get("final_val_loss"),
             "promoted_checkpoint": result.get("promoted_checkpoint"), "wall_s": round(wall_s, 1)}
 
 
+def recoveries(events: list[dict]) -> int:
+    """Automatic recoveries: a retried segment that resumed (`recovered`), a rollback past
+    bad data (`rollback`), a skipped non-finite step (`batch_skipped` of a NaN loss)."""
+    return sum(e["kind"] in ("recovered", "rollback")
+               or (e["kind"] == "batch_skipped" and e["payload"].get("reason") == "non_finite_loss")
+               for e in events)
+
+
 def _progress_line(status: dict, events: list[dict]) -> str:
     faults = sum(e["kind"] == "fault" for e in events)
-    recovered = sum(e["kind"] == "recovered" for e in events)
+    recovered = recoveries(events)
     loss = status.get("train_loss")
     committed = max((e["step"] for e in events if e["kind"] == "checkpoint_committed"
                      and e["run_id"] == status.get("run_id")), default=None)

@@ -495,9 +495,12 @@ PRESETS: dict[str, dict[str, Any]] = {
                  "tokenizer": {"vocab_size": 1024}},
         "model": {"d_model": 128, "n_layers": 2, "n_heads": 4, "n_kv_heads": 4, "seq_len": 128},
         "train": {"total_steps": 160, "segment_steps": 80, "segments_per_run": 1,
-                  "micro_batch_tokens": 1024, "warmup_steps": 10, "checkpoint_every": 20},
+                  "micro_batch_tokens": 1024, "warmup_steps": 10, "checkpoint_every": 20,
+                  "eval_every": 40},
         "sweep": {"trials": 2, "trial_steps": 15},
-        "faults": [{"kind": "kill_worker", "at_step": 50}],
+        # A lost node mid-segment, then a window of bad data (a loss spike -> rollback).
+        "faults": [{"kind": "kill_worker", "at_step": 50},
+                   {"kind": "corrupt_batches", "at_step": 110, "steps": 4}],
         "ops": {"heartbeat_timeout_s": 10.0},
     },
 }

@@ -19,7 +19,10 @@ def test_demo_json_completes_five_stages_and_recovers_its_injected_fault(tmp_pat
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["status"] == "completed"
     assert summary["stages"] == ["prepare_data", "warmup_sweep", "train", "evaluate", "promote"]
-    assert summary["faults_injected"] == 1 and summary["faults_recovered"] >= 1
+    # a SIGKILLed trainer worker (resumed by a retry) and a window of corrupted batches
+    # (rolled back past): both recovered with no human action
+    assert summary["faults_injected"] == 2 and summary["faults_recovered"] >= 2
+    assert summary["spike_rollbacks"] >= 1
     assert summary["human_actions"] == 0
     assert summary["final_val_loss"] < summary["initial_val_loss"]
     assert summary["promoted_checkpoint"].endswith("promoted/step-000000160")
