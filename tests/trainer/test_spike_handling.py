@@ -160,3 +160,21 @@ def test_lr_windows_multiply_only_inside_their_steps():
     assert lr_scale(windows, 16) == 0.25
     assert lr_scale(windows, 30) == 0.5
     assert lr_scale(windows, 31) == 1.0
+
+
+def test_world_size_two_zero2_ranks_agree_on_the_rollback_and_finish(tmp_path, dataset_uri):
+    spec = tiny_spec(tmp_path / "store", **SPIKY, **{"train.procs_per_node": 2,
+                                                     "train.zero_stage": 2}, faults=[
+        {"kind": "corrupt_batches", "at_step": CORRUPT_AT, "steps": CORRUPT_STEPS}])
+    proc = run_segment(write_spec(spec, tmp_path / "spec.json"), dataset_uri, 100,
+                       tmp_path / "work", world=2)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    result = json.loads((tmp_path / "work" / "result.json").read_text())
+    (rb,) = result["spikes"]["rollbacks"]
+    assert rb["onset"] == CORRUPT_AT and result["final_step"] == 100
+    store = CheckpointStore(spec.storage.durable, spec.run_id)
+    assert store.manifest(100).skip_ranges == (tuple(rb["skip"]),)
+    # both ranks restored the same step and stepped over the same window
+    states = [TrainState.load(str(tmp_path / "work" / "ckpt" / "step-000000100" / state_file(r)))
+              for r in (0, 1)]
+    assert states[0].data_cursor == states[1].data_cursor and states[0].step == 100
