@@ -6,6 +6,10 @@
 Prints one JSON line per worker count:
 {"figure": "dataprep_mb_per_s", "value": input MB / wall s, "docs_in", "exact_dups",
  "near_dups", "tokens_out", "per_phase_s": {...}, "workers": N, ...}.
+`workers=1` uses one core throughout (tokenizers included); `cpu_s` sums the CPU seconds
+of the parallel phases over every process, and `load_avg_1m` is the machine's load
+before the run (on a shared machine, Linux autogroup gives this whole benchmark one
+session's share of the CPUs, however many processes it starts).
 Each run writes to a fresh temporary store, so none is a cache hit; a final line times
 the cache hit of the last run.
 """
@@ -29,6 +33,7 @@ from storage.dataprep import prepare_dataset
 
 
 def run_once(data: DataConfig, store: str) -> dict:
+    load = os.getloadavg()[0]  # the machine may be shared: a busy one slows every figure
     start = time.perf_counter()
     _, man, hit = prepare_dataset(data, store, seed=0)
     wall = time.perf_counter() - start
@@ -39,7 +44,7 @@ def run_once(data: DataConfig, store: str) -> dict:
             "bytes_in": s["bytes_in"], "wall_s": round(wall, 3),
             "per_phase_s": {k: v for k, v in s["seconds"].items() if k != "total"},
             "cpu_s": s["cpu_seconds"], "workers": s["workers"], "units": s["resume"]["units"],
-            "cache_hit": hit}
+            "cache_hit": hit, "load_avg_1m": round(load, 2)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,6 +14,7 @@ Cleaned documents are held in memory between stages (fine for corpora up to a fe
 from __future__ import annotations
 
 import time
+from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
@@ -29,7 +30,7 @@ from storage.dataprep_minhash import near_duplicates, shingles
 from storage.dataprep_text import Document, split_by_hash, tally
 from storage.dataprep_tokens import cut_shards, eos_id, load_tokenizer, train_tokenizer, write_split
 from storage.dataprep_units import (CleanOutput, WorkDir, clean_unit, plan_units, run_jobs,
-                                    tokenize_unit, worker_count)
+                                    tokenize_unit, tokenizer_threads, worker_count, worker_pool)
 from storage.dataset import (MANIFEST, DatasetManifest, ShardInfo, commit_manifest, dataset_dir,
                              load_manifest, manifest_url, token_dtype)
 from storage.fs import join, resolve, storage_errors
@@ -117,18 +118,22 @@ def _build(data: DataConfig, key: str, in_fs: AbstractFileSystem, files: list[In
     units = plan_units(files, data.unit_bytes)
     resume = {"units": len(units), "clean_reused": 0, "tokenize_reused": 0}
     workers = worker_count(data, len(units), sum(f.size for f in files), corpus_url(data.corpus))
-    outputs = _clean_units(data, in_fs, units, work, workers, phases, resume)
-    docs, unit_of = _dedup(data, outputs, phases)
-    with phases("split") as counts:
-        train, val = split_by_hash(docs, data.val_fraction, data.corpus)
-        counts.update(docs_train=len(train), docs_val=len(val))
-    val_shas = {d.sha256 for d in val}
-    with phases("tokenizer") as counts:
-        tok, source = _tokenizer(data, train, work)
-        eos, vocab = eos_id(tok, source), tok.get_vocab_size()
-        counts.update(vocab_size=vocab, eos_id=eos)
-    tokens = _tokenize_units(tok, eos, token_dtype(vocab), docs, unit_of, val_shas, len(units),
-                             work, workers, phases, resume)
+    # One pool for both parallel phases; the serial phases between them (dedup, split,
+    # tokenizer training) run here, training on a thread per core unless workers=1.
+    log.info("dataprep_workers", workers=workers, units=len(units), configured=data.workers)
+    with worker_pool(workers) as pool, tokenizer_threads(data.workers != 1):
+        outputs = _clean_units(data, in_fs, units, work, pool, phases, resume)
+        docs, unit_of = _dedup(data, outputs, phases)
+        with phases("split") as counts:
+            train, val = split_by_hash(docs, data.val_fraction, data.corpus)
+            counts.update(docs_train=len(train), docs_val=len(val))
+        val_shas = {d.sha256 for d in val}
+        with phases("tokenizer") as counts:
+            tok, source = _tokenizer(data, train, work, phases)
+            eos, vocab = eos_id(tok, source), tok.get_vocab_size()
+            counts.update(vocab_size=vocab, eos_id=eos)
+        tokens = _tokenize_units(tok, eos, token_dtype(vocab), docs, unit_of, val_shas,
+                                 len(units), work, pool, phases, resume)
     out_fs.makedirs(out_dir, exist_ok=True)
     with out_fs.open(join(out_dir, "tokenizer.json"), "w") as f:
         f.write(tok.to_str())
@@ -142,6 +147,7 @@ def _build(data: DataConfig, key: str, in_fs: AbstractFileSystem, files: list[In
             counts[f"shards_{split}"] = len(written)
             shards += written
     cpu = {k: round(sum(o.cpu_s[k] for o in outputs), 4) for k in ("read", "clean", "hash")}
+    cpu["encode"] = round(sum(float(t.get("cpu_s", 0.0)) for t in tokens), 4)
     # Timings cover every phase but the commit itself (the manifest cannot time its own write).
     stats = {**phases.counts, "tokenizer": source, "workers": workers, "resume": resume,
              "cpu_seconds": cpu,
@@ -154,12 +160,13 @@ def _build(data: DataConfig, key: str, in_fs: AbstractFileSystem, files: list[In
 
 
 def _clean_units(data: DataConfig, in_fs: AbstractFileSystem, units: list, work: WorkDir,
-                 workers: int, phases: _Phases, resume: dict[str, int]) -> list[CleanOutput]:
+                 pool: ProcessPoolExecutor | None, phases: _Phases,
+                 resume: dict[str, int]) -> list[CleanOutput]:
     """Every unit's clean output, in unit order: reused from the work dir or computed."""
     with phases("clean") as counts:
         outputs = {i: out for i in range(len(units)) if (out := work.load_clean(i))}
         resume["clean_reused"] = len(outputs)
-        fs_arg = (in_fs,) if workers == 1 else ()  # children open their own filesystem
+        fs_arg = (in_fs,) if pool is None else ()  # children open their own filesystem
 
         def done(index: int, out: CleanOutput) -> None:
             work.save_clean(index, out)
@@ -168,8 +175,8 @@ def _clean_units(data: DataConfig, in_fs: AbstractFileSystem, units: list, work:
                                            "units": len(units)})
 
         run_jobs({i: (clean_unit, (units[i], data, *fs_arg))
-                  for i in range(len(units)) if i not in outputs}, workers, done)
-        counts.update(units=len(units), workers=workers)
+                  for i in range(len(units)) if i not in outputs}, pool, done)
+        counts["units"] = len(units)
     return [outputs[i] for i in range(len(units))]
 
 
@@ -217,7 +224,7 @@ def _dedup(data: DataConfig, outputs: list[CleanOutput],
 
 def _tokenize_units(tok: Tokenizer, eos: int, dtype: str, docs: list[Document],
                     unit_of: list[int], val_shas: set[str], n_units: int, work: WorkDir,
-                    workers: int, phases: _Phases,
+                    pool: ProcessPoolExecutor | None, phases: _Phases,
                     resume: dict[str, int]) -> list[dict[str, np.ndarray]]:
     with phases("tokenize") as counts:
         texts: list[dict[str, list[str]]] = [{"train": [], "val": []} for _ in range(n_units)]
@@ -234,7 +241,7 @@ def _tokenize_units(tok: Tokenizer, eos: int, dtype: str, docs: list[Document],
                                              "units": n_units})
 
         run_jobs({i: (tokenize_unit, (tok_json, eos, dtype, texts[i]))
-                  for i in range(n_units) if i not in results}, workers, done)
+                  for i in range(n_units) if i not in results}, pool, done)
         counts["units"] = n_units
     return [results[i] for i in range(n_units)]
 
@@ -246,7 +253,8 @@ def _split_docs(tokens: list[dict[str, np.ndarray]], split: str) -> Iterator[np.
         yield from np.split(ids, np.cumsum(lens)[:-1]) if lens.size else ()
 
 
-def _tokenizer(data: DataConfig, train: list[Document], work: WorkDir) -> tuple[Tokenizer, str]:
+def _tokenizer(data: DataConfig, train: list[Document], work: WorkDir,
+               phases: _Phases) -> tuple[Tokenizer, str]:
     """(tokenizer, where it came from): the given tokenizer.json, or one trained here
     (once: a retry reuses the one in the work dir)."""
     if data.tokenizer.path:
@@ -255,7 +263,9 @@ def _tokenizer(data: DataConfig, train: list[Document], work: WorkDir) -> tuple[
     if saved is not None:
         return Tokenizer.from_str(saved[".json"].decode()), "trained"
     # Trained on train documents only, so nothing about val leaks into the vocabulary.
-    tok = train_tokenizer([d.text for d in train], data.tokenizer.vocab_size)
+    tok = train_tokenizer([d.text for d in train], data.tokenizer.vocab_size,
+                          tick=lambda s: phases.report("tokenizer_training",
+                                                       {"seconds": round(s, 1)}))
     work.commit("tokenizer", {".json": tok.to_str().encode()})
     return tok, "trained"
 

@@ -9,6 +9,8 @@ boundary in the shards is always a real one.
 
 from __future__ import annotations
 
+import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
@@ -21,10 +23,17 @@ from storage.fs import resolve
 
 EOS = "<|endoftext|>"
 ENCODE_BATCH = 256  # documents per encode_batch call (the Rust side parallelises within it)
+# Well inside any heartbeat timeout; training on ~100 MB of text takes minutes.
+TRAIN_TICK_S = 10.0
 TOKENIZER_FIX = "point data.tokenizer.path at a tokenizer.json, or leave it empty to train one"
 
 
-def train_tokenizer(texts: Sequence[str], vocab_size: int) -> Tokenizer:
+def train_tokenizer(texts: Sequence[str], vocab_size: int,
+                    tick: Callable[[float], None] | None = None,
+                    every_s: float | None = None) -> Tokenizer:
+    """Byte-level BPE trained on `texts`; `tick(seconds so far)` every `every_s` (default
+    TRAIN_TICK_S) while it trains, so a long training heartbeats. The Rust trainer releases
+    the GIL, so it runs on a helper thread while this one ticks."""
     tok = Tokenizer(models.BPE())
     # add_prefix_space=False: a leading space would not survive decode, breaking round trips.
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -32,8 +41,19 @@ def train_tokenizer(texts: Sequence[str], vocab_size: int) -> Tokenizer:
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
-    tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
-    return tok
+    if tick is None:
+        tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
+        return tok
+    start = time.monotonic()
+    with ThreadPoolExecutor(1, thread_name_prefix="bpe-train") as thread:
+        training = thread.submit(tok.train_from_iterator, texts, trainer=trainer,
+                                 length=len(texts))
+        while True:
+            try:
+                training.result(timeout=every_s or TRAIN_TICK_S)
+                return tok
+            except TimeoutError:
+                tick(time.monotonic() - start)
 
 
 def load_tokenizer(url: str) -> Tokenizer:

@@ -4,11 +4,13 @@ The input files are grouped, in path order, into units of about `data.unit_bytes
 Each unit goes through two CPU-heavy jobs, each run in a worker *process*:
 - clean: read (decompress, parse) → clean → filter → sha256 + MinHash signature;
 - tokenize: encode the unit's surviving train and val documents.
-The parent process writes every job's output into the dataset's work directory
-(`datasets/<content_hash>/work/`) followed by a `.done` marker holding the outputs'
-checksums. The content hash covers inputs and config, so a retry after a crash finds the
-same work directory and redoes only units without a valid marker. Children only compute:
-they never write to the durable tier, so a `memory://` store works too.
+One pool of spawned processes (`worker_pool`: a process per core, each in its own session,
+on one tokenizer thread) serves both; listing, dedup, the split, tokenizer training and
+shard writing run in the parent. The parent writes every job's output into the dataset's
+work directory (`datasets/<content_hash>/work/`) followed by a `.done` marker holding the
+outputs' checksums. The content hash covers inputs and config, so a retry after a crash
+finds the same work directory and redoes only units without a valid marker. Children only
+compute: they never write to the durable tier, so a `memory://` store works too.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ import multiprocessing
 import os
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import structlog
@@ -38,6 +41,7 @@ from storage.fs import join, resolve
 log = structlog.get_logger(__name__)
 
 WORK = "work"
+PARALLELISM_ENV = "TOKENIZERS_PARALLELISM"
 
 
 def plan_units(files: Sequence[InputFile], unit_bytes: int) -> list[tuple[InputFile, ...]]:
@@ -61,8 +65,17 @@ def plan_units(files: Sequence[InputFile], unit_bytes: int) -> list[tuple[InputF
 AUTO_PARALLEL_MIN_BYTES = 8 << 20
 
 
+def available_cores() -> int:
+    """Cores this process may run on (its CPU affinity, which a container or taskset
+    narrows; `os.cpu_count()` counts the whole machine)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def worker_count(data: DataConfig, units: int, input_bytes: int, corpus_url: str) -> int:
-    """Processes to use: `data.workers` (0 = every core for a corpus of at least
+    """Processes to use: `data.workers` (0 = every available core for a corpus of at least
     AUTO_PARALLEL_MIN_BYTES), never more than there are units.
 
     A `memory://` corpus lives in this process only, so it is read here.
@@ -71,8 +84,30 @@ def worker_count(data: DataConfig, units: int, input_bytes: int, corpus_url: str
         return 1
     if data.workers == 0 and input_bytes < AUTO_PARALLEL_MIN_BYTES:
         return 1
-    wanted = data.workers or os.cpu_count() or 1
+    wanted = data.workers or available_cores()
     return max(1, min(wanted, units))
+
+
+@contextmanager
+def tokenizer_threads(enabled: bool) -> Iterator[None]:
+    """`tokenizers` encodes batches and trains BPE on a thread per core unless
+    TOKENIZERS_PARALLELISM is "false" (its only switch, read at every call). An explicit
+    `data.workers=1` means one core, so the in-process encode and training run on one
+    thread; without this the "1 worker" baseline of `benchmarks/dataprep.py` quietly used
+    every core for half its work (issue 5). Restores the previous value on exit.
+    """
+    if enabled:
+        yield
+        return
+    before = os.environ.get(PARALLELISM_ENV)
+    os.environ[PARALLELISM_ENV] = "false"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(PARALLELISM_ENV, None)
+        else:
+            os.environ[PARALLELISM_ENV] = before
 
 
 # ---- jobs (run in worker processes; pure computation) ------------------------------------
@@ -116,7 +151,9 @@ _TOKENIZERS: dict[str, Tokenizer] = {}
 
 def tokenize_unit(tokenizer_json: str, eos: int, dtype: str,
                   splits: dict[str, list[str]]) -> dict[str, np.ndarray]:
-    """`<split>_ids` (documents + eos, concatenated) and `<split>_lens` per split."""
+    """`<split>_ids` (documents + eos, concatenated) and `<split>_lens` per split, and
+    `cpu_s`: CPU seconds it took (all threads of this process)."""
+    start = time.process_time()
     key = hashlib.sha256(tokenizer_json.encode()).hexdigest()
     tok = _TOKENIZERS.get(key) or _TOKENIZERS.setdefault(key, Tokenizer.from_str(tokenizer_json))
     out: dict[str, np.ndarray] = {}
@@ -124,6 +161,7 @@ def tokenize_unit(tokenizer_json: str, eos: int, dtype: str,
         docs = list(encode_documents(tok, texts, eos, dtype))
         out[f"{split}_ids"] = np.concatenate(docs) if docs else np.empty(0, dtype=dtype)
         out[f"{split}_lens"] = np.array([d.size for d in docs], dtype=np.int64)
+    out["cpu_s"] = np.float64(time.process_time() - start)
     return out
 
 
@@ -132,25 +170,45 @@ def _child_init() -> None:
 
     set_parent_death_signal()  # a SIGKILLed data worker takes its pool with it
     # One tokenizer thread per child: the pool already has a process per core.
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    os.environ[PARALLELISM_ENV] = "false"
+    # Linux autogroup (sched_autogroup_enabled, on by default) shares the CPUs fairly
+    # between *sessions*: left in the data worker's session, N children on a busy machine
+    # together get one session's share and run no faster than one process (issue 5:
+    # 1.0 vs 1.02 MB/s). Their own sessions give each a share; the parent-death signal
+    # above, not the session, is what ends them with their parent.
+    try:
+        os.setsid()
+    except OSError as exc:  # already a session leader: nothing to gain
+        log.warning("dataprep_worker_setsid_failed", error=str(exc))
 
 
-def run_jobs(jobs: dict[int, tuple[Callable[..., Any], tuple]], workers: int,
-             on_done: Callable[[int, Any], None]) -> None:
-    """Run `fn(*args)` for every job, in processes when `workers` > 1; `on_done(index,
-    result)` runs here, in this process, as each finishes (in index order if sequential)."""
-    if workers <= 1 or len(jobs) <= 1:
+@contextmanager
+def worker_pool(workers: int) -> Iterator[ProcessPoolExecutor | None]:
+    """One pool of `workers` processes for every parallel phase (None: run in this
+    process). Spawning an interpreter that imports numpy and tokenizers costs ~1 s of CPU
+    on a loaded machine, so the clean and tokenize phases share the same children."""
+    if workers <= 1:
+        yield None
+        return
+    ctx = multiprocessing.get_context("spawn")  # never fork a threaded Temporal worker
+    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_child_init) as pool:
+        yield pool
+
+
+def run_jobs(jobs: dict[int, tuple[Callable[..., Any], tuple]],
+             pool: ProcessPoolExecutor | None, on_done: Callable[[int, Any], None]) -> None:
+    """Run `fn(*args)` for every job, in `pool` if there is one; `on_done(index, result)`
+    runs here, in this process, as each finishes (in index order if sequential)."""
+    if pool is None or len(jobs) <= 1:
         for index in sorted(jobs):
             fn, args = jobs[index]
             on_done(index, fn(*args))
         return
-    ctx = multiprocessing.get_context("spawn")  # never fork a threaded Temporal worker
-    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_child_init) as pool:
-        pending = {pool.submit(fn, *args): index for index, (fn, args) in sorted(jobs.items())}
-        while pending:
-            done, _ = wait(pending, return_when=FIRST_COMPLETED)
-            for future in sorted(done, key=pending.__getitem__):
-                on_done(pending.pop(future), future.result())
+    pending = {pool.submit(fn, *args): index for index, (fn, args) in sorted(jobs.items())}
+    while pending:
+        done, _ = wait(pending, return_when=FIRST_COMPLETED)
+        for future in sorted(done, key=pending.__getitem__):
+            on_done(pending.pop(future), future.result())
 
 
 # ---- persistence in the work directory (parent process only) -----------------------------

@@ -8,7 +8,8 @@ import pytest
 
 from ops.spec import DataConfig, TokenizerConfig
 from storage.dataprep import PROVENANCE_STATS, prepare_dataset
-from storage.dataset import DatasetManifest, dataset_dir
+from storage.dataset import DatasetManifest, dataset_dir, tokenizer_path
+from storage.fs import resolve
 from tests.storage.test_dataprep import TEXTS, all_texts, config, write_txt
 
 TEXTS_48 = TEXTS + [t.replace("document", "record") + " tail" for t in TEXTS]
@@ -34,6 +35,11 @@ def comparable(man: DatasetManifest) -> dict:
     raw = {**man.__dict__, "stats": {k: v for k, v in man.stats.items()
                                      if k not in PROVENANCE_STATS}}
     return raw
+
+
+def read_text(url: str) -> str:
+    fs, path = resolve(url)
+    return fs.cat_file(path).decode()
 
 
 def small_units(tmp_path, **kw) -> DataConfig:
@@ -87,10 +93,12 @@ def test_a_corrupted_work_unit_is_redone_not_trusted(tmp_path):
 def test_worker_processes_give_the_same_dataset_as_one_process(tmp_path):
     one = small_units(tmp_path, workers=1)
     two = small_units(tmp_path, workers=2)
-    _, man1, _ = prepare_dataset(one, str(tmp_path / "a"), seed=1)
-    _, man2, _ = prepare_dataset(two, str(tmp_path / "b"), seed=1)
+    url1, man1, _ = prepare_dataset(one, str(tmp_path / "a"), seed=1)
+    url2, man2, _ = prepare_dataset(two, str(tmp_path / "b"), seed=1)
     assert (man1.stats["workers"], man2.stats["workers"]) == (1, 2)
     assert man1.content_hash == man2.content_hash  # worker count is not part of the key
+    # One thread (workers=1) or a thread per core trains the same tokenizer.
+    assert read_text(tokenizer_path(url1)) == read_text(tokenizer_path(url2))
     assert ({**comparable(man1), "stats": {**comparable(man1)["stats"], "workers": 0}}
             == {**comparable(man2), "stats": {**comparable(man2)["stats"], "workers": 0}})
 
