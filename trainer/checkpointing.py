@@ -122,7 +122,8 @@ def _fast_store(run: Run) -> CheckpointStore:
 
 
 def _checkpointer(run: Run) -> TieredCheckpointer:
-    """Rank 0's uploader: fast tier → durable store, made on first use."""
+    """Rank 0's checkpointer (its writer process uploads): fast tier → durable store, made on
+    first use — in the main thread, which the writer's parent-death signal is tied to."""
     if "checkpointer" not in run.__dict__:
         run.checkpointer = TieredCheckpointer(
             run.store, _fast_store(run), TierPolicy.from_storage(run.spec.storage),
@@ -131,7 +132,8 @@ def _checkpointer(run: Run) -> TieredCheckpointer:
 
 
 def _on_durable_commit(run: Run, man: CheckpointManifest, uri: str) -> None:
-    """Uploader thread, after the durable manifest is written: only now is it committed."""
+    """The checkpointer's reader thread, once the writer process has written the durable
+    manifest: only now is it committed."""
     run.events.emit("checkpoint_committed", step=man.step,
                     event_id=f"checkpoint_committed/{man.step}", uri=uri, bytes=man.total_bytes)
     try:
@@ -228,7 +230,7 @@ def restore(run: Run, engine, at_or_before: int | None = None) -> TrainState | N
 
 def commit_checkpoint(run: Run, engine, state: TrainState) -> None:
     """Save on every rank to the fast tier (the loop's only pause); rank 0 then hands the
-    snapshot to the uploader, which commits it durably (manifest last) and only then
+    snapshot to the writer process, which commits it durably (manifest last) and only then
     writes the `commit` progress line and the checkpoint_committed event.
     With `storage.async_upload` off, waits here for that durable commit."""
     t0 = time.perf_counter()
