@@ -309,6 +309,7 @@ class SpikeConfig:
     window: int = 50  # accepted losses in the robust baseline (median / MAD)
     warmup: int = 20  # losses observed before the detector judges
     skip_threshold: float = 6.0  # loss above median + k * 1.4826 * MAD is an outlier
+    return_threshold: float = 3.0  # after an outlier, losses above this many are not back yet
     min_spread: float = 0.01  # spread floor, relative to |median|, for a flat history
     patience: int = 3  # outliers within `window` steps that make a sustained spike
     skip_before: int = 2  # batches before the onset also skipped on rollback
@@ -324,6 +325,9 @@ class SpikeConfig:
                  "use 0 to judge from the start")
         _require(self.patience <= self.window, "patience", "exceeds window",
                  "make patience <= window")
+        _require(0 < self.return_threshold <= self.skip_threshold, "return_threshold",
+                 f"must be in (0, skip_threshold={self.skip_threshold}], got "
+                 f"{self.return_threshold}", "use e.g. 3.0")
         _require(0 < self.lr_backoff < 1, "lr_backoff", f"must be in (0, 1), got {self.lr_backoff}",
                  "use e.g. 0.5")
 

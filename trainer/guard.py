@@ -120,8 +120,11 @@ class SpikeGuard:
         """Restore the newest checkpoint before the onset; skip the data around it."""
         run, onset = self.run, verdict.onset or verdict.step
         onset_cursor = self.cursors.get(onset, state.data_cursor)
-        gone = discard_after(run, onset - 1)
-        restored = restore(run, self.engine, at_or_before=onset - 1)
+        # The onset's loss was computed with the weights after update onset-1, which may be
+        # the bad one (an LR burst shows only in the next loss): go back before it too.
+        before = max(0, onset - 2)
+        gone = discard_after(run, before)
+        restored = restore(run, self.engine, at_or_before=before)
         if restored is None:
             raise Diverged(verdict.step, f"no committed checkpoint before the spike's onset "
                                          f"at step {onset} to roll back to")

@@ -9,6 +9,12 @@ Croux 1993), so one spike cannot drag the baseline towards itself. Verdicts:
 - `rollback` — `patience` outliers inside the window: a sustained spike; restore the last
                checkpoint before `onset` and skip the data window around it (PaLM, §5.1).
 
+After an outlier the loss must *return towards the baseline* (within `return_threshold`
+robust deviations): a loss above that but under the skip threshold still counts as an
+outlier (`no_return_to_baseline`), so a bad update whose damage decays slowly still ends in
+a rollback. `patience` returned losses in a row forget the outliers, so an isolated skip
+(a NaN, one bad batch) never joins a later, unrelated spike.
+
 The state is a small frozen dataclass, saved in every checkpoint with the TrainState, so
 resume reproduces the same verdicts as never stopping.
 """
@@ -29,13 +35,16 @@ class DetectorState:
     history: tuple[float, ...] = ()  # last `window` accepted losses, oldest first
     seen: int = 0  # losses observed (accepted or not)
     outliers: tuple[int, ...] = ()  # steps of recent outliers, inside the window
+    calm: int = 0  # losses back near the baseline in a row since the last outlier
 
     def to_dict(self) -> dict:
-        return {"history": list(self.history), "seen": self.seen, "outliers": list(self.outliers)}
+        return {"history": list(self.history), "seen": self.seen, "outliers": list(self.outliers),
+                "calm": self.calm}
 
     @classmethod
-    def from_dict(cls, raw: dict) -> "DetectorState":
-        return cls(history=tuple(raw["history"]), seen=raw["seen"], outliers=tuple(raw["outliers"]))
+    def from_dict(cls, raw: dict) -> DetectorState:
+        return cls(history=tuple(raw["history"]), seen=raw["seen"],
+                   outliers=tuple(raw["outliers"]), calm=int(raw.get("calm", 0)))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,35 +72,46 @@ def observe(state: DetectorState, step: int, loss: float,
     """Judge one training loss; return the new state and the verdict with its evidence."""
     recent = tuple(s for s in state.outliers if step - s < cfg.window)
     if not math.isfinite(loss):
-        return (replace(state, seen=state.seen + 1, outliers=recent + (step,)),
-                Verdict(action="skip", step=step, loss=loss, reason="non_finite_loss"))
+        return _outlier(state, step, loss, recent, "non_finite_loss", {}, cfg)
     if state.seen < cfg.warmup or len(state.history) < 2:
         return _accept(state, loss, cfg, recent), Verdict(action="ok", step=step, loss=loss,
                                                           reason="warming_up")
     baseline, spread = robust_stats(state.history, cfg.min_spread)
     threshold = baseline + cfg.skip_threshold * spread
     judged = {"baseline": baseline, "spread": spread, "threshold": threshold}
-    if loss <= threshold:
-        return _accept(state, loss, cfg, recent), Verdict(action="ok", step=step, loss=loss,
-                                                          **judged)
+    if loss > threshold:
+        return _outlier(state, step, loss, recent, "outlier", judged, cfg)
+    if recent and loss > baseline + cfg.return_threshold * spread:
+        return _outlier(state, step, loss, recent, "no_return_to_baseline", judged, cfg)
+    calm = state.calm + 1 if recent else 0
+    if calm >= cfg.patience:  # back to normal: forget the outliers
+        recent, calm = (), 0
+    new = replace(_accept(state, loss, cfg, recent), calm=calm)
+    return new, Verdict(action="ok", step=step, loss=loss, **judged)
+
+
+def _outlier(state: DetectorState, step: int, loss: float, recent: tuple[int, ...],
+             reason: str, judged: dict, cfg: SpikeConfig) -> tuple[DetectorState, Verdict]:
+    """Not accepted into the baseline; `patience` of them inside the window -> rollback."""
     outliers = recent + (step,)
-    new = replace(state, seen=state.seen + 1, outliers=outliers)
+    new = replace(state, seen=state.seen + 1, outliers=outliers, calm=0)
     if len(outliers) >= cfg.patience:
-        return new, Verdict(action="rollback", step=step, loss=loss, reason="sustained_spike",
-                            onset=outliers[0], evidence={"outlier_steps": list(outliers)},
+        return new, Verdict(action="rollback", step=step, loss=loss, onset=outliers[0],
+                            reason="sustained_spike",
+                            evidence={"outlier_steps": list(outliers), "last_reason": reason},
                             **judged)
-    return new, Verdict(action="skip", step=step, loss=loss, reason="outlier", **judged)
+    return new, Verdict(action="skip", step=step, loss=loss, reason=reason, **judged)
 
 
 def _accept(state: DetectorState, loss: float, cfg: SpikeConfig,
             recent: tuple[int, ...]) -> DetectorState:
     return DetectorState(history=(state.history + (loss,))[-cfg.window:], seen=state.seen + 1,
-                         outliers=recent)
+                         outliers=recent, calm=state.calm)
 
 
 def reset_window(state: DetectorState) -> DetectorState:
     """After a rollback: forget the outliers (the baseline of accepted losses stays)."""
-    return replace(state, outliers=())
+    return replace(state, outliers=(), calm=0)
 
 
 def skip_range(onset: int, cfg: SpikeConfig, times_in_region: int = 1,

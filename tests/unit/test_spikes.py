@@ -61,8 +61,9 @@ def test_sustained_spike_rolls_back_to_its_onset():
 def test_outliers_far_apart_never_add_up_to_a_rollback():
     state, _ = feed(CLEAN)
     actions = []
+    level = [CLEAN[-1] + (0.02 if i % 2 else -0.02) for i in range(11)]  # healthy, flat
     for k in range(4):  # one outlier every 12 steps, window is 10
-        state, _ = feed(CLEAN[:11], state, start=30 + 12 * k)
+        state, _ = feed(level, state, start=30 + 12 * k)
         state, v = observe(state, 41 + 12 * k, 9.0, CFG)
         actions.append(v.action)
     assert actions == ["skip"] * 4
@@ -156,3 +157,37 @@ def test_injected_corruption_is_there_on_every_replay_but_transients_fire_once()
     assert [inj.lr_factor(s) for s in (2, 3, 4, 5)] == [1.0, 10.0, 10.0, 1.0]
     assert [inj.lr_factor(s) for s in (3, 4)] == [1.0, 1.0]  # replayed after a rollback
     assert inj.poison(4) and not inj.poison(4)
+
+
+def test_a_loss_that_stays_elevated_after_an_outlier_is_a_sustained_spike():
+    # An LR burst: one loss far out, then losses that stay well above the baseline
+    # without crossing the skip threshold again.
+    state, _ = feed(CLEAN)
+    state, v = observe(state, 30, 9.0, CFG)
+    baseline, spread = v.baseline, v.spread
+    elevated = baseline + 0.5 * (CFG.return_threshold + CFG.skip_threshold) * spread
+    actions = []
+    for i in range(2):
+        state, v = observe(state, 31 + i, elevated, CFG)
+        actions.append((v.action, v.reason))
+    assert actions == [("skip", "no_return_to_baseline"), ("rollback", "sustained_spike")]
+    assert v.onset == 30 and v.evidence["last_reason"] == "no_return_to_baseline"
+
+
+def test_returning_to_the_baseline_forgets_an_isolated_skip():
+    state, _ = feed(CLEAN)
+    state, v = observe(state, 30, float("nan"), CFG)
+    assert v.action == "skip"
+    level = [CLEAN[-1] + (0.02 if i % 2 else -0.02) for i in range(CFG.patience)]
+    state, verdicts = feed(level, state, start=31)
+    assert {x.action for x in verdicts} == {"ok"} and state.outliers == ()
+    for i, loss in enumerate([9.0, 9.0]):  # a later, unrelated spike starts afresh
+        state, v = observe(state, 40 + i, loss, CFG)
+    assert v.action == "skip"
+
+
+def test_repeated_non_finite_losses_are_a_sustained_spike():
+    state, _ = feed(CLEAN)
+    for i in range(CFG.patience):
+        state, v = observe(state, 30 + i, float("nan"), CFG)
+    assert v.action == "rollback" and v.onset == 30
