@@ -308,8 +308,8 @@ class SpikeConfig:
     enabled: bool = True
     window: int = 50  # accepted losses in the robust baseline (median / MAD)
     warmup: int = 20  # losses observed before the detector judges
-    skip_threshold: float = 6.0  # loss above median + k * 1.4826 * MAD is an outlier
-    return_threshold: float = 3.0  # after an outlier, losses above this many are not back yet
+    skip_threshold: float = 6.0  # loss above median + k * spread is an outlier (spikes.py)
+    return_threshold: float = 4.0  # after an outlier, losses above this many are not back yet
     min_spread: float = 0.01  # spread floor, relative to |median|, for a flat history
     patience: int = 3  # outliers within `window` steps that make a sustained spike
     skip_before: int = 2  # batches before the onset also skipped on rollback
