@@ -106,12 +106,18 @@ class CheckpointStore:
         self.root = join(root, "runs", run_id, "checkpoints")
 
     @classmethod
+    def at(cls, url: str, root: str | None = None) -> CheckpointStore:
+        """A store whose step directories sit right under `root` (default: `url`'s path) —
+        the fast tier, or a durable tier whose root was resolved elsewhere."""
+        store = cls.__new__(cls)
+        store.fs, path = resolve(url)
+        store.url, store.root = url, path if root is None else root
+        return store
+
+    @classmethod
     def local(cls, directory: str) -> CheckpointStore:
         """A store whose step directories sit right under `directory` (the fast tier)."""
-        store = cls.__new__(cls)
-        store.fs, store.root = resolve(directory)
-        store.url = directory
-        return store
+        return cls.at(directory)
 
     # ---- naming ---------------------------------------------------------------
     def path(self, step: int, name: str = "") -> str:

@@ -32,7 +32,6 @@ import structlog
 
 from ops.errors import MainspringError, StorageUnavailable
 from storage.checkpoints import MANIFEST, CheckpointManifest, CheckpointStore
-from storage.fs import resolve
 from storage.retention import RetentionPolicy, apply_retention
 
 log = structlog.get_logger(__name__)
@@ -90,14 +89,6 @@ def failure_message(step: int, stage: str, exc: BaseException) -> dict[str, Any]
     return msg
 
 
-def store_at(url: str, root: str) -> CheckpointStore:
-    """A CheckpointStore on `url` whose root the parent already resolved (no run id needed)."""
-    store = CheckpointStore.__new__(CheckpointStore)
-    store.fs, _ = resolve(url)
-    store.url, store.root = url, root
-    return store
-
-
 @dataclass(kw_only=True)
 class _Job:
     step: int
@@ -111,7 +102,7 @@ class Writer:
 
     def __init__(self, cfg: WriterConfig, out: IO[str]) -> None:
         self.cfg, self._out, self._out_lock = cfg, out, threading.Lock()
-        self.durable = store_at(cfg.durable_url, cfg.durable_root)
+        self.durable = CheckpointStore.at(cfg.durable_url, cfg.durable_root)
         self.fast = CheckpointStore.local(cfg.fast_dir)
         self.retention = RetentionPolicy(**cfg.retention)
         self._cond = threading.Condition()
