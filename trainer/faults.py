@@ -56,6 +56,7 @@ class Injector:
         self.faults = tuple(f for f in faults if f.kind != "kill_worker")
         self.batches_per_step = batches_per_step
         self.corrupt = corrupt_cursors(self.faults, batches_per_step)
+        self._corrupting = [f for f in self.faults if f.kind == "corrupt_batches"]  # same order
         self.vocab_size, self.seed, self.events = vocab_size, seed, events
         self.fired: set[tuple[str, int]] = set()
         self.burning: dict[int, bool] = {}
@@ -74,8 +75,7 @@ class Injector:
     def batch(self, cursor: int, step: int,
               tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
         """The batch as read, or random inputs and targets if batch `cursor` is corrupted."""
-        for f, (a, b) in zip([f for f in self.faults if f.kind == "corrupt_batches"],
-                             self.corrupt):
+        for f, (a, b) in zip(self._corrupting, self.corrupt):
             if a <= cursor < b:
                 self._announce(f, step, cursors=[a, b])
                 x, y, *rest = tensors

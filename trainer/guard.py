@@ -32,7 +32,6 @@ from storage.events import read_events
 from trainer.checkpointing import Run, discard_after, restore
 from trainer.evaluate import evaluate_model
 from trainer.spikes import (
-    DetectorState,
     Verdict,
     merge_ranges,
     observe,
@@ -46,6 +45,7 @@ from trainer.state import TrainState
 log = structlog.get_logger(__name__)
 
 EVALS_KEPT = 32  # online evaluations kept in the TrainState (the overfitting test needs k+1)
+RECENT_LOSSES = 10  # the segment's reported training loss: mean of the last accepted ones
 
 
 def loss_scale_verdict(step: int, loss: float, scale: float | None, min_scale: float,
@@ -84,11 +84,10 @@ class SpikeGuard:
     def judge(self, state: TrainState, step: int, loss: float, cursor: int) -> Verdict:
         """Detector verdict for `step` (1-based), before its update; vetoes the update unless ok."""
         self.cursors[step] = cursor
+        self.cursors.pop(step - self.cfg.window, None)  # an onset is inside the window
         if not self.cfg.enabled:
             return Verdict(action="ok", step=step, loss=loss, reason="handling_off")
-        det = DetectorState.from_dict(state.detector) if state.detector else DetectorState()
-        det, verdict = observe(det, step, loss, self.cfg)
-        state.detector = det.to_dict()
+        state.detector, verdict = observe(state.detector, step, loss, self.cfg)
         if verdict.action != "ok":
             self.engine.basic_optimizer.veto = True
             self._event("loss_spike", step, f"loss_spike/{step}", **evidence(verdict))
@@ -96,7 +95,7 @@ class SpikeGuard:
             state.skipped.append(step)
             self.outcome.skipped_steps.append(step)
             self._event("batch_skipped", step, f"batch_skipped/{step}", reason=verdict.reason,
-                        batches=[cursor, cursor + self.per_step], loss=_finite(loss))
+                        batches=[cursor, cursor + self.per_step], loss=finite_or_none(loss))
         return verdict
 
     def after_step(self, step: int, loss: float, verdict: Verdict) -> Verdict:
@@ -104,7 +103,7 @@ class SpikeGuard:
         sustained spike (rollback verdict). Keeps accepted losses for online eval."""
         if verdict.action == "ok" and math.isfinite(loss):
             self.train_losses.append(loss)
-            self.recent = (self.recent + [loss])[-10:]
+            self.recent = (self.recent + [loss])[-RECENT_LOSSES:]
         if self.train_cfg.precision != "fp16" or self.engine.was_step_applied():
             return verdict
         self.outcome.overflow_steps += 1
@@ -114,6 +113,10 @@ class SpikeGuard:
             return verdict
         self._event("loss_spike", step, f"loss_spike/{step}", **evidence(scaled))
         return scaled
+
+    def recent_loss(self) -> float | None:
+        """Mean of the last RECENT_LOSSES accepted training losses (None if there are none)."""
+        return sum(self.recent) / len(self.recent) if self.recent else None
 
     # ---- rollback --------------------------------------------------------------------
     def rollback(self, state: TrainState, verdict: Verdict) -> TrainState:
@@ -132,8 +135,7 @@ class SpikeGuard:
         times = times_in_region(ranges, onset_cursor, self.cfg, self.per_step)
         window = skip_range(onset_cursor, self.cfg, times, self.per_step)
         restored.skip_ranges = merge_ranges(ranges + [window])
-        det = DetectorState.from_dict(restored.detector) if restored.detector else DetectorState()
-        restored.detector = reset_window(det).to_dict()
+        restored.detector = reset_window(restored.detector)
         record = {"at_step": verdict.step, "onset": onset, "to_step": restored.step,
                   "skip": list(window), "times_in_region": times, "discarded": gone}
         self.outcome.rollbacks.append(record)
@@ -156,7 +158,7 @@ class SpikeGuard:
         self.outcome.evals.append([state.step, train, val])
         self.run.progress.write("eval", step=state.step, val_loss=val, train_loss=train)
         self._event("eval", state.step, f"eval/{state.step}", val_loss=val,
-                    train_loss=_finite(train))
+                    train_loss=finite_or_none(train))
         k = self.train_cfg.overfit_evals
         if overfitting(state.evals, k):
             tail = state.evals[-(k + 1):]
@@ -198,9 +200,10 @@ def recorded_skip_ranges(run: Run) -> list[tuple[int, int]]:
 
 
 def evidence(v: Verdict) -> dict:
-    return {"loss": _finite(v.loss), "baseline": v.baseline, "spread": v.spread,
+    return {"loss": finite_or_none(v.loss), "baseline": v.baseline, "spread": v.spread,
             "threshold": v.threshold, "reason": v.reason, **v.evidence}
 
 
-def _finite(x: float) -> float | None:
-    return x if math.isfinite(x) else None
+def finite_or_none(x: float | None) -> float | None:
+    """JSON has no NaN: a non-finite loss is reported as null."""
+    return x if x is not None and math.isfinite(x) else None

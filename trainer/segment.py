@@ -37,7 +37,6 @@ if __name__ == "__main__":
 import argparse
 import dataclasses
 import json
-import math
 import random
 import socket
 import time
@@ -64,7 +63,7 @@ from trainer.checkpointing import (
 from trainer.data import PackedBatches, TrainBatches, skip_past, val_batches
 from trainer.engine import build_engine, lr_at, micro_batch_size, set_lr, tokens_per_step
 from trainer.faults import Injector, due_faults, inject
-from trainer.guard import SpikeGuard, recorded_skip_ranges
+from trainer.guard import SpikeGuard, finite_or_none, recorded_skip_ranges
 from trainer.model import GPT
 from trainer.spikes import merge_ranges
 from trainer.state import TrainState
@@ -114,7 +113,7 @@ def train(run: Run, engine, batches: TrainBatches | PackedBatches, state: TrainS
             state.data_cursor += 1
         state.step, state.tokens_seen = step, state.tokens_seen + step_tokens
         dt = time.perf_counter() - t0
-        run.progress.write("step", step=step, loss=_json_float(loss_value), lr=lr,
+        run.progress.write("step", step=step, loss=finite_or_none(loss_value), lr=lr,
                            verdict=verdict.action, **meter.add(step_tokens, dt),
                            peak_mem_bytes=peak_memory_bytes(torch.device(engine.device)))
         verdict = guard.after_step(step, loss_value, verdict)
@@ -139,10 +138,6 @@ def lr_scale(windows: list[list[float]], step: int) -> float:
         if start < step <= end:
             scale *= factor
     return scale
-
-
-def _json_float(x: float) -> float | None:
-    return x if math.isfinite(x) else None
 
 
 # ---- the segment -----------------------------------------------------------------------
@@ -232,7 +227,7 @@ def run_segment(args: argparse.Namespace, rank: int, world: int) -> None:
     finish_uploads(run)  # every checkpoint durable before the segment reports success
     if run.events is not None:
         run.events.flush()  # decisions after the last checkpoint (evaluations) too
-    loss = sum(guard.recent) / len(guard.recent) if guard.recent else None
+    loss = guard.recent_loss()
     if rank == 0:
         write_result(run, final_step=state.step, train_loss=loss, tokens_seen=state.tokens_seen,
                      steps_run=state.step - first, resumed_from=resumed_from, last=run.last_commit,
@@ -250,7 +245,7 @@ def write_result(run: Run, *, final_step: int, train_loss: float | None, tokens_
         "final_step": final_step,
         "last_committed_step": last[0] if last else None,
         "last_committed_uri": last[1] if last else None,
-        "train_loss": train_loss if train_loss is None or math.isfinite(train_loss) else None,
+        "train_loss": finite_or_none(train_loss),
         "tokens_seen": tokens_seen, "steps_run": steps_run, "resumed_from": resumed_from,
         **(throughput or {}),
         "spikes": spikes or {},

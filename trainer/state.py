@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainer.spikes import DetectorState
+
 STATE_VERSION = 2  # 2: + detector, evals, skipped (version 1 loads with empty ones)
 
 
@@ -27,7 +29,7 @@ class TrainState:
     tokens_seen: int = 0  # training tokens consumed by all ranks
     data_cursor: int = 0  # next micro-batch index (see trainer.data)
     skip_ranges: list[tuple[int, int]] = field(default_factory=list)  # [start, end) cursors
-    detector: dict[str, Any] = field(default_factory=dict)  # trainer.spikes.DetectorState
+    detector: DetectorState = field(default_factory=DetectorState)  # trainer/spikes.py
     evals: list[list[float]] = field(default_factory=list)  # online evals: [step, train, val]
     skipped: list[int] = field(default_factory=list)  # steps whose update was not applied
     rng: dict[str, Any] = field(default_factory=dict)  # filled by capture_rng()
@@ -60,7 +62,7 @@ class TrainState:
             "tokens_seen": self.tokens_seen,
             "data_cursor": self.data_cursor,
             "skip_ranges": [list(r) for r in self.skip_ranges],
-            "detector": self.detector,
+            "detector": self.detector.to_dict(),
             "evals": [list(e) for e in self.evals],
             "skipped": list(self.skipped),
             "rng": self.rng,
@@ -72,7 +74,8 @@ class TrainState:
         self.step, self.tokens_seen = int(sd["step"]), int(sd["tokens_seen"])
         self.data_cursor = int(sd["data_cursor"])
         self.skip_ranges = [(int(a), int(b)) for a, b in sd["skip_ranges"]]
-        self.detector = dict(sd.get("detector") or {})
+        self.detector = DetectorState.from_dict(sd["detector"]) if sd.get("detector") \
+            else DetectorState()
         self.evals = [[int(e[0]), float(e[1]), float(e[2])] for e in sd.get("evals", [])]
         self.skipped = [int(s) for s in sd.get("skipped", [])]
         self.rng = sd["rng"]
@@ -82,7 +85,7 @@ class TrainState:
         torch.save(self.state_dict(), path)
 
     @classmethod
-    def load(cls, path: str) -> "TrainState":
+    def load(cls, path: str) -> TrainState:
         state = cls()
         state.load_state_dict(torch.load(path, weights_only=True))
         return state

@@ -175,7 +175,8 @@ class TrainingRun:
 
     async def _pause(self, reason: str, counted: tuple[int, ...]) -> None:
         """needs_attention: stop looping, say why everywhere, wait for `resume`."""
-        c = self._carry
+        s, c = self._spec, self._carry
+        assert s is not None
         c.pauses += 1
         self._attention, self._resume_note, self._stage = reason, None, "needs_attention"
         workflow.upsert_search_attributes([STAGE.value_set("needs_attention")])
@@ -183,7 +184,7 @@ class TrainingRun:
                           reason=reason, rollback_steps=list(counted),
                           lr_windows=c.lr_windows,
                           fix="inspect the rollback and loss_spike events, then "
-                              f"`mainspring run resume {self._spec.run_id if self._spec else ''}`")
+                              f"`mainspring run resume {s.run_id}`")
         await workflow.wait_condition(lambda: self._resume_note is not None)
         c.budget_from = c.next_step  # the operator has looked: the budget starts afresh
         await self._event("run_resumed", f"run_resumed/{c.next_step}/{c.pauses}",

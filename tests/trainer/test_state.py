@@ -41,11 +41,11 @@ def test_detector_state_evals_and_skips_round_trip_and_version_1_still_loads(tmp
     from trainer.spikes import DetectorState
 
     det = DetectorState(history=(3.0, 2.9, float("nan")), seen=40, outliers=(37, 39))
-    state = TrainState(step=40, detector=det.to_dict(), evals=[[20, 3.1, 3.2], [40, 2.9, 3.0]],
+    state = TrainState(step=40, detector=det, evals=[[20, 3.1, 3.2], [40, 2.9, 3.0]],
                        skipped=[37, 39])
     state.save(str(tmp_path / "s.pt"))
     loaded = TrainState.load(str(tmp_path / "s.pt"))
-    back = DetectorState.from_dict(loaded.detector)
+    back = loaded.detector
     assert back.seen == 40 and back.outliers == (37, 39) and back.history[:2] == (3.0, 2.9)
     assert loaded.evals == [[20, 3.1, 3.2], [40, 2.9, 3.0]] and loaded.skipped == [37, 39]
     old = state.state_dict()
@@ -54,4 +54,5 @@ def test_detector_state_evals_and_skips_round_trip_and_version_1_still_loads(tmp
     old["version"] = 1  # a checkpoint written before spike handling
     fresh = TrainState()
     fresh.load_state_dict(old)
-    assert fresh.step == 40 and fresh.detector == {} and fresh.evals == [] and fresh.skipped == []
+    assert fresh.step == 40 and fresh.detector == DetectorState()
+    assert fresh.evals == [] and fresh.skipped == []
