@@ -47,6 +47,9 @@ class TrainSegmentInput:
     to_step: int
     lr_windows: list[list[float]] = field(default_factory=list)  # [start, end, factor]
     max_rollbacks: int = -1  # end the segment after more rollbacks than this (-1: no limit)
+    # an operator's `rollback` update, applied once by this segment (trainer/guard.py):
+    # {"id", "to_step", "through_step", "skip_data", "note", "who"}
+    rewind: dict[str, Any] | None = None
 
 
 @dataclass
@@ -60,7 +63,7 @@ class TrainSegmentResult:
     lost_steps: int = 0
     rollbacks: list[dict[str, Any]] = field(default_factory=list)  # trainer.guard records
     skipped_steps: list[int] = field(default_factory=list)
-    stopped: str = ""  # "" | rollback_budget | overfitting
+    stopped: str = ""  # "" | rollback_budget | overfitting | interrupted (graceful stop)
     evals: list[list[float]] = field(default_factory=list)  # online: [step, train, val]
 
 
@@ -143,6 +146,8 @@ class RunCarry:
     budget_from: int = 0  # rollbacks before this step no longer count (set by a resume)
     pauses: int = 0
     early_stopped: str = ""
+    rewind: dict[str, Any] | None = None  # an operator rollback not yet applied by a segment
+    operator_actions: int = 0
 
 
 @dataclass

@@ -23,7 +23,7 @@ import structlog
 from temporalio.exceptions import ApplicationError, CancelledError
 
 from ops.errors import NON_RETRYABLE, HardwareFault
-from ops.procs import set_parent_death_signal
+from ops.procs import STOP_FILE, request_stop, set_parent_death_signal
 
 log = structlog.get_logger(__name__)
 
@@ -73,19 +73,25 @@ def supervise(cmd: list[str], *, workdir: str, env: dict[str, str],
               progress_file: str | None = None, on_progress: Callable[[dict], None] = lambda _: None,
               heartbeat: Callable[[], None] = lambda: None,
               is_cancelled: Callable[[], bool] = lambda: False,
-              hang_timeout_s: float = 600.0, poll_s: float = 1.0) -> None:
-    """Run a child to completion; raise a classified error if it does not succeed."""
+              hang_timeout_s: float = 600.0, stop_grace_s: float = 300.0,
+              poll_s: float = 1.0) -> None:
+    """Run a child to completion; raise a classified error if it does not succeed.
+
+    On cancellation the child is asked to stop (ops/procs.py STOP_FILE: it commits a
+    checkpoint at the end of its current step and exits 0) and given `stop_grace_s` before
+    it is killed; a child that stopped that way counts as success (its result says so).
+    """
     os.makedirs(workdir, exist_ok=True)
     log_path = os.path.join(workdir, "child.log")
     tail = ProgressTail(progress_file) if progress_file else None
-    for stale in ("error.json", "result.json"):
+    for stale in ("error.json", "result.json", STOP_FILE):
         if os.path.exists(os.path.join(workdir, stale)):
             os.unlink(os.path.join(workdir, stale))
     with open(log_path, "ab") as out:
         proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True, preexec_fn=set_parent_death_signal)
     log.info("child_started", pid=proc.pid, cmd=" ".join(cmd[-8:]), log=log_path)
-    last_progress = time.monotonic()
+    last_progress, stop_at = time.monotonic(), None
     try:
         while True:
             rc = proc.poll()
@@ -95,13 +101,20 @@ def supervise(cmd: list[str], *, workdir: str, env: dict[str, str],
             heartbeat()
             if rc is not None:
                 break
-            if is_cancelled():
-                raise CancelledError("activity cancelled; trainer child killed")
+            if stop_at is None and is_cancelled():
+                request_stop(workdir, "activity cancelled")
+                stop_at = time.monotonic()
+                log.info("child_stop_requested", pid=proc.pid, grace_s=stop_grace_s)
+            if stop_at is not None and time.monotonic() - stop_at > stop_grace_s:
+                raise CancelledError(f"activity cancelled; trainer did not stop within "
+                                     f"{stop_grace_s:.0f}s and was killed")
             if tail and time.monotonic() - last_progress > hang_timeout_s:
                 raise HardwareFault(f"no progress from trainer for {hang_timeout_s:.0f}s (hang)")
             time.sleep(poll_s)
     finally:
         _kill_group(proc)
+    if stop_at is not None and rc != 0:
+        raise CancelledError(f"activity cancelled; trainer exited with {rc} while stopping")
     _classify_exit(rc, workdir, log_path)
 
 

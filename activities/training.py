@@ -105,11 +105,14 @@ def train_segment(inp: TrainSegmentInput) -> TrainSegmentResult:
     args = ["--spec", spec_file, "--dataset", inp.dataset_uri, "--to-step", str(inp.to_step),
             "--workdir", workdir, "--attempt", str(attempt),
             "--lr-windows", json.dumps(inp.lr_windows), "--max-rollbacks", str(inp.max_rollbacks)]
+    if inp.rewind:
+        args += ["--rewind", json.dumps(inp.rewind)]
     supervise(trainer_command("trainer.segment", spec.train.world_size, args), workdir=workdir,
               env=child_env({**child_trace_env(), WORKER_PID_ENV: str(os.getpid())}),
               progress_file=os.path.join(workdir, "progress.jsonl"),
               on_progress=on_progress, heartbeat=lambda: activity.heartbeat(tracker.details()),
-              is_cancelled=activity.is_cancelled, hang_timeout_s=spec.ops.hang_timeout_s)
+              is_cancelled=activity.is_cancelled, hang_timeout_s=spec.ops.hang_timeout_s,
+              stop_grace_s=spec.ops.stop_grace_s)
     with open(os.path.join(workdir, "result.json")) as f:
         res = json.load(f)
     if recovery:  # an already-finished segment writes no start line

@@ -33,6 +33,26 @@ def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig))
 
 
+# Graceful stop of a supervised child: the supervisor writes this file in the child's workdir
+# (reason inside); the trainer checks it after every step, commits a checkpoint at that step
+# and exits 0. A file, not a signal: torchrun treats SIGTERM as a failure of the job.
+STOP_FILE = "STOP"
+
+
+def request_stop(workdir: str, reason: str) -> None:
+    with open(os.path.join(workdir, STOP_FILE), "w") as f:
+        f.write(reason)
+
+
+def stop_requested(workdir: str) -> str:
+    """The stop reason written by request_stop, or '' when none was requested."""
+    try:
+        with open(os.path.join(workdir, STOP_FILE)) as f:
+            return f.read() or "stop requested"
+    except FileNotFoundError:
+        return ""
+
+
 def worker_command(role: str, address: str, namespace: str = "default") -> list[str]:
     return [sys.executable, "-m", "ops.cli", "worker", "--role", role, "--address", address,
             "--namespace", namespace]

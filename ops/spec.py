@@ -363,12 +363,16 @@ class FaultSpec:
 class OpsConfig:
     heartbeat_timeout_s: float = 30.0
     hang_timeout_s: float = 600.0  # no progress for this long = hung trainer
+    # a cancelled segment (operator pause/rollback/abort) may take this long to commit a
+    # checkpoint at its current step and upload it before the trainer is killed
+    stop_grace_s: float = 300.0
     segment_budget_s: float = 7 * 24 * 3600.0  # schedule-to-close across all retries
     otlp_endpoint: str = ""
     metrics_port: int = 0
 
     def __post_init__(self) -> None:
-        _positive(self, "heartbeat_timeout_s", "hang_timeout_s", "segment_budget_s")
+        _positive(self, "heartbeat_timeout_s", "hang_timeout_s", "segment_budget_s",
+                  "stop_grace_s")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -19,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from ops.errors import BadConfig, BadData, StorageUnavailable
+from ops.procs import stop_requested
 from ops.spec import RunSpec
 from storage.checkpoints import CheckpointManifest, CheckpointStore, step_dir
 from storage.events import EventLog
@@ -81,6 +83,15 @@ class Progress:
         self.f.flush()
 
 
+SIGNALLED: list[str] = []  # appended to by on_sigterm
+
+
+def on_sigterm(signum: int, frame: object) -> None:
+    """A preemption notice (SLURM, Kubernetes send SIGTERM before SIGKILL): stop at the end
+    of the current step with a checkpoint instead of dying mid-step."""
+    SIGNALLED.append("SIGTERM (preemption notice)")
+
+
 class Run:
     """What one segment process knows: spec, rank, store, and rank 0's outputs."""
 
@@ -97,9 +108,26 @@ class Run:
         self.progress = Progress(os.path.join(self.workdir, "progress.jsonl") if rank == 0 else None)
         self.last_commit: tuple[int, str] | None = None  # (step, uri)
 
+    def stop_reason(self) -> str:
+        """Why this segment should stop at the current step ('' to go on): SIGTERM (a
+        preemption) or the supervisor's stop file. All ranks agree on the same step."""
+        reason = SIGNALLED[-1] if SIGNALLED else (stop_requested(self.workdir) if self.rank == 0 else "")
+        if self.world > 1:
+            flag = torch.tensor(1 if reason else 0)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            reason = reason or ("stop requested on another rank" if int(flag) else "")
+        return reason
+
     def barrier(self) -> None:
         if self.world > 1:
             dist.barrier()
+
+    def from_rank0(self, read: Callable[[], Any]) -> Any:
+        """`read()` on rank 0 (storage reads, once per job), broadcast to every rank."""
+        box = [read() if self.rank == 0 else None]
+        if self.world > 1:
+            dist.broadcast_object_list(box, src=0)
+        return box[0]
 
     def mean_over_ranks(self, value: torch.Tensor) -> float:
         if self.world > 1:

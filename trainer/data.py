@@ -65,6 +65,15 @@ def skip_past(cursor: int, skip_ranges: Iterable[Sequence[int]]) -> int:
     return cursor
 
 
+def cursor_after(cursor: int, batches: int, skip_ranges: Iterable[Sequence[int]]) -> int:
+    """Where the cursor is after the step loop reads `batches` batches from `cursor`
+    (each read first steps over the skip ranges, as trainer/segment.py does)."""
+    ranges = [tuple(r) for r in skip_ranges]
+    for _ in range(batches):
+        cursor = skip_past(cursor, ranges) + 1
+    return cursor
+
+
 def to_tensors(rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
     batch = torch.from_numpy(rows.astype(np.int64))
     return batch[:, :-1].contiguous(), batch[:, 1:].contiguous()

@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 
 import structlog
 import torch
-import torch.distributed as dist
 
 from ops.errors import Diverged
 from storage.events import read_events
 from trainer.checkpointing import Run, discard_after, restore
+from trainer.data import cursor_after
 from trainer.evaluate import evaluate_model
 from trainer.spikes import (
     Verdict,
@@ -65,7 +65,7 @@ class SegmentOutcome:
     skipped_steps: list[int] = field(default_factory=list)
     overflow_steps: int = 0
     evals: list[list[float]] = field(default_factory=list)
-    stopped: str = ""  # "" | rollback_budget | overfitting
+    stopped: str = ""  # "" | rollback_budget | overfitting | interrupted (trainer/segment.py)
 
 
 class SpikeGuard:
@@ -188,15 +188,48 @@ def recorded_skip_ranges(run: Run) -> list[tuple[int, int]]:
     (rollback budget spent) or dies before its next commit would replay the bad data. The
     restored TrainState is merged with these, read by rank 0 and broadcast.
     """
-    ranges = None
-    if run.rank == 0:
-        ranges = [tuple(e["payload"]["skip"]) for e in read_events(
-            run.spec.storage.durable, run.spec.run_id, kinds=("rollback",))]
-    if run.world > 1:
-        box = [ranges]
-        dist.broadcast_object_list(box, src=0)
-        ranges = box[0]
-    return [(int(a), int(b)) for a, b in ranges or []]
+    events = run.from_rank0(lambda: read_events(run.spec.storage.durable, run.spec.run_id,
+                                                kinds=("rollback",)))
+    return [(int(e["payload"]["skip"][0]), int(e["payload"]["skip"][1]))
+            for e in events if e["payload"].get("skip")]
+
+
+# ---- an operator's rollback (the workflow's `rollback` update) ---------------------------
+def pending_rewind(run: Run, rewind: dict | None) -> dict | None:
+    """The operator rollback this segment must apply first: None when there is none, or when
+    an earlier attempt of this segment applied it already (its event is in the log)."""
+    if not rewind:
+        return None
+    event_id = operator_rollback_id(rewind)
+    done = run.from_rank0(lambda: any(
+        e["event_id"] == event_id for e in read_events(
+            run.spec.storage.durable, run.spec.run_id, kinds=("rollback",))))
+    return None if done else rewind
+
+
+def operator_rollback_id(rewind: dict) -> str:
+    return f"operator_rollback/{rewind['id']}"
+
+
+def apply_rewind(run: Run, state: TrainState, rewind: dict, discarded: list[int]) -> None:
+    """After restoring the newest checkpoint at or before `to_step`: with `skip_data`, add
+    the data the abandoned steps read (up to `through_step`) to the skip ranges, then record
+    the decision (a `rollback` event by the operator, flushed so a retry does not redo it)."""
+    through, window = int(rewind["through_step"]), None
+    if rewind.get("skip_data") and through > state.step:
+        per_step = run.spec.train.grad_accum
+        end = cursor_after(state.data_cursor, (through - state.step) * per_step,
+                           state.skip_ranges)
+        window = (state.data_cursor, end)
+        state.skip_ranges = merge_ranges(list(state.skip_ranges) + [window])
+    record = {"by": "operator", "at_step": through, "to_step": state.step,
+              "skip": list(window) if window else None, "discarded": discarded,
+              "lost_steps": max(0, through - state.step), "note": rewind.get("note", ""),
+              "who": rewind.get("who", "")}
+    log.warning("operator_rollback", **record)
+    if run.events is not None:
+        run.events.emit("rollback", step=through, event_id=operator_rollback_id(rewind), **record)
+        run.events.flush()
 
 
 def evidence(v: Verdict) -> dict:

@@ -14,6 +14,7 @@ classified failure. Exit codes: 0 done; 3 BadConfig/BadData (non-retryable, erro
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 from ops.procs import set_parent_death_signal
@@ -55,15 +56,23 @@ from trainer.checkpointing import (
     EXIT_STORAGE,
     Run,
     commit_checkpoint,
+    discard_after,
     finish_uploads,
     load_spec,
+    on_sigterm,
     restore,
     write_json,
 )
 from trainer.data import PackedBatches, TrainBatches, skip_past, val_batches
 from trainer.engine import build_engine, lr_at, micro_batch_size, set_lr, tokens_per_step
 from trainer.faults import Injector, due_faults, inject
-from trainer.guard import SpikeGuard, finite_or_none, recorded_skip_ranges
+from trainer.guard import (
+    SpikeGuard,
+    apply_rewind,
+    finite_or_none,
+    pending_rewind,
+    recorded_skip_ranges,
+)
 from trainer.model import GPT
 from trainer.spikes import merge_ranges
 from trainer.state import TrainState
@@ -126,7 +135,11 @@ def train(run: Run, engine, batches: TrainBatches | PackedBatches, state: TrainS
             for fault in due_faults(run.spec.faults, state.step, run.args.attempt):
                 inject(fault, run.events, state.step, run.last_commit and run.last_commit[0])
         guard.maybe_evaluate(state)
-    if guard.outcome.stopped == "overfitting" and state.step % cfg.checkpoint_every:
+        if reason := run.stop_reason():  # the supervisor's stop file, or a SIGTERM
+            guard.outcome.stopped = "interrupted"
+            log.warning("segment_interrupted", step=state.step, reason=reason)
+    if guard.outcome.stopped in ("overfitting", "interrupted") \
+            and state.step % cfg.checkpoint_every and state.step != run.target:
         commit_checkpoint(run, engine, state)  # an early stop ends on a committed step
     return state
 
@@ -179,7 +192,8 @@ def run_segment(args: argparse.Namespace, rank: int, world: int) -> None:
     if args.to_step < 1:
         raise BadConfig("--to-step", f"must be >= 1, got {args.to_step}", "pass a positive step")
     run = Run(args, spec, rank, world)
-    if run.store.latest_committed(at_or_before=args.to_step) == args.to_step:
+    # (an operator rollback must first uncommit the abandoned trajectory's checkpoints)
+    if not args.rewind and run.store.latest_committed(at_or_before=args.to_step) == args.to_step:
         if rank == 0:  # idempotent retry: the segment already finished
             man = run.store.manifest(args.to_step)
             write_result(run, final_step=args.to_step, train_loss=None,
@@ -201,10 +215,15 @@ def run_segment(args: argparse.Namespace, rank: int, world: int) -> None:
     batches = make_batches(spec, args.dataset, rank, world)
     meter = make_meter(spec, model, manifest.vocab_size, torch.device(engine.device), world)
 
+    rewind = pending_rewind(run, args.rewind)  # an operator's rollback, applied once
+    discarded = discard_after(run, rewind["to_step"]) if rewind else []
+    run.barrier()
     state = restore(run, engine)
     resumed_from = state.step if state else None
     if state is not None:  # windows decided by rollbacks after this checkpoint was written
         state.skip_ranges = merge_ranges(state.skip_ranges + recorded_skip_ranges(run))
+        if rewind:
+            apply_rewind(run, state, rewind, discarded)
     if state is None:  # fresh run: seed every RNG, then commit step 0 as the rollback base
         random.seed(spec.seed + rank)
         np.random.seed(spec.seed + rank)
@@ -273,6 +292,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--attempt", type=int, default=1, help="activity attempt (for events)")
     p.add_argument("--lr-windows", type=json.loads, default=[],
                    help='JSON [[start, end, factor], ...]: LR x factor for steps in (start, end]')
+    p.add_argument("--rewind", type=json.loads, default=None,
+                   help='JSON {"id", "to_step", "through_step", "skip_data"}: an operator '
+                        "rollback to apply before training (once per id)")
     p.add_argument("--max-rollbacks", type=int, default=-1,
                    help="end the segment early after this many rollbacks (-1: no limit)")
     return p.parse_args(argv)
@@ -281,6 +303,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     single_process_env()
+    signal.signal(signal.SIGTERM, on_sigterm)  # a preemption notice: stop at a checkpoint
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     os.makedirs(args.workdir, exist_ok=True)
     structlog.contextvars.bind_contextvars(rank=rank, attempt=args.attempt)
