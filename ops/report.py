@@ -1,0 +1,317 @@
+"""`mainspring report RUN`: a loss curve PNG and a self-contained HTML page (DESIGN §6).
+
+Reads only the durable event log, so it works during a run, after it, and after a crash
+of everything else (no Temporal needed). The curve comes from the supervisor's
+`train_metrics` windows (activities/metrics.py), held-out loss from `eval` events; every
+decision (spike, skip, rollback, fault, recovery, LR change, pause, operator command,
+checkpoint) is marked on the plot and listed with its evidence.
+
+Replayed steps (after a rollback or a retry) keep the *latest* trajectory: for each step
+the window emitted last speaks for it; windows left with no step are the abandoned branch,
+drawn faintly. The extraction below is pure (events in, rows out) and tested that way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import structlog
+
+from ops.errors import BadConfig, StorageUnavailable
+
+log = structlog.get_logger(__name__)
+
+# Periodic records, not decisions: plotted or tabled on their own, kept out of the timeline.
+PERIODIC = ("train_metrics", "checkpoint_saved", "checkpoint_committed", "eval")
+
+# The evidence worth a column, per kind; other kinds show their scalar payload fields.
+KEY_FIELDS: dict[str, tuple[str, ...]] = {
+    "loss_spike": ("reason", "loss", "baseline", "threshold", "spread", "outlier_steps"),
+    "batch_skipped": ("reason", "loss", "batches"),
+    "rollback": ("at_step", "onset", "to_step", "skip", "lost_steps", "reason", "loss",
+                 "threshold", "discarded"),
+    "fault": ("kind", "evidence", "at_step", "cursors", "steps", "factor", "injected"),
+    "recovered": ("resumed_step", "lost_steps", "mttr_s", "attempt", "heartbeat_step",
+                  "last_step_seen"),
+    "lr_adjusted": ("scale", "from_step", "until_step", "reason", "rollback_steps"),
+    "needs_attention": ("reason", "rollback_steps", "fix"),
+    "run_resumed": ("note", "paused_for"),
+    "operator": ("command", "args", "who", "note", "accepted_at_step"),
+    "checkpoint_corrupt": ("file", "expected", "actual"),
+    "overfitting": ("evidence", "early_stop"),
+    "segment_started": ("from_step", "to_step", "attempt"),
+    "segment_finished": ("from_step", "to_step", "attempt", "train_loss", "resumed_from"),
+    "promoted": ("uri", "bytes"),
+}
+
+
+@dataclass(frozen=True)
+class Window:
+    """One train_metrics window, clipped to the steps it still speaks for."""
+
+    first: int
+    last: int
+    mean: float | None
+    lo: float | None
+    hi: float | None
+    skipped: int
+    ts: float
+    attempt: int
+
+
+@dataclass(frozen=True)
+class LossSeries:
+    current: list[Window]  # the latest trajectory, by step
+    abandoned: list[Window]  # replaced by a replay, in emission order
+
+
+def ordered(events: Iterable[dict]) -> list[dict]:
+    return sorted(events, key=lambda e: (e["ts"], e["event_id"]))
+
+
+def _emit_order(e: dict) -> tuple:
+    # Windows of one poll can share a timestamp; attempt and seq break the tie in the
+    # order the forwarder emitted them (the event_id's seq would sort "10" before "9").
+    p = e["payload"]
+    return (e["ts"], p.get("attempt", e.get("attempt", 0)), p.get("seq", 0), e["event_id"])
+
+
+def loss_series(events: Iterable[dict]) -> LossSeries:
+    """Training loss windows: for each step the latest-emitted window covering it wins.
+
+    A window partly replaced keeps the steps still its own (its statistics include the
+    replaced steps; windows end on multiples of `every`, and rollbacks and retries restart
+    at checkpoint steps, so this is rare).
+    """
+    wins = sorted((e for e in events if e["kind"] == "train_metrics"), key=_emit_order)
+    owner: dict[int, int] = {}
+    for i, e in enumerate(wins):
+        for s in range(e["payload"]["first_step"], e["payload"]["last_step"] + 1):
+            owner[s] = i
+    owned: dict[int, list[int]] = {}
+    for s, i in owner.items():
+        owned.setdefault(i, []).append(s)
+    current = sorted((_window(wins[i], min(st), max(st)) for i, st in owned.items()),
+                     key=lambda w: w.last)
+    abandoned = [_window(e, e["payload"]["first_step"], e["payload"]["last_step"])
+                 for i, e in enumerate(wins) if i not in owned]
+    return LossSeries(current=current, abandoned=abandoned)
+
+
+def _window(e: dict, first: int, last: int) -> Window:
+    p = e["payload"]
+    return Window(first=first, last=last, mean=p.get("loss_mean"), lo=p.get("loss_min"),
+                  hi=p.get("loss_max"), skipped=p.get("skipped", 0), ts=e["ts"],
+                  attempt=p.get("attempt", e.get("attempt", 0)))
+
+
+def val_series(events: Iterable[dict]) -> list[tuple[int, float]]:
+    """Held-out loss per step from `eval` events and the evaluate stage; the latest wins."""
+    latest: dict[int, float] = {}
+    for e in ordered(events):
+        p = e["payload"]
+        if e["kind"] == "eval" and e["step"] is not None and finite(p.get("val_loss")):
+            latest[e["step"]] = float(p["val_loss"])
+        elif e["kind"] == "stage_finished" and p.get("stage") == "evaluate":
+            for step, val in (p.get("val_loss") or {}).items():
+                if finite(val):
+                    latest[int(step)] = float(val)
+    return sorted(latest.items())
+
+
+def finite(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def fmt(v: object) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, (list, dict)):
+        return json.dumps(v, default=str)
+    return str(v)
+
+
+def evidence(e: dict, limit: int = 300) -> str:
+    """The event's key payload fields as `k=v` text (the kind's KEY_FIELDS, else all)."""
+    p = e["payload"]
+    keys = KEY_FIELDS.get(e["kind"]) or sorted(p)
+    text = " ".join(f"{k}={fmt(p[k])}" for k in keys if k in p and p[k] not in (None, ""))
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def timeline(events: Iterable[dict]) -> list[dict]:
+    """Every decision event in order: time, step, kind, evidence."""
+    return [{"ts": e["ts"], "step": e["step"], "kind": e["kind"], "evidence": evidence(e)}
+            for e in ordered(events) if e["kind"] not in PERIODIC]
+
+
+def fault_rows(events: Iterable[dict]) -> list[dict]:
+    """Each fault with what handled it: the decisions after it, up to the next fault."""
+    rows: list[dict] = []
+    for e in ordered(events):
+        if e["kind"] == "fault":
+            rows.append({"ts": e["ts"], "step": e["step"], "kind": e["payload"].get("kind"),
+                         "evidence": evidence(e), "handled_by": [], "lost_steps": 0,
+                         "mttr_s": None})
+        elif rows and e["kind"] in ("recovered", "rollback", "batch_skipped", "lr_adjusted",
+                                    "needs_attention"):
+            row, p = rows[-1], e["payload"]
+            row["handled_by"].append(f"{e['kind']}@{e['step']}")
+            row["lost_steps"] += p.get("lost_steps") or 0
+            if e["kind"] == "recovered" and row["mttr_s"] is None:
+                row["mttr_s"] = p.get("mttr_s")
+            elif row["mttr_s"] is None and e["kind"] == "rollback":
+                row["mttr_s"] = round(e["ts"] - row["ts"], 2)
+    return rows
+
+
+def recovery_rows(events: Iterable[dict]) -> list[dict]:
+    """Every retry that resumed training (a `recovered` event), injected fault or not."""
+    return [{"ts": e["ts"], **{k: e["payload"].get(k) for k in (
+        "attempt", "resumed_step", "heartbeat_step", "last_step_seen", "lost_steps", "mttr_s")}}
+            for e in ordered(events) if e["kind"] == "recovered"]
+
+
+def rollback_rows(events: Iterable[dict]) -> list[dict]:
+    return [{"ts": e["ts"], **{k: e["payload"].get(k) for k in (
+        "at_step", "onset", "to_step", "skip", "lost_steps", "reason", "loss", "threshold")}}
+            for e in ordered(events) if e["kind"] == "rollback"]
+
+
+def checkpoint_rows(events: Iterable[dict]) -> list[dict]:
+    """Committed checkpoints with what became of them: discarded by a later rollback,
+    found corrupt, or promoted (the newest commit of the promoted step)."""
+    evs = ordered(events)
+    rows = [{"ts": e["ts"], "step": e["step"], "bytes": e["payload"].get("bytes"),
+             "uri": e["payload"].get("uri", ""), "status": []}
+            for e in evs if e["kind"] == "checkpoint_committed"]
+    for e in evs:
+        p = e["payload"]
+        for row in rows:
+            if row["ts"] >= e["ts"]:
+                continue
+            if e["kind"] == "rollback" and row["step"] in (p.get("discarded") or ()):
+                row["status"].append(f"discarded by rollback@{e['step']}")
+            elif e["kind"] == "checkpoint_corrupt" and row["step"] == e["step"]:
+                row["status"].append("corrupt")
+    promoted = [e for e in evs if e["kind"] == "promoted"]
+    if promoted:
+        mine = [r for r in rows if r["step"] == promoted[-1]["step"]]
+        if mine:
+            mine[-1]["status"].append("promoted")
+    return [{**r, "status": ", ".join(dict.fromkeys(r["status"])) or "committed"} for r in rows]
+
+
+def summary(events: list[dict], series: LossSeries,
+            vals: list[tuple[int, float]]) -> dict:
+    evs = ordered(events)
+    kinds = [e["kind"] for e in evs]
+    promoted = [e for e in evs if e["kind"] == "promoted"]
+    with_loss = [w for w in series.current if w.mean is not None]
+    finished = [e for e in evs if e["kind"] == "run_finished"]
+    return {
+        "first_step": series.current[0].first if series.current else None,
+        "last_step": series.current[-1].last if series.current else None,
+        "final_train_loss": with_loss[-1].mean if with_loss else None,
+        "initial_val_loss": vals[0][1] if vals and vals[0][0] == 0 else None,
+        "final_val_loss": vals[-1][1] if vals else None,
+        "final_val_step": vals[-1][0] if vals else None,
+        "promoted_step": promoted[-1]["step"] if promoted else None,
+        "promoted_uri": promoted[-1]["payload"].get("uri") if promoted else None,
+        "status": finished[-1]["payload"].get("status") if finished else "not finished",
+        "wall_s": round(evs[-1]["ts"] - evs[0]["ts"], 1) if evs else 0.0,
+        "events": len(evs),
+        **{f"{k}s": kinds.count(k) for k in ("fault", "rollback", "batch_skipped", "loss_spike",
+                                             "checkpoint_committed", "operator")},
+        "recoveries": kinds.count("recovered"),
+        "lost_steps": sum(e["payload"].get("lost_steps") or 0 for e in evs
+                          if e["kind"] in ("recovered", "rollback")),
+        "abandoned_windows": len(series.abandoned),
+    }
+
+
+def list_runs(durable_url: str, limit: int = 20) -> list[str]:
+    """Run ids with an event log under the store (for the not-found message)."""
+    from storage.fs import join, resolve
+
+    try:
+        fs, root = resolve(durable_url)
+        names = sorted(p.rstrip("/").rsplit("/", 1)[-1]
+                       for p in fs.ls(join(root, "runs"), detail=False))
+        return [n for n in names if fs.exists(join(root, "runs", n, "events"))][-limit:]
+    except (FileNotFoundError, StorageUnavailable, OSError):
+        return []
+
+
+def missing_run(durable_url: str, run_id: str) -> BadConfig:
+    """The error for a run with no event log: where we looked, what is there, how to list."""
+    from storage.fs import normalize_url
+
+    url = normalize_url(durable_url)
+    runs = list_runs(durable_url)
+    listing = (f"`ls {url[len('file://'):]}/runs/`" if url.startswith("file://")
+               else f"`aws s3 ls {url}/runs/`" if url.startswith("s3://")
+               else f"a listing of {url}/runs/")
+    found = (f"runs with an event log there: {', '.join(runs)}" if runs
+             else "no run has an event log there")
+    return BadConfig("run_id", f"no events for run {run_id!r} under {url}/runs/{run_id}/events "
+                               f"({found})",
+                     f"pass a run id from {listing}, or --durable the store the run used "
+                     "(its spec's storage.durable)")
+
+
+def build_report(durable_url: str, run_id: str, out_dir: str) -> dict[str, str]:
+    """Write loss.png and report.html for `run_id` into out_dir; return their paths."""
+    from ops.report_render import plot_losses, render_html
+    from storage.events import read_events
+    from storage.fs import normalize_url
+
+    events = read_events(durable_url, run_id)
+    if not events:
+        raise missing_run(durable_url, run_id)
+    out_dir = os.path.abspath(out_dir)
+    os.makedirs(out_dir, exist_ok=True)
+    series, vals = loss_series(events), val_series(events)
+    png = os.path.join(out_dir, "loss.png")
+    plot_losses(png, run_id, series, vals, ordered(events))
+    page = os.path.join(out_dir, "report.html")
+    with open(page, "w", encoding="utf-8") as f:
+        f.write(render_html(
+            run_id=run_id, store=normalize_url(durable_url), png_path=png,
+            summary=summary(events, series, vals), timeline=timeline(events),
+            faults=fault_rows(events), recoveries=recovery_rows(events),
+            rollbacks=rollback_rows(events), checkpoints=checkpoint_rows(events)))
+    log.info("report_written", run_id=run_id, png=png, html=page, events=len(events),
+             windows=len(series.current))
+    return {"png": png, "html": page}
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from ops import telemetry
+
+    # Logs to stderr: stdout carries only the one JSON line with the paths.
+    telemetry.configure_logging(os.environ.get("MAINSPRING_LOG_LEVEL", "warning"))
+    out = args.out or os.path.join(".mainspring", "reports", args.run_id)
+    try:
+        paths = build_report(args.durable, args.run_id, out)
+    except (BadConfig, StorageUnavailable) as exc:
+        print(f"mainspring report: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps({"run_id": args.run_id, **paths}))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add `report RUN_ID [--durable URL] [--out DIR]` to the CLI's subcommands."""
+    p = sub.add_parser("report", help="loss curve PNG + HTML of a run, from its event log")
+    p.add_argument("run_id")
+    p.add_argument("--durable", default=".mainspring/store", help="durable storage URL")
+    p.add_argument("--out", default="",
+                   help="output directory (default .mainspring/reports/RUN_ID)")
+    p.set_defaults(fn=cmd_report)
