@@ -146,8 +146,10 @@ class RunCarry:
     budget_from: int = 0  # rollbacks before this step no longer count (set by a resume)
     pauses: int = 0
     early_stopped: str = ""
-    rewind: dict[str, Any] | None = None  # an operator rollback not yet applied by a segment
-    operator_actions: int = 0
+    # operator commands (workflows/operator.py): accepted, not yet applied ({id, name, raw})
+    operator_queue: list[dict[str, Any]] = field(default_factory=list)
+    operator_actions: int = 0  # commands accepted so far (their ids)
+    rewind: dict[str, Any] | None = None  # an operator rollback no segment has applied yet
 
 
 @dataclass

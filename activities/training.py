@@ -16,10 +16,19 @@ import time
 
 import structlog
 from temporalio import activity
+from temporalio.exceptions import CancelledError
 
-from activities.contracts import (EVALUATE, TRAIN_SEGMENT, EvalPoint, EvaluateInput,
-                                  EvaluateResult, TrainSegmentInput, TrainSegmentResult)
+from activities.contracts import (
+    EVALUATE,
+    TRAIN_SEGMENT,
+    EvalPoint,
+    EvaluateInput,
+    EvaluateResult,
+    TrainSegmentInput,
+    TrainSegmentResult,
+)
 from activities.errors import classified
+from activities.metrics import MetricsForwarder
 from activities.supervise import ProgressTail, child_env, supervise, trainer_command
 from ops.spec import RunSpec
 from ops.telemetry import child_trace_env
@@ -94,9 +103,14 @@ def train_segment(inp: TrainSegmentInput) -> TrainSegmentResult:
     events.flush()
     latest = store.latest_committed(at_or_before=inp.to_step)
     tracker = DurableCommit(latest, store.uri(latest) if latest is not None else "")
+    info = activity.info()  # the same bounds can be scheduled twice (a stop before step 1)
+    metrics = MetricsForwarder(events, spec.ops.metrics_every,
+                               segment=f"{inp.from_step}-{inp.to_step}", attempt=attempt,
+                               execution=f"{info.workflow_run_id[:8]}.{info.activity_id}")
 
     def on_progress(line: dict) -> None:
         tracker.on_progress(line)
+        metrics.on_progress(line)
         if recovery and line.get("type") == "start":
             recovery.report(line.get("resumed_from"))
     spec_file = os.path.join(workdir, "spec.json")
@@ -107,14 +121,26 @@ def train_segment(inp: TrainSegmentInput) -> TrainSegmentResult:
             "--lr-windows", json.dumps(inp.lr_windows), "--max-rollbacks", str(inp.max_rollbacks)]
     if inp.rewind:
         args += ["--rewind", json.dumps(inp.rewind)]
-    supervise(trainer_command("trainer.segment", spec.train.world_size, args), workdir=workdir,
-              env=child_env({**child_trace_env(), WORKER_PID_ENV: str(os.getpid())}),
-              progress_file=os.path.join(workdir, "progress.jsonl"),
-              on_progress=on_progress, heartbeat=lambda: activity.heartbeat(tracker.details()),
-              is_cancelled=activity.is_cancelled, hang_timeout_s=spec.ops.hang_timeout_s,
-              stop_grace_s=spec.ops.stop_grace_s)
-    with open(os.path.join(workdir, "result.json")) as f:
+    result_file = os.path.join(workdir, "result.json")
+    try:
+        # A cancel (operator pause/rollback/abort) must not interrupt this thread: the
+        # supervisor asks the trainer to stop at a checkpoint and waits for it.
+        with activity.shield_thread_cancel_exception():
+            supervise(trainer_command("trainer.segment", spec.train.world_size, args),
+                      workdir=workdir,
+                      env=child_env({**child_trace_env(), WORKER_PID_ENV: str(os.getpid())}),
+                      progress_file=os.path.join(workdir, "progress.jsonl"),
+                      on_progress=on_progress,
+                      heartbeat=lambda: activity.heartbeat(tracker.details()),
+                      is_cancelled=activity.is_cancelled, hang_timeout_s=spec.ops.hang_timeout_s,
+                      stop_grace_s=spec.ops.stop_grace_s)
+    except CancelledError:
+        if not os.path.exists(result_file):  # killed before it stopped: a plain cancel
+            raise
+        log.info("segment_stopped_on_cancel", workdir=workdir)  # report where it stopped
+    with open(result_file) as f:
         res = json.load(f)
+    metrics.close()  # the tail window; flushed with segment_finished below
     if recovery:  # an already-finished segment writes no start line
         recovery.report(res["resumed_from"])
     events.emit("segment_finished", step=res["final_step"],

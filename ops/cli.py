@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import getpass
 import json
 import os
 import signal
+import socket
 import sys
 import time
 
@@ -82,7 +84,7 @@ async def _run_start(args: argparse.Namespace) -> int:
     print(json.dumps({"run_id": spec.run_id, "workflow_id": handle.id,
                       "run": handle.result_run_id}))
     if args.wait:
-        result = await watch(client, spec)
+        result = await watch(client, spec.run_id, spec.storage.durable)
         print(json.dumps(result, default=str))
     return 0
 
@@ -102,8 +104,28 @@ async def _run_status(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _run_resume(args: argparse.Namespace) -> int:
-    """Continue a run paused in needs_attention (the TrainingRun `resume` update)."""
+def operator_identity() -> str:
+    """Who sent an operator command (recorded in the run's `operator` event)."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry (some containers)
+        user = os.environ.get("USER", "unknown")
+    return f"{user}@{socket.gethostname()}"
+
+
+def operator_payload(args: argparse.Namespace) -> dict:
+    """The JSON object a TrainingRun operator update/signal takes (workflows/operator.py)."""
+    payload = {"who": args.who or operator_identity(), "note": args.note}
+    if args.run_command == "rollback":
+        payload.update(to_step=args.to_step, skip_data=not args.keep_data)
+    elif args.run_command == "set-lr":
+        payload.update(scale=args.scale, steps=args.steps)
+    return payload
+
+
+async def _run_operator(args: argparse.Namespace) -> int:
+    """pause | resume | rollback | set-lr (Temporal updates, validated: a refusal says why)
+    and abort (a signal)."""
     from temporalio.client import WorkflowUpdateFailedError
     from temporalio.service import RPCError
 
@@ -111,13 +133,28 @@ async def _run_resume(args: argparse.Namespace) -> int:
 
     client = await connect(args.address, args.namespace)
     handle = client.get_workflow_handle(args.run_id)
+    name = args.run_command.replace("-", "_").replace("set_lr", "set_lr_scale")
     try:
-        out = await handle.execute_update("resume", args.note)
-    except (WorkflowUpdateFailedError, RPCError) as exc:  # not paused / already closed
+        if name == "abort":
+            await handle.signal("abort", operator_payload(args))
+            out = {"run_id": args.run_id, "signalled": "abort"}
+        else:
+            out = await handle.execute_update(name, operator_payload(args))
+    except (WorkflowUpdateFailedError, RPCError) as exc:  # refused / run closed / unknown id
         cause = getattr(getattr(exc, "cause", None), "message", None) or str(exc)
-        print(f"mainspring: cannot resume {args.run_id}: {cause}", file=sys.stderr)
+        print(f"mainspring: cannot {args.run_command} {args.run_id}: {cause}", file=sys.stderr)
         return 1
     print(json.dumps(out, default=str))
+    return 0
+
+
+async def _run_watch(args: argparse.Namespace) -> int:
+    from ops.client import connect
+    from ops.demo import watch
+
+    client = await connect(args.address, args.namespace)
+    status = await client.get_workflow_handle(args.run_id).query("status")
+    print(json.dumps(await watch(client, args.run_id, status["durable"]), default=str))
     return 0
 
 
@@ -170,17 +207,43 @@ def build_parser() -> argparse.ArgumentParser:
     temporal_flags(status)
     status.set_defaults(fn=lambda a: asyncio.run(_run_status(a)))
 
-    resume = run_sub.add_parser("resume", help="continue a run paused in needs_attention")
-    resume.add_argument("run_id")
-    resume.add_argument("--note", default="", help="why it is safe to continue (recorded)")
-    temporal_flags(resume)
-    resume.set_defaults(fn=lambda a: asyncio.run(_run_resume(a)))
+    watch_p = run_sub.add_parser("watch", help="print a run's progress until it ends")
+    watch_p.add_argument("run_id")
+    temporal_flags(watch_p)
+    watch_p.set_defaults(fn=lambda a: asyncio.run(_run_watch(a)))
+
+    operator_help = {
+        "pause": "stop the running segment at its next step (with a checkpoint) and wait",
+        "resume": "continue a run that is paused or in needs_attention",
+        "rollback": "go back to the newest checkpoint at or before --to-step, skipping the "
+                    "data the abandoned steps read",
+        "set-lr": "multiply the scheduled LR by --scale from the current step",
+        "abort": "stop at a checkpoint and end the run (it fails as RunAborted)"}
+    for command, text in operator_help.items():
+        op = run_sub.add_parser(command, help=text, description=text)
+        op.add_argument("run_id")
+        op.add_argument("--note", "--reason", dest="note", default="",
+                        help="why (recorded in the run's operator event)")
+        op.add_argument("--who", default="", help="who is acting (default: user@host)")
+        if command == "rollback":
+            op.add_argument("--to-step", type=int, required=True)
+            op.add_argument("--keep-data", action="store_true",
+                            help="replay the abandoned steps' data instead of skipping it")
+        if command == "set-lr":
+            op.add_argument("--scale", type=float, required=True, help="factor on the LR")
+            op.add_argument("--steps", type=int, default=0, help="for this many steps (0: to the end)")
+        temporal_flags(op)
+        op.set_defaults(fn=lambda a: asyncio.run(_run_operator(a)))
 
     events = sub.add_parser("events", help="print a run's event log")
     events.add_argument("run_id")
     events.add_argument("--durable", default=".mainspring/store", help="durable storage URL")
     events.add_argument("--kind", action="append")
     events.set_defaults(fn=cmd_events)
+
+    from ops.report import register as register_report
+
+    register_report(sub)  # mainspring report RUN_ID [--durable URL] [--out DIR]
 
     demo = sub.add_parser("demo", help="one command: services, workers, a faulted run, summary")
     demo.add_argument("--json", action="store_true", help="end with one JSON summary line")

@@ -53,15 +53,15 @@ def _progress_line(status: dict, events: list[dict]) -> str:
             f" recovered={recovered} events={len(events)}")
 
 
-async def watch(client, spec: RunSpec, out=sys.stderr, every_s: float = 2.0) -> dict:
+async def watch(client, run_id: str, durable: str, out=sys.stderr, every_s: float = 2.0) -> dict:
     """Print progress until the run ends (across continue-as-new); return its result dict."""
-    handle = client.get_workflow_handle(spec.run_id)  # no run id: always the latest run
+    handle = client.get_workflow_handle(run_id)  # no run id: always the latest run
     task = asyncio.ensure_future(handle.result())
     last = ""
     while not task.done():
         try:
             line = _progress_line(await handle.query("status"),
-                                  read_events(spec.storage.durable, spec.run_id))
+                                  read_events(durable, run_id))
         except Exception as exc:  # noqa: BLE001 - a query can fail across continue-as-new
             line = f"(waiting: {type(exc).__name__})"
         if line != last:
@@ -99,7 +99,7 @@ async def run_demo(as_json: bool, address: str = "", state_dir: str = ".mainspri
         print(f"run {run_id} started: workflow id {run_id}, durable store {spec.storage.durable}",
               file=sys.stderr)
         try:
-            result = await watch(client, spec)
+            result = await watch(client, spec.run_id, spec.storage.durable)
             status = result.get("status", "completed")
         except WorkflowFailureError as exc:
             print(f"run failed: {exc.cause}", file=sys.stderr)

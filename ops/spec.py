@@ -369,10 +369,11 @@ class OpsConfig:
     segment_budget_s: float = 7 * 24 * 3600.0  # schedule-to-close across all retries
     otlp_endpoint: str = ""
     metrics_port: int = 0
+    metrics_every: int = 10  # steps per durable train_metrics event (mainspring report)
 
     def __post_init__(self) -> None:
         _positive(self, "heartbeat_timeout_s", "hang_timeout_s", "segment_budget_s",
-                  "stop_grace_s")
+                  "stop_grace_s", "metrics_every")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -12,7 +12,8 @@ from datetime import timedelta
 from opentelemetry import trace
 from temporalio import workflow
 from temporalio.common import SearchAttributeKey
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ApplicationError, is_cancelled_exception
+from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
     from activities.contracts import (DATA_QUEUE, EVALUATE, PREPARE_DATA, PROMOTE, RECORD_EVENT,
@@ -25,6 +26,7 @@ with workflow.unsafe.imports_passed_through():
     from ops.spec import RunSpec
     from workflows.policy import (ESCALATE_LOWER_LR, ESCALATE_PAUSE, escalate, rollback_allowance,
                                   segment_bounds, segment_options, short_options, with_params)
+    from workflows.operator import Refused, admit, lr_window, parse_command, rewind
     from workflows.sweep import Sweep
 
 RUN_ID = SearchAttributeKey.for_keyword("MainspringRunId")
@@ -49,12 +51,15 @@ class TrainingRun:
         self._stage = "starting"
         self._evals: dict[int, float] = {}
         self._span = None  # the current stage's OTel span (replay-safe via the plugin)
-        self._attention = ""  # why the run is paused in needs_attention ("" when not)
+        self._attention = ""  # why the run is held (paused / needs_attention), "" when not
         self._resume_note: str | None = None
+        self._resume_who = ""
+        self._segment_running = False
 
     @workflow.query
     def status(self) -> dict:
         return {"run_id": self._spec.run_id if self._spec else "", "stage": self._stage,
+                "durable": self._spec.storage.durable if self._spec else "",
                 "step": self._carry.next_step,
                 "total_steps": self._spec.train.total_steps if self._spec else 0,
                 "train_loss": self._carry.train_loss, "stages_done": self._carry.stages_done,
@@ -62,21 +67,87 @@ class TrainingRun:
                 "evals": {str(k): v for k, v in self._evals.items()},
                 "needs_attention": self._attention or None,
                 "rollback_steps": self._carry.rollback_steps, "lr_windows": self._carry.lr_windows,
-                "early_stopped": self._carry.early_stopped or None}
+                "early_stopped": self._carry.early_stopped or None,
+                "operator_queue": [q["name"] for q in self._carry.operator_queue],
+                "pending_rollback": self._carry.rewind}
+
+    # ---- operator commands (workflows/operator.py; `mainspring run pause|resume|...`) ------
+    @workflow.update
+    async def pause(self, args: dict | str | None = None) -> dict:
+        """Stop the running segment at its next step (with a checkpoint) and wait for
+        `resume`. Before training starts, the run pauses when it gets there."""
+        return self._accept("pause", args)
 
     @workflow.update
-    async def resume(self, note: str = "") -> dict:
-        """Operator: continue a run paused in needs_attention (`mainspring run resume`).
-        The rollback budget starts afresh from the current step."""
-        self._resume_note = note or "resumed by operator"
+    async def resume(self, args: dict | str | None = None) -> dict:
+        """Continue a run paused by `pause` or in needs_attention; the rollback budget
+        starts afresh from the current step."""
+        cmd = parse_command("resume", args)
+        self._resume_note = cmd.note or "resumed by operator"
+        self._resume_who = cmd.who
         return {"run_id": self._spec.run_id if self._spec else "", "step": self._carry.next_step,
                 "reason_was": self._attention}
 
+    @workflow.update
+    async def rollback(self, args: dict) -> dict:
+        """Go back to the newest checkpoint at or before `to_step` and (skip_data, default)
+        skip the data the abandoned steps read."""
+        return self._accept("rollback", args)
+
+    @workflow.update
+    async def set_lr_scale(self, args: dict) -> dict:
+        """Multiply the scheduled LR by `scale` for `steps` steps (0: to the end) from the
+        step the running segment stops at."""
+        return self._accept("set_lr_scale", args)
+
+    @workflow.signal
+    def abort(self, args: dict | str | None = None) -> None:
+        """Stop at a checkpoint and end the run (it fails with type RunAborted)."""
+        try:
+            self._check("abort", args)
+        except ApplicationError:
+            workflow.logger.warning("abort ignored: the run has ended or is being aborted")
+            return
+        self._accept("abort", args)
+
+    @pause.validator
+    def _pause_ok(self, args: dict | str | None = None) -> None:
+        self._check("pause", args)
+
     @resume.validator
-    def _resume_allowed(self, note: str = "") -> None:
-        if self._stage != "needs_attention":
-            raise ApplicationError(f"run is not paused (stage {self._stage!r}); nothing to resume",
-                                   type="NotPaused", non_retryable=True)
+    def _resume_ok(self, args: dict | str | None = None) -> None:
+        self._check("resume", args)
+
+    @rollback.validator
+    def _rollback_ok(self, args: dict) -> None:
+        self._check("rollback", args)
+
+    @set_lr_scale.validator
+    def _set_lr_scale_ok(self, args: dict) -> None:
+        self._check("set_lr_scale", args)
+
+    def _check(self, name: str, args: object) -> None:
+        total = self._spec.train.total_steps if self._spec else 0
+        try:
+            why = admit(parse_command(name, args), stage=self._stage, step=self._carry.next_step,
+                        total_steps=total,
+                        queued=tuple(q["name"] for q in self._carry.operator_queue))
+        except Refused as exc:
+            why = str(exc)
+        if why:
+            raise ApplicationError(why, type="Refused", non_retryable=True)
+
+    def _accept(self, name: str, args: object) -> dict:
+        c = self._carry
+        c.operator_actions += 1
+        entry = {"id": f"op{c.operator_actions}", "name": name, "raw": args,
+                 "accepted_at_step": c.next_step}
+        c.operator_queue.append(entry)
+        when = ("at the running segment's next step" if self._segment_running
+                else "now" if self._stage in ("paused", "needs_attention")
+                else "when training starts")
+        return {"run_id": self._spec.run_id if self._spec else "", "accepted": name,
+                "id": entry["id"], "step": c.next_step, "applies": when}
 
     @workflow.run
     async def run(self, spec: dict, carry: RunCarry | None = None) -> RunResult:
@@ -88,9 +159,9 @@ class TrainingRun:
 
         if "prepare_data" not in c.stages_done:
             await self._begin("prepare_data")
-            data = await workflow.execute_activity(
+            data = await self._unless_aborted(workflow.start_activity(
                 PREPARE_DATA, PrepareDataInput(spec), task_queue=DATA_QUEUE,
-                result_type=PrepareDataResult, **short_options(s))
+                result_type=PrepareDataResult, **short_options(s)))
             c.dataset_uri = data.manifest_uri
             await self._finish("prepare_data", dataset=data.manifest_uri, cache_hit=data.cache_hit,
                                train_tokens=data.train_tokens)
@@ -98,9 +169,10 @@ class TrainingRun:
         if "warmup_sweep" not in c.stages_done:
             await self._begin("warmup_sweep")
             if s.sweep.enabled:
-                result = await workflow.execute_child_workflow(
+                result = await self._unless_aborted(await workflow.start_child_workflow(
                     Sweep.run, SweepInput(spec, c.dataset_uri),
-                    id=f"{workflow.info().workflow_id}-sweep", task_queue=workflow.info().task_queue)
+                    id=f"{workflow.info().workflow_id}-sweep",
+                    task_queue=workflow.info().task_queue))
                 c.best_params = result.best_params
             await self._finish("warmup_sweep", best_params=c.best_params, enabled=s.sweep.enabled)
 
@@ -110,18 +182,21 @@ class TrainingRun:
                 await self._begin("train")
             self._stage = "train"
             segments_this_run = 0
-            while c.next_step < s.train.total_steps:
-                lo, hi = segment_bounds(c.next_step, s)
-                seg = await workflow.execute_activity(
-                    TRAIN_SEGMENT, TrainSegmentInput(
-                        train_spec.to_dict(), c.dataset_uri, lo, hi, lr_windows=c.lr_windows,
-                        max_rollbacks=rollback_allowance(c.rollback_steps, c.budget_from, lo,
-                                                         s.spikes)),
-                    task_queue=TRAINER_QUEUE, result_type=TrainSegmentResult,
-                    **segment_options(s))
+            while True:
+                await self._apply_operator()  # pause / rollback / LR / abort, at a step boundary
+                if c.next_step >= s.train.total_steps:
+                    break
+                if segments_this_run >= s.train.segments_per_run:
+                    c.runs += 1  # keep history bounded (DESIGN §3): carry only what is done
+                    await workflow.wait_condition(workflow.all_handlers_finished)
+                    workflow.continue_as_new(args=[spec, c])
+                seg = await self._segment(train_spec, *segment_bounds(c.next_step, s))
+                segments_this_run += 1
+                if seg is None:  # stopped before the trainer answered: resume from storage
+                    continue
+                c.rewind = None  # applied (the trainer's event makes a retry a no-op)
                 c.next_step, c.train_loss = seg.final_step, seg.train_loss
                 c.segments_total += 1
-                segments_this_run += 1
                 workflow.upsert_search_attributes([STEP.value_set(c.next_step),
                                                    LOSS.value_set(_finite(seg.train_loss))])
                 if seg.rollbacks:
@@ -130,24 +205,21 @@ class TrainingRun:
                 if seg.stopped == "overfitting":
                     c.early_stopped = "overfitting"
                     break
-                if c.next_step < s.train.total_steps and segments_this_run >= s.train.segments_per_run:
-                    c.runs += 1  # keep history bounded (DESIGN §3): carry only what is done
-                    workflow.continue_as_new(args=[spec, c])
             await self._finish("train", final_step=c.next_step, segments=c.segments_total,
                                rollbacks=len(c.rollback_steps), early_stopped=c.early_stopped)
 
         await self._begin("evaluate")
-        evaluated = await workflow.execute_activity(
+        evaluated = await self._unless_aborted(workflow.start_activity(
             EVALUATE, EvaluateInput(train_spec.to_dict(), c.dataset_uri, [0, c.next_step]),
-            task_queue=TRAINER_QUEUE, result_type=EvaluateResult, **short_options(s))
+            task_queue=TRAINER_QUEUE, result_type=EvaluateResult, **short_options(s)))
         self._evals = {p.step: p.val_loss for p in evaluated.results}
         await self._finish("evaluate", val_loss={str(k): v for k, v in self._evals.items()})
 
         await self._begin("promote")
         chosen = min((st for st in self._evals if st > 0), key=lambda st: self._evals[st])
-        promoted = await workflow.execute_activity(
+        promoted = await self._unless_aborted(workflow.start_activity(
             PROMOTE, PromoteInput(train_spec.to_dict(), chosen), task_queue=DATA_QUEUE,
-            result_type=PromoteResult, **short_options(s))
+            result_type=PromoteResult, **short_options(s)))
         await self._finish("promote", step=promoted.step, uri=promoted.uri)
         self._stage = "completed"
         await self._event("run_finished", "run_finished", status="completed")
@@ -155,6 +227,83 @@ class TrainingRun:
                          initial_val_loss=self._evals[0], final_val_loss=self._evals[chosen],
                          final_step=c.next_step, promoted_checkpoint=promoted.uri,
                          best_params=c.best_params, workflow_runs=c.runs)
+
+    # ---- interruptible work ------------------------------------------------------------
+    async def _segment(self, train_spec: RunSpec, lo: int, hi: int) -> TrainSegmentResult | None:
+        """One training segment. An operator command stops it gracefully: the activity is
+        cancelled, its trainer commits a checkpoint at its current step and the activity
+        returns that (stopped="interrupted"); None when it was stopped before it ran."""
+        s, c = self._spec, self._carry
+        assert s is not None
+        handle = workflow.start_activity(
+            TRAIN_SEGMENT, TrainSegmentInput(
+                train_spec.to_dict(), c.dataset_uri, lo, hi, lr_windows=c.lr_windows,
+                max_rollbacks=rollback_allowance(c.rollback_steps, c.budget_from, lo, s.spikes),
+                rewind=c.rewind),
+            task_queue=TRAINER_QUEUE, result_type=TrainSegmentResult,
+            cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+            **segment_options(s))
+        self._segment_running = True
+        try:
+            return await self._until(handle, lambda: bool(c.operator_queue))
+        finally:
+            self._segment_running = False
+
+    async def _unless_aborted(self, handle):
+        """Await a stage's activity or child workflow; an `abort` cancels it and ends the run."""
+        result = await self._until(handle, lambda: any(
+            q["name"] == "abort" for q in self._carry.operator_queue))
+        if result is None:
+            await self._apply_operator()  # the abort: raises RunAborted
+        return result
+
+    @staticmethod
+    async def _until(handle, interrupted) -> object | None:
+        """Wait for `handle`; cancel it when `interrupted()` turns true first. The handle's
+        result (a graceful stop still returns one), or None when it ended cancelled."""
+        await workflow.wait_condition(lambda: handle.done() or interrupted())
+        if not handle.done():
+            handle.cancel()
+        try:
+            return await handle
+        except BaseException as exc:  # ActivityError / ChildWorkflowError / CancelledError
+            if interrupted() and is_cancelled_exception(exc):
+                return None
+            raise
+
+    # ---- operator commands, applied at a step boundary ----------------------------------
+    async def _apply_operator(self) -> None:
+        s, c = self._spec, self._carry
+        assert s is not None
+        while c.operator_queue:
+            # an abort goes first: nothing queued before it (a pause) should hold it up
+            aborts = [i for i, q in enumerate(c.operator_queue) if q["name"] == "abort"]
+            entry = c.operator_queue.pop(aborts[0] if aborts else 0)
+            cmd = parse_command(entry["name"], entry["raw"])
+            await self._event("operator", f"operator/{entry['id']}", command=cmd.name,
+                              args=cmd.args, who=cmd.who, note=cmd.note, id=entry["id"],
+                              accepted_at_step=entry["accepted_at_step"])
+            if cmd.name == "pause":
+                await self._hold("paused", cmd.note or "paused by operator",
+                                 fix=f"`mainspring run resume {s.run_id}`", who=cmd.who)
+            elif cmd.name == "rollback":
+                c.rewind = rewind(cmd, f"{s.run_id}/{entry['id']}", c.next_step, c.rewind)
+                c.next_step = min(c.next_step, cmd.to_step)
+            elif cmd.name == "set_lr_scale":
+                c.lr_windows.append(lr_window(cmd, c.next_step, s.train.total_steps))
+            elif cmd.name == "abort":
+                await self._abort(cmd.note or "aborted by operator", cmd.who)
+
+    async def _abort(self, reason: str, who: str) -> None:
+        s, c = self._spec, self._carry
+        assert s is not None
+        self._stage = "aborted"
+        workflow.upsert_search_attributes([STAGE.value_set("aborted")])
+        await self._event("run_finished", "run_finished", status="aborted", reason=reason,
+                          who=who, step=c.next_step)
+        raise ApplicationError(f"run {s.run_id} aborted by {who or 'operator'} at step "
+                               f"{c.next_step}: {reason}", {"step": c.next_step},
+                               type="RunAborted", non_retryable=True)
 
     # ---- spike escalation: continue / lower the LR / pause for a human ------------------
     async def _escalate(self) -> None:
@@ -171,24 +320,28 @@ class TrainingRun:
                               scale=s.spikes.lr_backoff, from_step=window[0],
                               until_step=window[1], rollback_steps=list(counted))
         elif action == ESCALATE_PAUSE:
-            await self._pause(reason, counted)
+            await self._hold("needs_attention", reason, rollback_steps=list(counted),
+                             lr_windows=c.lr_windows,
+                             fix="inspect the rollback and loss_spike events, then "
+                                 f"`mainspring run resume {s.run_id}`")
 
-    async def _pause(self, reason: str, counted: tuple[int, ...]) -> None:
-        """needs_attention: stop looping, say why everywhere, wait for `resume`."""
-        s, c = self._spec, self._carry
-        assert s is not None
+    async def _hold(self, stage: str, reason: str, **payload: object) -> None:
+        """paused / needs_attention: stop looping, say why everywhere, wait for `resume`.
+        Rollback, LR and abort commands sent meanwhile are applied at once."""
+        c = self._carry
         c.pauses += 1
-        self._attention, self._resume_note, self._stage = reason, None, "needs_attention"
-        workflow.upsert_search_attributes([STAGE.value_set("needs_attention")])
-        await self._event("needs_attention", f"needs_attention/{c.next_step}/{c.pauses}",
-                          reason=reason, rollback_steps=list(counted),
-                          lr_windows=c.lr_windows,
-                          fix="inspect the rollback and loss_spike events, then "
-                              f"`mainspring run resume {s.run_id}`")
-        await workflow.wait_condition(lambda: self._resume_note is not None)
+        self._attention, self._resume_note, self._stage = reason, None, stage
+        workflow.upsert_search_attributes([STAGE.value_set(stage)])
+        await self._event(stage, f"{stage}/{c.next_step}/{c.pauses}", reason=reason, **payload)
+        while True:
+            await workflow.wait_condition(
+                lambda: self._resume_note is not None or bool(c.operator_queue))
+            if self._resume_note is not None:
+                break
+            await self._apply_operator()
         c.budget_from = c.next_step  # the operator has looked: the budget starts afresh
         await self._event("run_resumed", f"run_resumed/{c.next_step}/{c.pauses}",
-                          note=self._resume_note, paused_for=reason)
+                          note=self._resume_note, who=self._resume_who, paused_for=reason)
         self._attention, self._stage = "", "train"
         workflow.upsert_search_attributes([STAGE.value_set("train")])
 

@@ -11,6 +11,7 @@ from trainer.data import (
     IGNORE,
     PackedBatches,
     TrainBatches,
+    cursor_after,
     doc_lengths,
     epoch_order,
     locate,
@@ -103,6 +104,14 @@ def test_skip_past_jumps_over_skip_ranges_including_chained_ones():
     assert skip_past(6, [(5, 9), (9, 12)]) == 12
     assert skip_past(6, [(9, 12), (5, 9)]) == 12
     assert skip_past(9, [(5, 9)]) == 9  # end is exclusive
+
+
+def test_cursor_after_counts_read_batches_and_steps_over_skip_ranges():
+    assert cursor_after(10, 0, []) == 10
+    assert cursor_after(10, 4, []) == 14
+    assert cursor_after(10, 4, [(12, 20)]) == 22  # reads 10, 11, 20, 21
+    assert cursor_after(10, 2, [(10, 12), (12, 15)]) == 17  # chained: reads 15, 16
+    assert cursor_after(10, 2, [(0, 5)]) == 12  # a range behind the cursor changes nothing
 
 
 def test_val_batches_are_the_first_windows_in_order():
