@@ -14,6 +14,7 @@ from temporalio.client import WorkflowFailureError
 
 from ops.client import connect, localize, start_run
 from ops.procs import WorkerFleet
+from ops.report import build_report
 from ops.services import TemporalDevServer, free_port, port_free
 from ops.spec import RunSpec, preset
 from storage.events import read_events
@@ -26,7 +27,8 @@ def summarize(spec: RunSpec, result: dict[str, Any] | None, status: str, wall_s:
     result = result or {}
     return {"run_id": spec.run_id, "status": status, "stages": result.get("stages", []),
             "faults_injected": kinds.count("fault"), "faults_recovered": recoveries(events),
-            "spike_rollbacks": kinds.count("rollback"), "batches_skipped": kinds.count("batch_skipped"),
+            "spike_rollbacks": sum(automatic_rollback(e) for e in events),
+            "batches_skipped": kinds.count("batch_skipped"),
             "human_actions": kinds.count("operator"),
             "initial_val_loss": result.get("initial_val_loss"),
             "final_val_loss": result.get("final_val_loss"),
@@ -36,9 +38,14 @@ def summarize(spec: RunSpec, result: dict[str, Any] | None, status: str, wall_s:
 def recoveries(events: list[dict]) -> int:
     """Automatic recoveries: a retried segment that resumed (`recovered`), a rollback past
     bad data (`rollback`), a skipped non-finite step (`batch_skipped` of a NaN loss)."""
-    return sum(e["kind"] in ("recovered", "rollback")
+    return sum(e["kind"] == "recovered" or automatic_rollback(e)
                or (e["kind"] == "batch_skipped" and e["payload"].get("reason") == "non_finite_loss")
                for e in events)
+
+
+def automatic_rollback(event: dict) -> bool:
+    """A rollback the spike guard decided (an operator's carries by=operator)."""
+    return event["kind"] == "rollback" and event["payload"].get("by") != "operator"
 
 
 def _progress_line(status: dict, events: list[dict]) -> str:
@@ -109,6 +116,13 @@ async def run_demo(as_json: bool, address: str = "", state_dir: str = ".mainspri
             server.stop()
     summary = summarize(spec, result, status, time.time() - t0)
     print(f"worker restarts by the process manager: {fleet.restarts}", file=sys.stderr)
+    try:
+        summary["report"] = build_report(spec.storage.durable, run_id,
+                                         os.path.join(state_dir, "reports", run_id))["html"]
+        print(f"report: {summary['report']}", file=sys.stderr)
+    except Exception as exc:  # noqa: BLE001 - the summary still prints; say why no report
+        summary["report"] = None
+        print(f"no report: {exc}", file=sys.stderr)
     print(f"events: {spec.storage.durable}/runs/{run_id}/events/  "
           f"(mainspring events {run_id} --durable {spec.storage.durable})", file=sys.stderr)
     if as_json:

@@ -27,3 +27,7 @@ def test_demo_json_completes_five_stages_and_recovers_its_injected_fault(tmp_pat
     assert summary["final_val_loss"] < summary["initial_val_loss"]
     assert summary["promoted_checkpoint"].endswith("promoted/step-000000160")
     assert "Temporal UI: http://" in proc.stderr
+    # the post-incident report: the loss curve with the kill and the rollback marked
+    report = (tmp_path / "state" / "reports" / summary["run_id"] / "report.html").read_text()
+    assert summary["report"].endswith("report.html") and "data:image/png;base64," in report
+    assert "kill_worker" in report and "sustained_spike" in report
