@@ -11,6 +11,9 @@ new trajectory that must not collapse onto the first by id (readers keep the ear
 of an id). `execution` tells apart two schedulings of the same segment bounds, both attempt
 1 (the workflow re-runs a segment that stopped at its first step after a rollback). Within
 one forwarder the ids are deterministic, so a window emitted twice dedupes on read.
+
+The same lines also feed the worker's live Prometheus gauges and counters (`LiveMetrics`,
+instruments in `ops/metrics.py`) when the worker serves metrics; otherwise that is a no-op.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from collections.abc import Iterable
 import structlog
 
 from ops.errors import StorageUnavailable
+from ops.metrics import TrainingInstruments, training_instruments
 from storage.events import EventLog
 
 log = structlog.get_logger(__name__)
@@ -64,6 +68,51 @@ def _finite(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
+class LiveMetrics:
+    """One run's progress lines as Prometheus updates: a few instrument calls per step.
+
+    Gauges hold the last value reported (a null, i.e. non-finite, loss leaves the loss
+    gauge at its last finite value; the skip it causes is counted). Counters count what
+    the worker ran, rollback replays included, so their rate is the work done. Callers
+    pass `commit` lines and `step` lines with an int step (MetricsForwarder checks).
+    """
+
+    def __init__(self, instruments: TrainingInstruments, run_id: str) -> None:
+        self.m, self.attrs = instruments, {"run_id": run_id}
+        self.gauges = ((instruments.loss, "loss"), (instruments.learning_rate, "lr"),
+                       (instruments.tokens_per_second, "tokens_per_s"), (instruments.mfu, "mfu"),
+                       (instruments.peak_memory, "peak_mem_bytes"))
+
+    @classmethod
+    def for_run(cls, run_id: str) -> LiveMetrics | None:
+        """None when this process serves no metrics endpoint (ops/metrics.py)."""
+        instruments = training_instruments()
+        return cls(instruments, run_id) if instruments else None
+
+    def on_progress(self, line: dict) -> None:
+        if line.get("type") == "commit":
+            self.m.checkpoints_committed.add(1, self.attrs)
+            return
+        self.m.step.set(line["step"], self.attrs)
+        self.m.steps.add(1, self.attrs)
+        for gauge, key in self.gauges:
+            if _finite(value := line.get(key)):
+                gauge.set(value, self.attrs)
+        tokens = step_tokens(line)
+        if tokens:
+            self.m.tokens.add(tokens, self.attrs)
+        if line.get("verdict") == "skip":
+            self.m.batches_skipped.add(1, self.attrs)
+
+
+def step_tokens(line: dict) -> int | None:
+    """Pure: the tokens one step trained on. The line carries its rate and duration (the
+    trainer's Meter divides the step's tokens by its time), so their product is exact up
+    to float rounding."""
+    tps, dt = line.get("tokens_per_s"), line.get("step_time_s")
+    return round(tps * dt) if _finite(tps) and _finite(dt) else None
+
+
 class MetricsForwarder:
     """Aggregates a segment attempt's `step` progress lines into `train_metrics` events.
 
@@ -82,13 +131,18 @@ class MetricsForwarder:
         self.prefix = "/".join(p for p in ("train_metrics", segment, execution, str(attempt)) if p)
         self.window: list[dict] = []
         self.seq = 0
+        self.live = LiveMetrics.for_run(events.run_id)
 
     def on_progress(self, line: dict) -> None:
         if line.get("type") == "commit":
+            if self.live:
+                self.live.on_progress(line)
             self._flush()
             return
         if line.get("type") != "step" or not isinstance(line.get("step"), int):
             return
+        if self.live:
+            self.live.on_progress(line)
         if self.window and line["step"] <= self.window[-1]["step"]:
             self._emit()  # a rollback replays from an earlier step
         self.window.append(line)

@@ -13,6 +13,7 @@ import sys
 import time
 
 from ops.errors import BadConfig
+from ops.metrics import PORT_ENV, TEMPORAL_PORT_ENV
 
 
 def _load_spec(args: argparse.Namespace):
@@ -68,7 +69,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     telemetry.configure(f"worker-{args.role}", replay_safe=args.role in ("orchestrator", "all"))
     try:
-        asyncio.run(run_workers({args.role}, args.address, args.namespace, args.trainer_slots))
+        asyncio.run(run_workers({args.role}, args.address, args.namespace, args.trainer_slots,
+                                args.metrics_port, args.temporal_metrics_port))
     finally:
         telemetry.flush()
     return 0
@@ -189,6 +191,13 @@ def build_parser() -> argparse.ArgumentParser:
     worker = sub.add_parser("worker", help="run workers for one role")
     worker.add_argument("--role", choices=("orchestrator", "data", "trainer", "all"), required=True)
     worker.add_argument("--trainer-slots", type=int, default=1)
+    # String defaults pass through `type`, so a malformed env var is an argparse error.
+    worker.add_argument("--metrics-port", type=int, default=os.environ.get(PORT_ENV, "0"),
+                        help="serve Prometheus /metrics here (0: off; env MAINSPRING_METRICS_PORT)")
+    worker.add_argument("--temporal-metrics-port", type=int,
+                        default=os.environ.get(TEMPORAL_PORT_ENV, "0"),
+                        help="the Temporal SDK's worker metrics, on a port of their own "
+                             "(0: off; env MAINSPRING_TEMPORAL_METRICS_PORT)")
     temporal_flags(worker)
     worker.set_defaults(fn=cmd_worker)
 

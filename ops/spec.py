@@ -368,7 +368,7 @@ class OpsConfig:
     stop_grace_s: float = 300.0
     segment_budget_s: float = 7 * 24 * 3600.0  # schedule-to-close across all retries
     otlp_endpoint: str = ""
-    metrics_port: int = 0
+    metrics_port: int = 0  # ignored: the port is per worker (`worker --metrics-port`)
     metrics_every: int = 10  # steps per durable train_metrics event (mainspring report)
 
     def __post_init__(self) -> None:

@@ -12,6 +12,7 @@ from temporalio.worker import Worker
 
 from activities.contracts import DATA_QUEUE, ORCHESTRATOR_QUEUE, TRAINER_QUEUE
 from ops.client import connect
+from ops.metrics import serve_metrics, serve_temporal_metrics
 
 log = structlog.get_logger(__name__)
 
@@ -42,7 +43,11 @@ def build_workers(client, roles: set[str], trainer_slots: int = 1) -> list[Worke
 
 
 async def run_workers(roles: set[str], address: str = "", namespace: str = "",
-                      trainer_slots: int = 1) -> None:
+                      trainer_slots: int = 1, metrics_port: int = 0,
+                      temporal_metrics_port: int = 0) -> None:
+    # Both before connecting: the Temporal SDK's metrics live in the Runtime the client uses.
+    serve_metrics(metrics_port, f"worker-{'-'.join(sorted(roles))}")
+    serve_temporal_metrics(temporal_metrics_port)
     client = await connect(address, namespace)
     workers = build_workers(client, roles, trainer_slots)
     stop = asyncio.Event()
