@@ -169,6 +169,48 @@ def cmd_events(args: argparse.Namespace) -> int:
     return 0
 
 
+BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                          "benchmarks")
+
+
+def benchmark_scripts() -> dict[str, str]:
+    """name -> path of each scoreboard benchmark (benchmarks/*.py with a __main__, *.sh)."""
+    if not os.path.isdir(BENCHMARKS):
+        return {}
+    found = {}
+    for entry in sorted(os.listdir(BENCHMARKS)):
+        name, ext = os.path.splitext(entry)
+        path = os.path.join(BENCHMARKS, entry)
+        if ext == ".py":
+            with open(path) as f:
+                if "__main__" not in f.read():  # a shared helper module, not a benchmark
+                    continue
+        if ext in (".py", ".sh"):
+            found[name] = path
+    return found
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """`mainspring bench` lists the benchmarks; `mainspring bench NAME [ARGS]` runs one
+    (each prints one JSON line with its figure and inputs)."""
+    import subprocess
+
+    scripts = benchmark_scripts()
+    if not args.name:
+        for name, path in scripts.items():
+            with open(path) as f:
+                doc = next((ln.strip().strip('"#').strip() for ln in f
+                            if ln.strip().strip('"#').strip() and not ln.startswith("#!")), "")
+            print(f"{name:<18} {doc}")
+        return 0
+    if args.name not in scripts:
+        known = ", ".join(scripts) or f"none: no benchmarks/ next to {os.path.dirname(BENCHMARKS)}"
+        raise BadConfig("bench", f"unknown benchmark {args.name!r}", f"use one of {known}")
+    path = scripts[args.name]
+    cmd = ["bash", path] if path.endswith(".sh") else [sys.executable, path]
+    return subprocess.call([*cmd, *args.args], cwd=os.path.dirname(BENCHMARKS))
+
+
 def build_parser() -> argparse.ArgumentParser:
     from ops.client import default_address
 
@@ -243,6 +285,11 @@ def build_parser() -> argparse.ArgumentParser:
             op.add_argument("--steps", type=int, default=0, help="for this many steps (0: to the end)")
         temporal_flags(op)
         op.set_defaults(fn=lambda a: asyncio.run(_run_operator(a)))
+
+    bench = sub.add_parser("bench", help="list the scoreboard benchmarks, or run one")
+    bench.add_argument("name", nargs="?", help="e.g. resume_exact (none: list them)")
+    bench.add_argument("args", nargs=argparse.REMAINDER, help="passed to the benchmark")
+    bench.set_defaults(fn=cmd_bench)
 
     events = sub.add_parser("events", help="print a run's event log")
     events.add_argument("run_id")

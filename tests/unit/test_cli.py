@@ -44,3 +44,14 @@ def test_free_ports_stay_below_the_ephemeral_range():
     low = _ephemeral_low()
     assert all(free_port() < low for _ in range(20))
     assert all(free_port(10000) + 10000 < low for _ in range(20))
+
+
+def test_bench_lists_the_scoreboard_scripts_and_runs_one_by_name(capsys):
+    assert main(["bench"]) == 0
+    listed = {line.split()[0] for line in capsys.readouterr().out.splitlines()}
+    assert {"resume_exact", "packing", "gpu_check", "spikes"} <= listed
+    assert "harness" not in listed  # a helper module has no __main__
+    assert main(["bench", "no_such_figure"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown benchmark 'no_such_figure'" in err and "resume_exact" in err
+    assert main(["bench", "dataprep", "--help"]) == 0  # arguments reach the script
