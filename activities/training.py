@@ -34,6 +34,7 @@ from ops.spec import RunSpec
 from ops.telemetry import child_trace_env
 from storage.checkpoints import CheckpointStore
 from storage.events import EventLog
+from trainer.extensions import clear_stale_build_locks
 from trainer.faults import WORKER_PID_ENV
 
 log = structlog.get_logger(__name__)
@@ -113,6 +114,7 @@ def train_segment(inp: TrainSegmentInput) -> TrainSegmentResult:
         metrics.on_progress(line)
         if recovery and line.get("type") == "start":
             recovery.report(line.get("resumed_from"))
+    clear_stale_build_locks(older_than_s=spec.ops.hang_timeout_s)  # a builder that died
     spec_file = os.path.join(workdir, "spec.json")
     with open(spec_file, "w") as f:
         json.dump(inp.spec, f)
