@@ -163,3 +163,28 @@ class RunResult:
     promoted_checkpoint: str
     best_params: dict[str, float]
     workflow_runs: int
+
+
+# ---- the sweep's Bayesian suggester (workflows/suggest.py), a local activity ----------
+SUGGEST_TRIALS = "suggest_trials"
+SOURCE_INITIAL, SOURCE_GP = "initial", "gp"
+
+
+@dataclass
+class SweepObservation:
+    params: dict[str, float]
+    val_loss: float | None  # None: the trial diverged (non-finite held-out loss)
+
+
+@dataclass
+class SuggestInput:
+    sweep: dict[str, Any]  # the SweepConfig as its JSON dict (RunSpec.to_dict()["sweep"])
+    observed: list[SweepObservation]  # every trial so far, in trial-index order
+    count: int
+    seed: int
+
+
+@dataclass
+class SuggestResult:
+    points: list[dict[str, float]]
+    source: str  # SOURCE_INITIAL (no observations yet: initial design) | SOURCE_GP

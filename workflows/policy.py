@@ -1,4 +1,4 @@
-"""Pure recovery policy: timeouts and retry policies per activity, sweep points, trial specs.
+"""Pure recovery policy: timeouts and retry policies per activity, sweep rounds, trial specs.
 
 Deterministic and I/O-free; imported by the workflows inside the sandbox.
 """
@@ -11,6 +11,7 @@ from temporalio.common import RetryPolicy
 
 from ops.errors import NON_RETRYABLE
 from ops.spec import RunSpec, SpikeConfig, SweepConfig
+from workflows.suggest import Dim
 
 RETRYABLE_FOREVER = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
                                 maximum_interval=timedelta(seconds=30), maximum_attempts=0,
@@ -31,21 +32,32 @@ def short_options(spec: RunSpec, hours: float = 6.0) -> dict:
             "retry_policy": RETRYABLE_FOREVER}
 
 
-def sweep_points(cfg: SweepConfig) -> list[dict[str, float]]:
-    """`trials` evenly spaced points (log-spaced where log=true) along each dimension."""
-    points = []
-    for i in range(cfg.trials):
-        frac = i / (cfg.trials - 1) if cfg.trials > 1 else 0.5
-        point = {}
-        for name, dim in sorted(cfg.space.items()):
-            if dim.log:
-                point[name] = dim.low * (dim.high / dim.low) ** frac
-            else:
-                point[name] = dim.low + (dim.high - dim.low) * frac
-            if name == "warmup_steps":
-                point[name] = float(round(point[name]))
-        points.append(point)
-    return points
+def suggest_options() -> dict:
+    """suggest_trials (a local activity): pure and deterministic, so a failure is a bug —
+    a few attempts, then the sweep fails with it rather than retrying forever."""
+    return {"start_to_close_timeout": timedelta(seconds=60),
+            "retry_policy": RetryPolicy(maximum_attempts=3,
+                                        non_retryable_error_types=list(NON_RETRYABLE))}
+
+
+def sweep_space(cfg: SweepConfig) -> list[Dim]:
+    """The swept dimensions in name order; warmup_steps moves in whole steps."""
+    return [Dim(name, d.low, d.high, d.log, integer=name == "warmup_steps")
+            for name, d in sorted(cfg.space.items())]
+
+
+def initial_trials(cfg: SweepConfig) -> int:
+    """Round 0's size: enough space-filling points for the GP to fit (>= 2, >= dims + 1)
+    and to fill one parallel round. One dimension with 2 trials: both ends, as before."""
+    return min(cfg.trials, max(2, len(cfg.space) + 1, cfg.parallel))
+
+
+def sweep_rounds(cfg: SweepConfig) -> list[int]:
+    """Trials per round: the initial design, then `parallel` GP suggestions at a time."""
+    rounds = [initial_trials(cfg)]
+    while sum(rounds) < cfg.trials:
+        rounds.append(min(cfg.parallel, cfg.trials - sum(rounds)))
+    return rounds
 
 
 def trial_run_id(run_id: str, index: int) -> str:

@@ -1,7 +1,11 @@
 """Sweep: the warm-up hyperparameter sweep as a child workflow.
 
+Round 0 runs a space-filling initial design; each later round runs `parallel` points the
+Bayesian suggester (workflows/suggest.py: GP + Expected Improvement, kriging believer for
+a batch) picks from every trial so far. The suggester runs as the `suggest_trials` local
+activity, so no CPU work happens here and each round's points are in the history.
 Each trial is a short run of its own (own run id and checkpoints) trained by the same
-train_segment activity and scored by held-out loss; the lowest wins.
+train_segment activity and scored by held-out loss; the lowest finite loss wins.
 """
 
 from __future__ import annotations
@@ -13,12 +17,14 @@ from datetime import timedelta
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from activities.contracts import (EVALUATE, RECORD_EVENT, SWEEP_WORKFLOW_TYPE, TRAIN_SEGMENT,
-                                      TRAINER_QUEUE, EvaluateInput, EvaluateResult,
-                                      RecordEventInput, SweepInput, SweepResult,
+    from activities.contracts import (EVALUATE, RECORD_EVENT, SUGGEST_TRIALS, SWEEP_WORKFLOW_TYPE,
+                                      TRAIN_SEGMENT, TRAINER_QUEUE, EvaluateInput,
+                                      EvaluateResult, RecordEventInput, SuggestInput,
+                                      SuggestResult, SweepInput, SweepObservation, SweepResult,
                                       TrainSegmentInput, TrainSegmentResult, TrialResult)
     from ops.spec import RunSpec
-    from workflows.policy import segment_options, short_options, sweep_points, trial_spec
+    from workflows.policy import (segment_options, short_options, suggest_options,
+                                  sweep_rounds, trial_spec)
 
 
 @workflow.defn(name=SWEEP_WORKFLOW_TYPE)
@@ -26,17 +32,24 @@ class Sweep:
     @workflow.run
     async def run(self, inp: SweepInput) -> SweepResult:
         spec = RunSpec.from_dict(inp.spec)
-        points = sweep_points(spec.sweep)
         trials: list[TrialResult] = []
-        for start in range(0, len(points), spec.sweep.parallel):
-            batch = points[start:start + spec.sweep.parallel]
-            trials += await asyncio.gather(*(self._trial(spec, inp.dataset_uri, start + i, p)
-                                             for i, p in enumerate(batch)))
+        for round_no, size in enumerate(sweep_rounds(spec.sweep)):
+            observed = [SweepObservation(t.params, t.val_loss if math.isfinite(t.val_loss)
+                                         else None) for t in trials]
+            plan = await workflow.execute_local_activity(
+                SUGGEST_TRIALS, SuggestInput(spec.to_dict()["sweep"], observed, size, spec.seed),
+                result_type=SuggestResult, **suggest_options())
+            for start in range(0, size, spec.sweep.parallel):
+                batch = plan.points[start:start + spec.sweep.parallel]
+                first = len(trials)
+                trials += await asyncio.gather(*(
+                    self._trial(spec, inp.dataset_uri, first + i, p, round_no, plan.source)
+                    for i, p in enumerate(batch)))
         best = min(trials, key=lambda t: t.val_loss if math.isfinite(t.val_loss) else math.inf)
         return SweepResult(best_params=best.params, trials=trials)
 
     async def _trial(self, spec: RunSpec, dataset_uri: str, index: int,
-                     params: dict[str, float]) -> TrialResult:
+                     params: dict[str, float], round_no: int, source: str) -> TrialResult:
         tspec = trial_spec(spec, index, params)
         steps = tspec.train.total_steps
         await workflow.execute_activity(
@@ -50,6 +63,7 @@ class Sweep:
             RECORD_EVENT, RecordEventInput(
                 durable=spec.storage.durable, run_id=spec.run_id, kind="sweep_trial",
                 event_id=f"sweep_trial/{index}", step=0,
-                payload={"params": params, "result": val_loss, "trial_run_id": tspec.run_id}),
+                payload={"params": params, "result": val_loss, "trial_run_id": tspec.run_id,
+                         "round": round_no, "source": source}),
             start_to_close_timeout=timedelta(seconds=60))
         return TrialResult(params=params, val_loss=val_loss, run_id=tspec.run_id)

@@ -1,15 +1,40 @@
 import math
 
 from ops.spec import SpikeBudget, SpikeConfig, preset
-from workflows.policy import (rollback_allowance, segment_bounds, sweep_points, trial_spec,
-                              with_params)
+from workflows.policy import (rollback_allowance, segment_bounds, sweep_rounds, sweep_space,
+                              trial_spec, with_params)
+from workflows.suggest import Dim, initial_design
 
 
-def test_sweep_points_span_the_range_log_spaced():
+def test_one_dimension_initial_design_spans_the_range_log_spaced():
     spec = preset("demo").replace(**{"train.min_lr": 1e-5, "sweep.trials": 3, "sweep.space": {
         "lr": {"low": 1e-4, "high": 1e-2, "log": True}}})
-    lrs = [p["lr"] for p in sweep_points(spec.sweep)]
+    lrs = [p["lr"] for p in initial_design(sweep_space(spec.sweep), 3)]
     assert math.isclose(lrs[0], 1e-4) and math.isclose(lrs[1], 1e-3) and math.isclose(lrs[2], 1e-2)
+
+
+def test_sweep_space_is_name_ordered_and_steps_warmup_in_whole_steps():
+    spec = preset("demo").replace(**{"sweep.space": {
+        "warmup_steps": {"low": 2, "high": 10, "log": False},
+        "lr": {"low": 1e-3, "high": 1e-2, "log": True}}})
+    assert sweep_space(spec.sweep) == [Dim("lr", 1e-3, 1e-2, log=True),
+                                       Dim("warmup_steps", 2.0, 10.0, log=False, integer=True)]
+
+
+def test_sweep_rounds_start_with_the_initial_design_then_parallel_gp_rounds():
+    def rounds(trials: int, parallel: int, dims: int) -> list[int]:
+        space = dict(list({"lr": {"low": 1e-3, "high": 1e-2, "log": True},
+                           "weight_decay": {"low": 0.0, "high": 0.2, "log": False},
+                           "warmup_steps": {"low": 0, "high": 9, "log": False}}.items())[:dims])
+        return sweep_rounds(preset("demo").replace(**{
+            "sweep.trials": trials, "sweep.parallel": parallel, "sweep.space": space}).sweep)
+
+    assert rounds(2, 1, 1) == [2]  # the demo: both ends of the lr range, nothing else
+    assert rounds(5, 1, 1) == [2, 1, 1, 1]
+    assert rounds(7, 2, 2) == [3, 2, 2]  # initial design: dims + 1 points
+    assert rounds(8, 2, 3) == [4, 2, 2]
+    assert rounds(6, 4, 1) == [4, 2]  # one full parallel round first
+    assert rounds(3, 1, 3) == [3]  # never more trials than asked for
 
 
 def test_trial_spec_is_a_short_faultless_run_of_its_own():
