@@ -54,7 +54,7 @@ class TrainingRun:
         self._attention = ""  # why the run is held (paused / needs_attention), "" when not
         self._resume_note: str | None = None
         self._resume_who = ""
-        self._segment_running = False
+        self._running: tuple[int, int] | None = None  # [lo, hi) of the running segment
 
     @workflow.query
     def status(self) -> dict:
@@ -69,7 +69,8 @@ class TrainingRun:
                 "rollback_steps": self._carry.rollback_steps, "lr_windows": self._carry.lr_windows,
                 "early_stopped": self._carry.early_stopped or None,
                 "operator_queue": [q["name"] for q in self._carry.operator_queue],
-                "pending_rollback": self._carry.rewind}
+                "pending_rollback": self._carry.rewind,
+                "segment_running": list(self._running) if self._running else None}
 
     # ---- operator commands (workflows/operator.py; `mainspring run pause|resume|...`) ------
     @workflow.update
@@ -129,7 +130,10 @@ class TrainingRun:
     def _check(self, name: str, args: object) -> None:
         total = self._spec.train.total_steps if self._spec else 0
         try:
-            why = admit(parse_command(name, args), stage=self._stage, step=self._carry.next_step,
+            # while a segment runs, the run is somewhere before its end: a rollback target
+            # is checked against that, and again once the segment has stopped
+            step = self._running[1] if self._running else self._carry.next_step
+            why = admit(parse_command(name, args), stage=self._stage, step=step,
                         total_steps=total,
                         queued=tuple(q["name"] for q in self._carry.operator_queue))
         except Refused as exc:
@@ -143,7 +147,7 @@ class TrainingRun:
         entry = {"id": f"op{c.operator_actions}", "name": name, "raw": args,
                  "accepted_at_step": c.next_step}
         c.operator_queue.append(entry)
-        when = ("at the running segment's next step" if self._segment_running
+        when = ("at the running segment's next step" if self._running
                 else "now" if self._stage in ("paused", "needs_attention")
                 else "when training starts")
         return {"run_id": self._spec.run_id if self._spec else "", "accepted": name,
@@ -243,11 +247,11 @@ class TrainingRun:
             task_queue=TRAINER_QUEUE, result_type=TrainSegmentResult,
             cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
             **segment_options(s))
-        self._segment_running = True
+        self._running = (lo, hi)
         try:
             return await self._until(handle, lambda: bool(c.operator_queue))
         finally:
-            self._segment_running = False
+            self._running = None
 
     async def _unless_aborted(self, handle):
         """Await a stage's activity or child workflow; an `abort` cancels it and ends the run."""
@@ -280,9 +284,15 @@ class TrainingRun:
             aborts = [i for i, q in enumerate(c.operator_queue) if q["name"] == "abort"]
             entry = c.operator_queue.pop(aborts[0] if aborts else 0)
             cmd = parse_command(entry["name"], entry["raw"])
+            # admitted against the running segment's end: the run may have stopped earlier
+            moot = cmd.name == "rollback" and cmd.to_step >= c.next_step
             await self._event("operator", f"operator/{entry['id']}", command=cmd.name,
                               args=cmd.args, who=cmd.who, note=cmd.note, id=entry["id"],
-                              accepted_at_step=entry["accepted_at_step"])
+                              accepted_at_step=entry["accepted_at_step"], applied=not moot,
+                              **({"why_not": f"the run stopped at step {c.next_step}, not "
+                                             f"after step {cmd.to_step}"} if moot else {}))
+            if moot:
+                continue
             if cmd.name == "pause":
                 await self._hold("paused", cmd.note or "paused by operator",
                                  fix=f"`mainspring run resume {s.run_id}`", who=cmd.who)

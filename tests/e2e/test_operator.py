@@ -1,6 +1,7 @@
-"""Operator commands through the real workflow, workers and trainer (DESIGN §6): pause stops
-the running segment at a committed step with no lost work; rollback and set-lr sent while
-paused take effect on resume; refusals are clear; abort ends the run at a checkpoint."""
+"""Operator commands through the real workflow, workers and trainer (DESIGN §6): a command
+stops the running segment at a committed step with no lost work; pause holds the run;
+rollback and set-lr sent while paused take effect on resume; a rollback the run had not
+reached is recorded as not applied; refusals are clear; abort ends the run at a checkpoint."""
 
 from __future__ import annotations
 
@@ -50,6 +51,16 @@ def test_pause_rollback_set_lr_resume_and_abort_lose_no_committed_work(
     asyncio.run(_start(address, spec))
     wait_for(lambda: any(s >= 20 for s in store.list_committed()), 300, "step 20 committed")
 
+    # a rollback admitted against the running segment's end (step 100) that the run has
+    # not reached when the segment stops: recorded as not applied, training goes on
+    code, out, err = cli("run", "rollback", spec.run_id, "--to-step", "95")
+    assert code == 0, err
+    [moot] = wait_for(lambda: events("operator"), 120, "the rollback to be applied")
+    first_stop = int(moot["why_not"].split("at step ")[1].split(",")[0])
+    assert moot["applied"] is False and 20 <= first_stop < 95
+    assert first_stop in store.list_committed() and not events("rollback")
+    wait_for(lambda: max(store.list_committed()) > first_stop, 180, "training to go on")
+
     # pause: the segment stops at its next step, commits it, and the run waits
     code, out, err = cli("run", "pause", spec.run_id, "--reason", "inspect shard 3",
                          "--who", "alice")
@@ -57,7 +68,7 @@ def test_pause_rollback_set_lr_resume_and_abort_lose_no_committed_work(
     assert json.loads(out)["applies"] == "at the running segment's next step"
     paused = wait_for(lambda: (s := status())["stage"] == "paused" and s, 120, "the pause")
     stopped_at = paused["step"]
-    assert 20 <= stopped_at < 100 and stopped_at in store.list_committed()
+    assert first_stop < stopped_at < first_stop + 100 and stopped_at in store.list_committed()
     assert paused["needs_attention"] == "inspect shard 3"
     assert not events("recovered") and not events("fault")  # a graceful stop, not a crash
     [pause_event] = events("paused")
@@ -100,7 +111,7 @@ def test_pause_rollback_set_lr_resume_and_abort_lose_no_committed_work(
     assert finished["status"] == "aborted" and finished["reason"] == "budget cut"
     assert finished["step"] in store.list_committed() and finished["step"] >= 120
     commands = [e["command"] for e in events("operator")]
-    assert commands == ["pause", "rollback", "set_lr_scale", "abort"]
+    assert commands == ["rollback", "pause", "rollback", "set_lr_scale", "abort"]
     resumed = events("run_resumed")
     assert resumed[0]["note"] == "shard 3 dropped"
 
