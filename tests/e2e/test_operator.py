@@ -21,7 +21,9 @@ from trainer.engine import lr_at
 pytestmark = pytest.mark.e2e
 
 OPERATED = {
-    "train.total_steps": 200, "train.segment_steps": 100, "train.segments_per_run": 4,
+    # long segments: a command reaches the trainer within a heartbeat interval (the SDK
+    # throttles heartbeats to 0.8 x timeout), and an unloaded machine runs ~20 steps/s
+    "train.total_steps": 2000, "train.segment_steps": 1000, "train.segments_per_run": 4,
     "train.checkpoint_every": 10, "sweep.enabled": False, "faults": [],
     "ops.stop_grace_s": 60.0,
 }
@@ -51,13 +53,13 @@ def test_pause_rollback_set_lr_resume_and_abort_lose_no_committed_work(
     asyncio.run(_start(address, spec))
     wait_for(lambda: any(s >= 20 for s in store.list_committed()), 300, "step 20 committed")
 
-    # a rollback admitted against the running segment's end (step 100) that the run has
+    # a rollback admitted against the running segment's end (step 1000) that the run has
     # not reached when the segment stops: recorded as not applied, training goes on
-    code, out, err = cli("run", "rollback", spec.run_id, "--to-step", "95")
+    code, out, err = cli("run", "rollback", spec.run_id, "--to-step", "999")
     assert code == 0, err
     [moot] = wait_for(lambda: events("operator"), 120, "the rollback to be applied")
     first_stop = int(moot["why_not"].split("at step ")[1].split(",")[0])
-    assert moot["applied"] is False and 20 <= first_stop < 95
+    assert moot["applied"] is False and 20 <= first_stop < 999
     assert first_stop in store.list_committed() and not events("rollback")
     wait_for(lambda: max(store.list_committed()) > first_stop, 180, "training to go on")
 
@@ -68,7 +70,7 @@ def test_pause_rollback_set_lr_resume_and_abort_lose_no_committed_work(
     assert json.loads(out)["applies"] == "at the running segment's next step"
     paused = wait_for(lambda: (s := status())["stage"] == "paused" and s, 120, "the pause")
     stopped_at = paused["step"]
-    assert first_stop < stopped_at < first_stop + 100 and stopped_at in store.list_committed()
+    assert first_stop < stopped_at < first_stop + 1000 and stopped_at in store.list_committed()
     assert paused["needs_attention"] == "inspect shard 3"
     assert not events("recovered") and not events("fault")  # a graceful stop, not a crash
     [pause_event] = events("paused")
@@ -89,7 +91,7 @@ def test_pause_rollback_set_lr_resume_and_abort_lose_no_committed_work(
     held = status()
     assert held["stage"] == "paused" and held["step"] == 10
     assert held["pending_rollback"]["through_step"] == stopped_at
-    assert held["lr_windows"] == [[10, 200, 0.5]]
+    assert held["lr_windows"] == [[10, 2000, 0.5]]
     assert cli("run", "resume", spec.run_id, "--note", "shard 3 dropped")[0] == 0
 
     # the trainer applied the rollback: checkpoints after 10 uncommitted, data skipped
