@@ -12,6 +12,7 @@ import socket
 import sys
 import time
 
+from activities.contracts import WORKFLOW_TYPE
 from ops.errors import BadConfig
 from ops.metrics import PORT_ENV, TEMPORAL_PORT_ENV
 
@@ -88,6 +89,31 @@ async def _run_start(args: argparse.Namespace) -> int:
     if args.wait:
         result = await watch(client, spec.run_id, spec.storage.durable)
         print(json.dumps(result, default=str))
+    return 0
+
+
+def list_query(stage: str | None, running_only: bool) -> str:
+    """Temporal visibility query for mainspring runs (search attributes, DESIGN §6)."""
+    clauses = [f"WorkflowType = '{WORKFLOW_TYPE}'"]
+    if stage:
+        clauses.append(f"MainspringStage = '{stage}'")
+    if running_only:
+        clauses.append("ExecutionStatus = 'Running'")
+    return " AND ".join(clauses)
+
+
+async def _run_list(args: argparse.Namespace) -> int:
+    from ops.client import connect
+
+    client = await connect(args.address, args.namespace)
+    async for wf in client.list_workflows(list_query(args.stage, args.running), limit=args.limit):
+        attrs = wf.typed_search_attributes
+        row = {"run_id": wf.id, "status": wf.status.name if wf.status else None,
+               "started": wf.start_time.isoformat(timespec="seconds")}
+        for key in ("MainspringStage", "MainspringStep", "MainspringLoss"):
+            value = next((p.value for p in attrs if p.key.name == key), None)
+            row[key.removeprefix("Mainspring").lower()] = value
+        print(json.dumps(row))
     return 0
 
 
@@ -257,6 +283,13 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("run_id")
     temporal_flags(status)
     status.set_defaults(fn=lambda a: asyncio.run(_run_status(a)))
+
+    listing = run_sub.add_parser("list", help="runs on this Temporal namespace, newest first")
+    listing.add_argument("--stage", help="e.g. needs_attention, paused, train")
+    listing.add_argument("--running", action="store_true", help="only runs still running")
+    listing.add_argument("--limit", type=int, default=50)
+    temporal_flags(listing)
+    listing.set_defaults(fn=lambda a: asyncio.run(_run_list(a)))
 
     watch_p = run_sub.add_parser("watch", help="print a run's progress until it ends")
     watch_p.add_argument("run_id")

@@ -73,6 +73,11 @@ def test_pause_rollback_set_lr_resume_and_abort_lose_no_committed_work(
     assert first_stop < stopped_at < first_stop + 1000 and stopped_at in store.list_committed()
     assert paused["needs_attention"] == "inspect shard 3"
     assert not events("recovered") and not events("fault")  # a graceful stop, not a crash
+    def listed_paused() -> list[dict]:
+        code, out, _ = cli("run", "list", "--stage", "paused", "--running")
+        return [json.loads(line) for line in out.splitlines()] if code == 0 else []
+    [row] = wait_for(listed_paused, 30, "the paused run in `mainspring run list`")
+    assert (row["run_id"], row["stage"], row["status"]) == (spec.run_id, "paused", "RUNNING")
     [pause_event] = events("paused")
     assert pause_event["reason"] == "inspect shard 3" and pause_event["who"] == "alice"
     assert max(store.list_committed()) == stopped_at  # nothing trains while paused

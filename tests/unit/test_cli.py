@@ -55,3 +55,12 @@ def test_bench_lists_the_scoreboard_scripts_and_runs_one_by_name(capsys):
     err = capsys.readouterr().err
     assert "unknown benchmark 'no_such_figure'" in err and "resume_exact" in err
     assert main(["bench", "dataprep", "--help"]) == 0  # arguments reach the script
+
+
+def test_run_list_queries_mainspring_runs_by_stage_and_status():
+    from ops.cli import list_query
+
+    assert list_query(None, False) == "WorkflowType = 'TrainingRun'"
+    assert list_query("needs_attention", True) == ("WorkflowType = 'TrainingRun' AND "
+                                                   "MainspringStage = 'needs_attention' AND "
+                                                   "ExecutionStatus = 'Running'")
