@@ -57,12 +57,6 @@ def kinds(url: str) -> list[str]:
     return [e["kind"] for e in read_events(url, "r")]
 
 
-def flip_byte(fs, path: str) -> None:
-    data = bytearray(fs.cat_file(path))
-    data[len(data) // 2] ^= 0xFF
-    fs.pipe_file(path, bytes(data))
-
-
 @pytest.fixture
 def small_disk(tmp_path):
     """A real 1 MiB filesystem (tmpfs) to fill up; needs mount rights (root here)."""

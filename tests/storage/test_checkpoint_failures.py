@@ -9,13 +9,13 @@ import sys
 
 import pytest
 
+from ops.chaos import flip_byte
 from ops.errors import StorageUnavailable
 from storage.checkpoints import MANIFEST, CheckpointStore
 from storage.events import EventLog, read_events
 from tests.storage.ckpt_helpers import (
     BACKENDS,
     durable_url,
-    flip_byte,
     payload,
     save,
     small_disk,

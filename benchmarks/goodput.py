@@ -1,0 +1,291 @@
+"""Goodput and recovery under faults: a soak run through the real workflow with a fault
+every `--every` seconds and no human in the loop.
+
+    .venv/bin/python benchmarks/goodput.py [--quick] [--every 45] [--steps N] [--world 2]
+        [--outage-s 15] [--kinds kill_worker,kill_rank,hang,corrupt_checkpoint,s3_outage]
+        [--save-raw FILE | --from-raw FILE]
+
+The run: a TrainingRun (sweep off) on a private Temporal dev server, a restarting worker
+fleet and a SeaweedFS S3 durable tier (CPU priority 19), world size 2 under torchrun, four
+segments with continue-as-new after two. Faults:
+- from outside, on a timer (ops/chaos.py), rotating through `--kinds`: worker SIGKILL, rank
+  SIGKILL, hang (SIGSTOP a rank; the supervisor's hang timeout fires), corrupt checkpoint
+  (a byte flipped in the newest committed checkpoint on both tiers, then the ranks crash so
+  resume must read it), S3 outage (SeaweedFS stopped for `--outage-s`, then restarted). A
+  fault fires `--every` s after the previous one, once training has run `--min-train-s`
+  since it recovered, so each fault's recovery is measured on its own.
+- from inside, at steps (RunSpec faults, trainer/faults.py): corrupted batches (a sustained
+  spike -> rollback + skip window), a NaN loss, an LR burst.
+
+Figures (one JSON line; definitions in ops/goodput.py): `value` = goodput = productive step
+time (the final trajectory's applied updates) ÷ the train stage's wall time, at
+`faults_per_min`; `time_budget` itemises that wall time; per fault its recovery (fault ->
+end of the first step after the restart) and lost steps (last step reached - step resumed
+from), summarised per kind against its detection timeout + 10 s (DESIGN §8: worker SIGKILL
+<= T + 10 s, T the heartbeat timeout; the hang timeout for hangs; 0 for crashes the
+supervisor sees at once); `projected_goodput` at one fault per 10 min / hour with this
+run's cost per fault; spike faults and how they were handled; `human_actions`
+(operator / needs_attention events) and `unexplained_restarts` (restarts no injected fault
+caused), both expected 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.harness import (
+    Services,
+    bench_spec,
+    load_1m,
+    progress_lines,
+    rounded,
+    run_workflow,
+    stage_window,
+)
+from ops.chaos import CHAOS_KINDS, Chaos
+from ops.goodput import (
+    downtime,
+    fault_outcome,
+    human_actions,
+    longest_gap,
+    projected_goodput,
+    spike_outcomes,
+    summarize_recoveries,
+    time_budget,
+)
+from storage.checkpoints import CheckpointStore
+from storage.events import read_events
+
+HEARTBEAT_S, HANG_S = 10.0, 30.0
+# (kind, fraction of the run, steps, LR factor), off the checkpoint grid like benchmarks/spikes.py
+SPIKES = [("corrupt_batches", 0.30, 4, 1.0), ("nan_loss", 0.50, 1, 1.0),
+          ("lr_burst", 0.70, 2, 100.0)]
+
+
+def spike_faults(total: int) -> list[dict]:
+    out = []
+    for kind, frac, steps, factor in SPIKES:
+        fault = {"kind": kind, "at_step": int(frac * total) + 3, "steps": steps}
+        out.append({**fault, "factor": factor} if kind == "lr_burst" else fault)
+    return out
+
+
+RESTARTING = ("kill_worker", "kill_rank", "hang", "corrupt_checkpoint")
+
+
+def soak(chaos: Chaos, spec, kinds: list[str], every_s: float, min_train_s: float,
+         outage_s: float, done: threading.Event) -> None:
+    """Inject `kinds` in rotation, each `every_s` after the previous fault and once training
+    has run `min_train_s` since it recovered from it (after a restart, for the kinds that
+    cause one; so each fault is measured alone), while a trainer is stepping, until the run
+    is within a few checkpoint intervals of its end."""
+    margin = 3 * spec.train.checkpoint_every
+    last, i = None, 0
+    while not done.is_set():
+        time.sleep(0.5)
+        lines = progress_lines(spec)
+        steps = [s for s in lines if s["type"] == "step"]
+        if steps and steps[-1]["step"] >= spec.train.total_steps - margin:
+            return
+        now = time.time()
+        if not steps or now - steps[-1]["ts"] > 2:
+            continue
+        if last is not None:
+            o = fault_outcome(last["ts"], lines)
+            waited_out = now - last["ts"] > 300  # a fault that needed no restart after all
+            if (not o["recovered"] or (last["kind"] in RESTARTING and not o["restarted"]
+                                       and not waited_out)
+                    or now < max(last["ts"] + every_s, o["first_step_ts"] + min_train_s)):
+                continue
+        elif now < steps[0]["ts"] + every_s:
+            continue
+        kind = kinds[i % len(kinds)]
+        record = chaos.apply(kind, **({"seconds": outage_s} if kind == "s3_outage" else {}))
+        if "skipped" not in record:
+            last, i = record, i + 1
+
+
+def outcomes(chaos_log: list[dict], lines: list[dict], end_ts: float) -> list[dict]:
+    """Each injected fault's recovery, up to the next fault (ops/goodput.fault_outcome)."""
+    faults = [f for f in chaos_log if "skipped" not in f]
+    out = []
+    for f, nxt in zip(faults, [g["ts"] for g in faults[1:]] + [end_ts]):
+        o = {"kind": f["kind"], "ts": f["ts"], **fault_outcome(f["ts"], lines, until_ts=nxt)}
+        o.pop("first_step_ts", None)
+        if f["kind"] == "s3_outage":  # training runs through it: how long did it stall?
+            o["longest_step_gap_s"] = longest_gap(lines, f["ts"], min(nxt, f["restarted_ts"] + 60))
+        if f["kind"] == "corrupt_checkpoint":
+            o["corrupted"] = f["corrupted"]
+        out.append({k: round(v, 2) if isinstance(v, float) else v for k, v in o.items()})
+    return out
+
+
+def durable_catch_up(chaos_log: list[dict], events: list[dict]) -> list[float | None]:
+    """Seconds from each S3 restart to the next durable commit."""
+    out = []
+    for f in (f for f in chaos_log if f["kind"] == "s3_outage"):
+        nxt = [e["ts"] for e in events
+               if e["kind"] == "checkpoint_committed" and e["ts"] > f["restarted_ts"]]
+        out.append(round(min(nxt) - f["restarted_ts"], 2) if nxt else None)
+    return out
+
+
+def run_soak(cfg: dict) -> dict:
+    """Services up, the run started, faults injected until it nears its end; what it left."""
+    services = Services(s3=True).start()
+    loads = [load_1m()]
+    try:
+        steps = cfg["steps"]
+        spec = bench_spec(f"goodput-{int(time.time())}", services, **{
+            "train.total_steps": steps, "train.segment_steps": cfg["segment_steps"],
+            "train.segments_per_run": 2, "train.checkpoint_every": cfg["checkpoint_every"],
+            "train.procs_per_node": cfg["world_size"], "ops.heartbeat_timeout_s": HEARTBEAT_S,
+            "ops.hang_timeout_s": HANG_S, "faults": spike_faults(steps)})
+        chaos = Chaos(worker_pid=lambda: services.fleet.procs["trainer"].pid,
+                      durable=CheckpointStore(spec.storage.durable, spec.run_id),
+                      fast_root=os.path.join(spec.storage.fast, spec.run_id),
+                      s3_down=services.seaweed.stop, s3_up=services.restart_s3)
+        done, box = threading.Event(), {}
+
+        def run() -> None:
+            try:
+                box["result"] = asyncio.run(run_workflow(services.temporal.address, spec, 7200))
+            except Exception as exc:  # noqa: BLE001 - reported below; the soak must stop
+                box["error"] = repr(exc)
+            finally:
+                done.set()
+        runner = threading.Thread(target=run, daemon=True)
+        runner.start()
+        soak(chaos, spec, cfg["kinds"], cfg["every_s"], cfg["min_train_s"], cfg["outage_s"],
+             done)
+        loads.append(load_1m())
+        runner.join()
+        loads.append(load_1m())
+        if "error" in box:
+            raise RuntimeError(f"the run did not complete: {box['error']}")
+        inputs = {**cfg, "spike_faults": spec.to_dict()["faults"],
+                  "tokens_per_step": spec.train.micro_batch_tokens * spec.train.world_size,
+                  "model": {k: v for k, v in spec.to_dict()["model"].items()
+                            if k in ("d_model", "n_layers", "n_heads", "seq_len")},
+                  "cpus": os.cpu_count()}
+        return {"inputs": inputs, "result": box["result"], "chaos": chaos.log, "loads": loads,
+                "events": read_events(spec.storage.durable, spec.run_id),
+                "lines": progress_lines(spec), "worker_restarts": dict(services.fleet.restarts)}
+    finally:
+        services.stop()
+        services.remove()
+
+
+def segment_startups(events: list[dict], lines: list[dict], faults: list[dict]) -> float:
+    """Seconds from each segment's first dispatch (segment_started, attempt 1) to the end of
+    its first step: the cost of cutting the run into segments, faults aside (a start inside
+    a restarted fault's recovery is that fault's downtime already)."""
+    down = [(f["ts"], f["ts"] + f["recovery_s"]) for f in faults if f.get("restarted")]
+    total = 0.0
+    for e in (e for e in events if e["kind"] == "segment_started" and e["payload"]["attempt"] == 1
+              and not any(a <= e["ts"] <= b for a, b in down)):
+        first = next((s for s in lines if s["type"] == "step" and s["ts"] > e["ts"]), None)
+        total += first["ts"] - e["ts"] if first else 0.0
+    return total
+
+
+def breakdown(budget: dict, faults: list[dict], lines: list[dict], startup_s: float) -> dict:
+    """The train stage's wall time, itemised (fault downtime ends at the first new step)."""
+    parts = {"productive_s": budget["productive_s"], "replayed_s": budget["replayed_s"],
+             "skipped_s": budget["skipped_s"], "checkpoint_pause_s": budget["checkpoint_pause_s"],
+             "fault_downtime_s": sum(downtime(f["ts"], f["recovery_s"], lines)
+                                     for f in faults if f.get("restarted")),
+             "s3_outage_stall_s": sum(f.get("longest_step_gap_s", 0.0) for f in faults
+                                      if not f.get("restarted")),
+             "segment_startup_s": startup_s}
+    return {"wall_s": budget["wall_s"], **parts, "rest_s": budget["wall_s"] - sum(parts.values())}
+
+
+def report(raw: dict) -> dict:
+    events, lines = raw["events"], raw["lines"]
+    start, end = stage_window(events, "train")
+    pauses = sum(e["payload"]["pause_s"] for e in events if e["kind"] == "checkpoint_saved")
+    budget = time_budget([s for s in lines if s["type"] == "step"], end - start, pauses)
+    faults = outcomes(raw["chaos"], lines, end)
+    cfg = raw["inputs"]
+    timeouts = {"kill_worker": cfg["heartbeat_timeout_s"], "hang": cfg["hang_timeout_s"],
+                "kill_rank": 0.0, "corrupt_checkpoint": 0.0}
+    spikes = spike_outcomes(events)
+    kinds_seen = [e["kind"] for e in events]
+    retries = sum(s["type"] == "start" and s.get("attempt", 1) > 1 for s in lines)
+    return {
+        "figure": "goodput_under_faults", "value": round(budget["goodput"], 4), "target": 0.95,
+        "status": raw["result"]["status"], "human_actions": human_actions(events),
+        "faults_per_min": round((len(faults) + len(spikes)) / (budget["wall_s"] / 60), 2),
+        "time_budget": rounded(breakdown(budget, faults, lines,
+                                               segment_startups(events, lines, faults))),
+        "steps": {k: budget[k] for k in ("steps_executed", "steps_kept", "steps_replayed")},
+        "recovery": rounded(summarize_recoveries([f for f in faults if f["kind"] != "s3_outage"],
+                                                 timeouts)),
+        "projected_goodput": rounded(projected_goodput(budget, faults, len(faults) + len(spikes),
+                                                       (600.0, 3600.0))),
+        "faults": [{k: v for k, v in f.items() if k != "ts"} for f in faults],
+        "s3_durable_catch_up_s": durable_catch_up(raw["chaos"], events),
+        "spikes": spikes,
+        "events": {k: kinds_seen.count(k) for k in ("fault", "recovered", "checkpoint_corrupt",
+                                                      "rollback", "batch_skipped", "lr_adjusted",
+                                                      "segment_started", "checkpoint_committed")},
+        "mttr_s_events": [e["payload"]["mttr_s"] for e in events if e["kind"] == "recovered"],
+        "worker_restarts": raw["worker_restarts"],
+        # trainer starts beyond one per segment that no injected fault explains (a false
+        # hang detection, a heartbeat timeout under load, a crash): should be 0
+        "unexplained_restarts": retries - sum(f.get("attempts", 0) for f in faults),
+        "load_avg_1m": raw["loads"]}
+
+
+def settings(args: argparse.Namespace) -> dict:
+    kinds = args.kinds.split(",")
+    unknown = set(kinds) - set(CHAOS_KINDS)
+    if unknown:
+        raise SystemExit(f"unknown --kinds {sorted(unknown)}; use {','.join(CHAOS_KINDS)}")
+    steps = args.steps or (1200 if args.quick else 2400)
+    return {"steps": steps, "segment_steps": args.segment_steps or steps // 4,
+            "checkpoint_every": args.checkpoint_every, "world_size": args.world,
+            "every_s": 30.0 if args.quick else args.every, "min_train_s": args.min_train_s,
+            "outage_s": args.outage_s, "kinds": kinds, "heartbeat_timeout_s": HEARTBEAT_S,
+            "hang_timeout_s": HANG_S}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true",
+                   help="1200 steps and a fault every 30 s (about 10 minutes)")
+    p.add_argument("--every", type=float, default=45.0, help="seconds between faults")
+    p.add_argument("--min-train-s", type=float, default=10.0,
+                   help="training seconds after a recovery before the next fault")
+    p.add_argument("--steps", type=int, default=0, help="total steps (default 2400; quick 1200)")
+    p.add_argument("--segment-steps", type=int, default=0, help="default: steps / 4")
+    p.add_argument("--checkpoint-every", type=int, default=25)
+    p.add_argument("--world", type=int, default=2)
+    p.add_argument("--outage-s", type=float, default=15.0)
+    p.add_argument("--kinds", default=",".join(CHAOS_KINDS))
+    p.add_argument("--save-raw", default="", help="also write the run's events, progress "
+                   "lines and fault log to this JSON file (for --from-raw)")
+    p.add_argument("--from-raw", default="", help="report on a saved run instead of running")
+    args = p.parse_args(argv)
+    if args.from_raw:
+        raw = json.loads(Path(args.from_raw).read_text())
+    else:
+        raw = run_soak(settings(args))
+        if args.save_raw:
+            Path(args.save_raw).write_text(json.dumps(raw))
+    print(json.dumps({**report(raw), "inputs": raw["inputs"]}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

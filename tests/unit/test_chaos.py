@@ -1,0 +1,120 @@
+"""External faults (ops/chaos.py): finding trainer ranks, and each fault on real processes
+and real checkpoint stores (the soak in benchmarks/goodput.py runs them on a full run)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from ops.chaos import Chaos, ProcInfo, cmdline_arg, corrupt_newest, rank_pids
+from storage.checkpoints import CheckpointStore
+from tests.storage.ckpt_helpers import save, tiered
+
+PY = sys.executable
+LAUNCHER = (PY, "-m", "torch.distributed.run", "--nproc_per_node=2", "-m", "trainer.segment",
+            "--workdir", "/w")
+
+
+def test_ranks_are_the_trainer_processes_with_a_rank_not_the_launcher_or_the_writer():
+    procs = [ProcInfo(10, LAUNCHER),
+             ProcInfo(11, (PY, "-u", "-m", "trainer.segment", "--workdir", "/w"), 0),
+             ProcInfo(12, (PY, "-u", "-m", "trainer.segment", "--workdir", "/w"), 1),
+             ProcInfo(13, (PY, "-m", "storage.tiered_writer", "{}"), 0)]
+    assert rank_pids(procs) == {0: 11, 1: 12}
+    assert rank_pids(procs[:1]) == {}
+
+
+def test_cmdline_arg_reads_separate_and_joined_values():
+    assert cmdline_arg(LAUNCHER, "--workdir") == "/w"
+    assert cmdline_arg(LAUNCHER, "--nproc_per_node") == "2"
+    assert cmdline_arg(LAUNCHER, "--spec") is None
+
+
+@pytest.fixture
+def fake_trainer(tmp_path):
+    """A 'worker' process with two 'rank' children that look like trainer.segment ranks
+    (RANK set, the module name on their command line) and a launcher-like sibling."""
+    rank = "import time; time.sleep(60)"
+    script = (f"RANK=0 {PY} -c '{rank}' -m trainer.segment --workdir {tmp_path} & "
+              f"RANK=1 {PY} -c '{rank}' -m trainer.segment --workdir {tmp_path} & "
+              f"{PY} -c '{rank}' torch.distributed.run -m trainer.segment & wait")
+    worker = subprocess.Popen(["sh", "-c", script], start_new_session=True)
+    chaos = Chaos(worker_pid=lambda: worker.pid, durable=None, fast_root=str(tmp_path))
+    deadline = time.monotonic() + 10
+    while len(chaos.ranks()[0]) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    yield worker, chaos
+    try:
+        os.killpg(worker.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    worker.wait()
+
+
+def test_hang_stops_the_highest_rank_and_kill_rank_kills_it(fake_trainer):
+    _, chaos = fake_trainer
+    ranks, _ = chaos.ranks()
+    assert sorted(ranks) == [0, 1]
+    hung = chaos.apply("hang")
+    assert hung["rank"] == 1 and hung["stopped"]
+    assert psutil.Process(ranks[1]).status() == psutil.STATUS_STOPPED
+    assert psutil.Process(ranks[0]).status() != psutil.STATUS_STOPPED
+    killed = chaos.apply("kill_rank")
+    assert killed["pid"] == ranks[1]
+    psutil.Process(ranks[1]).wait(5)  # reaped by the shell: gone
+    assert not psutil.pid_exists(ranks[1]) and psutil.pid_exists(ranks[0])
+    assert [r["kind"] for r in chaos.log] == ["hang", "kill_rank"]
+
+
+def test_kill_worker_sigkills_the_worker(fake_trainer):
+    worker, chaos = fake_trainer
+    chaos.apply("kill_worker")
+    assert worker.wait(5) == -signal.SIGKILL
+
+
+def test_process_faults_with_no_segment_running_inject_nothing(tmp_path):
+    idle = subprocess.Popen([PY, "-c", "import time; time.sleep(30)"])
+    try:
+        chaos = Chaos(worker_pid=lambda: idle.pid, durable=None, fast_root=str(tmp_path))
+        assert "skipped" in chaos.apply("kill_rank") and "skipped" in chaos.apply("hang")
+        assert idle.poll() is None
+    finally:
+        idle.kill()
+        idle.wait()
+
+
+def test_corrupting_the_newest_checkpoint_on_both_tiers_makes_resume_fall_back(tmp_path):
+    durable, fast_dir = str(tmp_path / "durable"), tmp_path / "fast"
+    ckpt = tiered(durable, fast_dir)
+    save(ckpt, 1, size=4096)
+    save(ckpt, 2, size=4096)
+    ckpt.drain()
+    ckpt.close()
+    stores = [CheckpointStore(durable, "r"), CheckpointStore.local(str(fast_dir))]
+    assert 2 in stores[1].list_committed()
+    hit = corrupt_newest(stores)
+    # the largest file of step 2, on each tier
+    assert [(h["step"], h["file"]) for h in hit] == [(2, "zero/optim_states.pt")] * 2
+    assert [p.file for p in stores[0].verify(2)] == ["zero/optim_states.pt"]
+    corrupt = []
+    again = tiered(durable, fast_dir)
+    man, _, _ = again.resume(str(tmp_path / "restore"), None, on_corrupt=corrupt.append)
+    again.close()
+    assert man.step == 1
+    assert [c.step for c in corrupt] == [2, 2]  # the fast copy, then the durable one
+
+
+def test_s3_outage_stops_then_starts_the_server_after_the_given_time():
+    calls = []
+    chaos = Chaos(worker_pid=lambda: 0, durable=None, fast_root="",
+                  s3_down=lambda: calls.append(("down", time.monotonic())),
+                  s3_up=lambda: calls.append(("up", time.monotonic())))
+    record = chaos.apply("s3_outage", seconds=0.3)
+    assert [c[0] for c in calls] == ["down", "up"]
+    assert calls[1][1] - calls[0][1] >= 0.3 and record["seconds"] == 0.3
