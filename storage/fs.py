@@ -83,11 +83,16 @@ def walk_files(local_dir: str) -> Iterator[str]:
     yield from sorted(found)
 
 
-# A local or network filesystem that went away or read-only (NFS, a remounted disk):
-# retry later. Disk full and permission errors are not in this list: they need a human.
+# A local or network filesystem that went away or read-only (NFS, a remounted disk), or an
+# object store answering with a server-side error once its client's own retries are spent:
+# retry later. s3fs turns HTTP 500 (InternalError) into EREMOTEIO and 503 (SlowDown,
+# ServiceUnavailable) into EBUSY; S3's guidance is to retry both with backoff, and a store
+# going down or coming back answers 500 for a moment. Disk full and permission errors are
+# not in this list: they need a human.
 UNAVAILABLE_ERRNOS = frozenset({errno.EROFS, errno.EIO, errno.ENOTCONN, errno.ESTALE,
                                 errno.EHOSTDOWN, errno.EHOSTUNREACH, errno.ETIMEDOUT,
-                                errno.ENODEV, errno.ENXIO})
+                                errno.ENODEV, errno.ENXIO, errno.EBUSY,
+                                getattr(errno, "EREMOTEIO", errno.EIO)})
 
 
 def is_unavailable(exc: BaseException) -> bool:
