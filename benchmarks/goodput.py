@@ -61,6 +61,7 @@ from ops.goodput import (
     spike_outcomes,
     summarize_recoveries,
     time_budget,
+    went_back,
 )
 from storage.checkpoints import CheckpointStore
 from storage.events import read_events
@@ -221,7 +222,8 @@ def report(raw: dict) -> dict:
                 "kill_rank": 0.0, "corrupt_checkpoint": 0.0}
     spikes = spike_outcomes(events)
     kinds_seen = [e["kind"] for e in events]
-    retries = sum(s["type"] == "start" and s.get("attempt", 1) > 1 for s in lines)
+    restarts = sum(s["type"] == "start" and (s.get("attempt", 1) > 1 or went_back(s, lines))
+                   for s in lines)  # what fault_outcome counts as a restart
     return {
         "figure": "goodput_under_faults", "value": round(budget["goodput"], 4), "target": 0.95,
         "status": raw["result"]["status"], "human_actions": human_actions(events),
@@ -243,7 +245,7 @@ def report(raw: dict) -> dict:
         "worker_restarts": raw["worker_restarts"],
         # trainer starts beyond one per segment that no injected fault explains (a false
         # hang detection, a heartbeat timeout under load, a crash): should be 0
-        "unexplained_restarts": retries - sum(f.get("attempts", 0) for f in faults),
+        "unexplained_restarts": restarts - sum(f.get("attempts", 0) for f in faults),
         "load_avg_1m": raw["loads"]}
 
 
