@@ -108,15 +108,25 @@ class Run:
         self.progress = Progress(os.path.join(self.workdir, "progress.jsonl") if rank == 0 else None)
         self.last_commit: tuple[int, str] | None = None  # (step, uri)
 
-    def stop_reason(self) -> str:
-        """Why this segment should stop at the current step ('' to go on): SIGTERM (a
-        preemption) or the supervisor's stop file. All ranks agree on the same step."""
+    def comm_device(self) -> torch.device:
+        """Where a collective's tensor must live: the current GPU under NCCL, else the CPU."""
+        if dist.is_initialized() and dist.get_backend() == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+    def loss_and_stop(self, loss: torch.Tensor) -> tuple[float, str]:
+        """The step's one collective: the mean loss over ranks, and why to stop after this
+        step ('' to go on) — SIGTERM (a preemption notice) on any rank, or the supervisor's
+        stop file, which rank 0 reads — so that every rank stops at the same step."""
         reason = SIGNALLED[-1] if SIGNALLED else (stop_requested(self.workdir) if self.rank == 0 else "")
-        if self.world > 1:
-            flag = torch.tensor(1 if reason else 0)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            reason = reason or ("stop requested on another rank" if int(flag) else "")
-        return reason
+        if self.world == 1:
+            return float(loss), reason
+        both = torch.stack([loss.detach().float().reshape(()),
+                            torch.tensor(1.0 if reason else 0.0)]).to(self.comm_device())
+        dist.all_reduce(both, op=dist.ReduceOp.SUM)
+        if not reason and float(both[1]) > 0:
+            reason = "stop requested on another rank"
+        return float(both[0] / self.world), reason
 
     def barrier(self) -> None:
         if self.world > 1:
@@ -131,7 +141,7 @@ class Run:
 
     def mean_over_ranks(self, value: torch.Tensor) -> float:
         if self.world > 1:
-            value = value.clone()
+            value = value.detach().float().to(self.comm_device())
             dist.all_reduce(value, op=dist.ReduceOp.SUM)
             value /= self.world
         return float(value)

@@ -116,7 +116,7 @@ def train(run: Run, engine, batches: TrainBatches | PackedBatches, state: TrainS
             engine.backward(loss)
             loss_sum += loss.detach().float().cpu()
             if micro == cfg.grad_accum - 1:  # judged before the update: a bad one is vetoed
-                loss_value = run.mean_over_ranks(loss_sum / cfg.grad_accum)
+                loss_value, stop = run.loss_and_stop(loss_sum / cfg.grad_accum)
                 verdict = guard.judge(state, step, loss_value, first_cursor)
             engine.step()
             state.data_cursor += 1
@@ -135,9 +135,9 @@ def train(run: Run, engine, batches: TrainBatches | PackedBatches, state: TrainS
             for fault in due_faults(run.spec.faults, state.step, run.args.attempt):
                 inject(fault, run.events, state.step, run.last_commit and run.last_commit[0])
         guard.maybe_evaluate(state)
-        if reason := run.stop_reason():  # the supervisor's stop file, or a SIGTERM
+        if stop:  # the supervisor's stop file, or a SIGTERM: stop after this step
             guard.outcome.stopped = "interrupted"
-            log.warning("segment_interrupted", step=state.step, reason=reason)
+            log.warning("segment_interrupted", step=state.step, reason=stop)
     if guard.outcome.stopped in ("overfitting", "interrupted") \
             and state.step % cfg.checkpoint_every and state.step != run.target:
         commit_checkpoint(run, engine, state)  # an early stop ends on a committed step
