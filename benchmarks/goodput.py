@@ -45,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.harness import (
     Services,
     bench_spec,
+    checkpoint_pauses,
     load_1m,
     progress_lines,
     rounded,
@@ -214,7 +215,7 @@ def breakdown(budget: dict, faults: list[dict], lines: list[dict], startup_s: fl
 def report(raw: dict) -> dict:
     events, lines = raw["events"], raw["lines"]
     start, end = stage_window(events, "train")
-    pauses = sum(e["payload"]["pause_s"] for e in events if e["kind"] == "checkpoint_saved")
+    pauses = checkpoint_pauses(events)
     budget = time_budget([s for s in lines if s["type"] == "step"], end - start, pauses)
     faults = outcomes(raw["chaos"], lines, end)
     cfg = raw["inputs"]

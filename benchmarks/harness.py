@@ -157,6 +157,11 @@ def stage_window(events: list[dict], stage: str) -> tuple[float, float]:
     return start, end
 
 
+def checkpoint_pauses(events: list[dict]) -> float:
+    """Seconds the step loop spent paused for checkpoints (the checkpoint_saved events)."""
+    return sum(e["payload"]["pause_s"] for e in events if e["kind"] == "checkpoint_saved")
+
+
 def load_1m() -> float:
     return round(os.getloadavg()[0], 2)
 

@@ -121,7 +121,8 @@ def run_bare(spec: RunSpec, dataset: str, scratch: Path, name: str, env: dict) -
 
 # ---- the orchestrated run -----------------------------------------------------------------
 def orchestrated(services, spec: RunSpec, timeout_s: float) -> dict:
-    from benchmarks.harness import progress_lines, run_workflow, stage_window
+    from benchmarks.harness import checkpoint_pauses, progress_lines, run_workflow, stage_window
+    from ops.goodput import final_trajectory
     from storage.events import read_events
 
     result = asyncio.run(run_workflow(services.temporal.address, spec, timeout_s))
@@ -129,14 +130,14 @@ def orchestrated(services, spec: RunSpec, timeout_s: float) -> dict:
     start, end = stage_window(events, "train")
     lines = progress_lines(spec)
     steps = [line for line in lines if line["type"] == "step"]
-    kept = {line["step"]: line for line in steps}  # last execution of each step
+    kept = final_trajectory(steps)
     segments = sorted({(e["payload"]["from_step"], e["payload"]["to_step"]) for e in events
                        if e["kind"] == "segment_started"})
     loop = 0.0
     for lo, hi in segments:  # first step start -> last step end, per segment
         inside = [kept[s] for s in range(lo + 1, hi + 1)]
         loop += inside[-1]["ts"] - (inside[0]["ts"] - inside[0]["step_time_s"])
-    pauses = sum(e["payload"]["pause_s"] for e in events if e["kind"] == "checkpoint_saved")
+    pauses = checkpoint_pauses(events)
     return {"status": result["status"], "wall_s": end - start, "loop_s": loop,
             "phases_s": phases(events, lines, start, end),
             "steps_s": sum(line["step_time_s"] for line in kept.values()),
