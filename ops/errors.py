@@ -60,6 +60,21 @@ class HardwareFault(MainspringError):
         super().__init__(f"hardware fault: {evidence}")
 
 
+class DiskFull(MainspringError):
+    """The fast tier's disk cannot hold a segment's checkpoints: a human must free space
+    (a disk that stays full would fail every retry for days)."""
+
+    retryable = False
+
+    def __init__(self, path: str, free: int, need: int, field: str = "storage.fast") -> None:
+        self.path, self.free, self.need, self.field = path, free, need, field
+        super().__init__(
+            f"{field}: {path} has {free} bytes free; a segment keeps up to {need} bytes of "
+            f"checkpoints there. Fix: free space on that disk or point {field} at a larger "
+            f"one, then start the run again with the same spec (it resumes from its last "
+            f"durable checkpoint)")
+
+
 class Diverged(MainspringError):
     """The loss-spike budget is exhausted; the workflow decides what happens next."""
 
@@ -71,6 +86,7 @@ class Diverged(MainspringError):
 
 
 ERROR_TYPES: dict[str, type[MainspringError]] = {
-    c.__name__: c for c in (BadConfig, BadData, StorageUnavailable, HardwareFault, Diverged)
+    c.__name__: c for c in (BadConfig, BadData, StorageUnavailable, HardwareFault, DiskFull,
+                            Diverged)
 }
 NON_RETRYABLE = tuple(name for name, c in ERROR_TYPES.items() if not c.retryable)

@@ -2,8 +2,11 @@
 
 Kept: the last `keep_last`, every `keep_every`-th step, anything promoted, anything inside
 the rollback horizon (the spike detector may roll back up to `rollback_horizon` steps
-behind the newest commit, DESIGN §3), and always the newest verified checkpoint — even if
-a caller passes a policy that would keep nothing.
+behind the newest commit, DESIGN §3) *and the newest commit at or before its edge* — the
+checkpoint a rollback to the edge restores (issue 11: with `keep_last=1` a spike just
+after a commit found nothing before its onset) — and always the newest verified
+checkpoint, even if a caller passes a policy that would keep nothing. The trainer sets
+the horizon to at least the detector's reach (`spike_reach`).
 """
 
 from __future__ import annotations
@@ -45,8 +48,16 @@ def steps_to_keep(committed: list[int], policy: RetentionPolicy, *, promoted: fr
     keep |= {s for s in committed if policy.keep_every and s % policy.keep_every == 0}
     keep |= {s for s in committed if s in promoted}
     keep |= {s for s in committed if newest - s <= policy.rollback_horizon}
+    keep.add(max((s for s in committed if s <= newest - policy.rollback_horizon), default=newest))
     keep.add(newest if newest_verified is None else newest_verified)
     return keep
+
+
+def spike_reach(window: int) -> int:
+    """How far behind the newest commit a spike rollback may restore: the onset lies within
+    the detector's window of the current step, and the rollback goes 2 steps before it
+    (trainer/guard.py)."""
+    return window + 2
 
 
 def steps_to_delete(committed: list[int], policy: RetentionPolicy, *, promoted: frozenset[int]

@@ -28,7 +28,7 @@ import torch
 
 from ops.errors import Diverged
 from storage.events import read_events
-from trainer.checkpointing import Run, discard_after, restore
+from trainer.checkpointing import Run, rollback_to
 from trainer.data import cursor_after
 from trainer.evaluate import evaluate_model
 from trainer.spikes import (
@@ -126,11 +126,13 @@ class SpikeGuard:
         # The onset's loss was computed with the weights after update onset-1, which may be
         # the bad one (an LR burst shows only in the next loss): go back before it too.
         before = max(0, onset - 2)
-        gone = discard_after(run, before)
-        restored = restore(run, self.engine, at_or_before=before)
+        # Restore first, uncommit the abandoned trajectory only once the target has loaded:
+        # with no checkpoint left before the onset nothing is deleted (issue 11).
+        restored, gone = rollback_to(run, self.engine, before)
         if restored is None:
-            raise Diverged(verdict.step, f"no committed checkpoint before the spike's onset "
-                                         f"at step {onset} to roll back to")
+            raise Diverged(verdict.step, f"no committed checkpoint at or before step {before} "
+                                         f"(before the spike's onset at step {onset}) to roll "
+                                         f"back to; every checkpoint is kept")
         ranges = merge_ranges(list(state.skip_ranges) + list(restored.skip_ranges))
         times = times_in_region(ranges, onset_cursor, self.cfg, self.per_step)
         window = skip_range(onset_cursor, self.cfg, times, self.per_step)
@@ -203,8 +205,22 @@ def pending_rewind(run: Run, rewind: dict | None) -> dict | None:
     event_id = operator_rollback_id(rewind)
     done = run.from_rank0(lambda: any(
         e["event_id"] == event_id for e in read_events(
-            run.spec.storage.durable, run.spec.run_id, kinds=("rollback",))))
+            run.spec.storage.durable, run.spec.run_id, kinds=("rollback", "rollback_refused"))))
     return None if done else rewind
+
+
+def refuse_rewind(run: Run, rewind: dict, oldest: int | None) -> None:
+    """No checkpoint at or before the operator's target is left (retention removed it after
+    the command was admitted): nothing was deleted; say so once (a retry reads this event)."""
+    record = {"by": "operator", "to_step": int(rewind["to_step"]), "oldest_step": oldest,
+              "note": rewind.get("note", ""), "who": rewind.get("who", ""),
+              "reason": f"no committed checkpoint at or before step {rewind['to_step']} is "
+                        f"left; the oldest is {oldest}"}
+    log.warning("operator_rollback_refused", **record)
+    if run.events is not None:
+        run.events.emit("rollback_refused", step=int(rewind["through_step"]),
+                        event_id=operator_rollback_id(rewind), **record)
+        run.events.flush()
 
 
 def operator_rollback_id(rewind: dict) -> str:

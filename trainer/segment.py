@@ -56,11 +56,11 @@ from trainer.checkpointing import (
     EXIT_STORAGE,
     Run,
     commit_checkpoint,
-    discard_after,
     finish_uploads,
     load_spec,
     on_sigterm,
     restore,
+    rollback_to,
     write_json,
 )
 from trainer.data import PackedBatches, TrainBatches, skip_past, val_batches
@@ -72,6 +72,7 @@ from trainer.guard import (
     finite_or_none,
     pending_rewind,
     recorded_skip_ranges,
+    refuse_rewind,
 )
 from trainer.model import GPT
 from trainer.spikes import merge_ranges
@@ -216,9 +217,15 @@ def run_segment(args: argparse.Namespace, rank: int, world: int) -> None:
     meter = make_meter(spec, model, manifest.vocab_size, torch.device(engine.device), world)
 
     rewind = pending_rewind(run, args.rewind)  # an operator's rollback, applied once
-    discarded = discard_after(run, rewind["to_step"]) if rewind else []
-    run.barrier()
-    state = restore(run, engine)
+    if rewind:
+        state, discarded = rollback_to(run, engine, int(rewind["to_step"]))
+        if state is None:  # retention removed the target after the command was admitted
+            refuse_rewind(run, rewind, run.from_rank0(run.store.latest_committed))
+            return end_at_newest(run)
+    else:
+        state, discarded = restore(run, engine), []
+    if state is None:
+        refuse_fresh_start(run)
     resumed_from = state.step if state else None
     if state is not None:  # windows decided by rollbacks after this checkpoint was written
         state.skip_ranges = merge_ranges(state.skip_ranges + recorded_skip_ranges(run))
@@ -256,6 +263,30 @@ def run_segment(args: argparse.Namespace, rank: int, world: int) -> None:
              stopped=guard.outcome.stopped, rollbacks=len(guard.outcome.rollbacks))
 
 
+def refuse_fresh_start(run: Run) -> None:
+    """No loadable checkpoint at or before the target: a fresh start is right only when the
+    run has no newer one either — otherwise starting over at step 0 would bury committed
+    work (issue 11: an operator rollback to a step retention had removed did exactly that)."""
+    newer = run.from_rank0(lambda: [s for s in run.store.list_committed() if s > run.target])
+    if newer:
+        raise BadData(run.store.uri(newer[0]), f"no loadable checkpoint at or before step "
+                      f"{run.target}, but steps {newer[:5]} are committed after it",
+                      "see the checkpoint_corrupt events; schedule the segment from a "
+                      "committed step (the run's status shows it)")
+
+
+def end_at_newest(run: Run) -> None:
+    """Report the run's real position (its newest commit) without training: the workflow
+    moved its step back to a rollback target that turned out to be gone."""
+    if run.rank != 0:
+        return
+    newest = run.store.latest_committed()
+    man = run.store.manifest(newest)
+    write_result(run, final_step=newest, train_loss=None, tokens_seen=man.tokens_seen,
+                 steps_run=0, resumed_from=newest, last=(newest, run.store.uri(newest)),
+                 spikes={"stopped": "rollback_refused"})
+
+
 def write_result(run: Run, *, final_step: int, train_loss: float | None, tokens_seen: int,
                  steps_run: int, resumed_from: int | None, last: tuple[int, str] | None,
                  throughput: dict[str, Any] | None = None,
@@ -289,6 +320,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dataset", required=True, help="dataset MANIFEST.json URI")
     p.add_argument("--to-step", type=int, required=True, help="train until this global step")
     p.add_argument("--workdir", required=True, help="local directory for progress and results")
+    p.add_argument("--fast-dir", default=None,
+                   help="the run's fast-tier checkpoint store on this machine (default: "
+                        "WORKDIR/ckpt); shared by the run's segments")
     p.add_argument("--attempt", type=int, default=1, help="activity attempt (for events)")
     p.add_argument("--lr-windows", type=json.loads, default=[],
                    help='JSON [[start, end, factor], ...]: LR x factor for steps in (start, end]')

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from ops.errors import BadConfig
 from storage.checkpoints import CheckpointStore
-from storage.retention import RetentionPolicy, apply_retention, steps_to_delete
+from storage.retention import RetentionPolicy, apply_retention, spike_reach, steps_to_delete
 from tests.storage.ckpt_helpers import payload, write_files
 
 STEPS = list(range(0, 101, 10))
@@ -31,9 +31,18 @@ def test_promoted_checkpoints_are_never_deleted():
                                      promoted=frozenset({30}))
 
 
-def test_everything_inside_the_rollback_horizon_is_kept():
+def test_everything_inside_the_rollback_horizon_is_kept_with_the_commit_before_its_edge():
+    # 80..100 lie within 25 steps of 100; 70 is what a rollback to step 75 restores.
     assert steps_to_delete(STEPS, RetentionPolicy(keep_last=1, rollback_horizon=25)) == list(
-        range(0, 71, 10))
+        range(0, 61, 10))
+
+
+def test_a_rollback_to_the_horizon_edge_always_finds_a_commit_at_or_before_it():
+    # keep_last=1 with commits every 25 steps: a spike whose onset is just after the newest
+    # commit (50) rolls back to 49 - the commit at 25 must still be there (issue 11).
+    kept = [s for s in (0, 25, 50) if s not in steps_to_delete(
+        [0, 25, 50], RetentionPolicy(keep_last=1, rollback_horizon=spike_reach(window=20)))]
+    assert max(s for s in kept if s <= 50 - spike_reach(window=20)) == 25
 
 
 def test_the_newest_verified_checkpoint_survives_even_when_newer_ones_exist():
