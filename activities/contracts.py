@@ -65,6 +65,10 @@ class TrainSegmentResult:
     skipped_steps: list[int] = field(default_factory=list)
     stopped: str = ""  # "" | rollback_budget | overfitting | interrupted (graceful stop)
     evals: list[list[float]] = field(default_factory=list)  # online: [step, train, val]
+    # the oldest step with a committed checkpoint left on the durable tier after the segment
+    # (retention may have removed older ones); None: unknown. The workflow refuses an
+    # operator rollback to before it (workflows/operator.py:admit).
+    oldest_committed_step: int | None = None
 
 
 @dataclass
@@ -139,10 +143,14 @@ class RunCarry:
     segments_total: int = 0
     runs: int = 1  # workflow runs so far (continue-as-new count + 1)
     stages_done: list[str] = field(default_factory=list)
-    # spike escalation (workflows/policy.py:escalate)
+    # spike escalation (workflows/policy.py:escalate); only what it can still count is kept
+    # (policy.still_counted), the total in rollbacks_total
     rollback_steps: list[int] = field(default_factory=list)  # steps where the trainer rolled back
     lowered_at: list[int] = field(default_factory=list)  # steps where the LR was lowered
-    lr_windows: list[list[float]] = field(default_factory=list)  # [start, end, factor]
+    rollbacks_total: int = 0  # trainer rollbacks over the whole run
+    # disjoint [start, end, factor] pieces (workflows/operator.py:compose_windows), bounded
+    lr_windows: list[list[float]] = field(default_factory=list)
+    oldest_step: int = 0  # the oldest committed checkpoint's step (from the last segment)
     budget_from: int = 0  # rollbacks before this step no longer count (set by a resume)
     pauses: int = 0
     early_stopped: str = ""
@@ -150,6 +158,9 @@ class RunCarry:
     operator_queue: list[dict[str, Any]] = field(default_factory=list)
     operator_actions: int = 0  # commands accepted so far (their ids)
     rewind: dict[str, Any] | None = None  # an operator rollback no segment has applied yet
+    # paused / needs_attention: {"stage", "reason", "who"} while the run waits for `resume`,
+    # so a run continued-as-new while held goes on holding (workflows/training_run.py:_hold)
+    held: dict[str, Any] | None = None
 
 
 @dataclass
@@ -188,3 +199,15 @@ class SuggestInput:
 class SuggestResult:
     points: list[dict[str, float]]
     source: str  # SOURCE_INITIAL (no observations yet: initial design) | SOURCE_GP
+
+
+# ---- the run-id claim (storage/runs.py), a local activity of the orchestrator ----------
+CLAIM_RUN = "claim_run"
+
+
+@dataclass
+class ClaimRunInput:
+    durable: str
+    run_id: str
+    spec_hash: str  # RunSpec.spec_hash() of the workflow's input spec
+    spec: dict[str, Any]  # recorded in runs/<run_id>/RUN.json for whoever finds the id taken

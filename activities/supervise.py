@@ -23,7 +23,14 @@ import structlog
 from temporalio.exceptions import ApplicationError, CancelledError
 
 from ops.errors import NON_RETRYABLE, HardwareFault
-from ops.procs import STOP_FILE, request_stop, set_parent_death_signal
+from ops.procs import (
+    STOP_FILE,
+    allowed_env,
+    request_stop,
+    set_parent_death_signal,
+    with_repo_on_path,
+)
+from ops.redact import redact, redact_value
 
 log = structlog.get_logger(__name__)
 
@@ -34,11 +41,12 @@ def trainer_command(module: str, world_size: int, args: list[str]) -> list[str]:
 
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = dict(os.environ)
+    """A trainer child's environment: the allow-listed part of ours (ops/procs.py — never
+    the Temporal credentials), the accelerator, and `extra` (the caller's own choice)."""
+    env = allowed_env()
     env.setdefault("DS_ACCELERATOR", "cpu" if not _has_cuda_device() else "cuda")
     env["PYTHONUNBUFFERED"] = "1"
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    env = with_repo_on_path(env)
     env.update(extra or {})
     return env
 
@@ -135,7 +143,7 @@ def _classify_exit(rc: int, workdir: str, log_path: str) -> None:
     # start) is the evidence of bad input, not the exit code alone.
     if os.path.exists(error_file):
         with open(error_file) as f:
-            err = json.load(f)
+            err = redact_value(json.load(f))  # the message may quote a URL or a config
         raise ApplicationError(err["message"], err, type=err["type"],
                                non_retryable=err["type"] in NON_RETRYABLE)
     how = f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"exit code {rc}"
@@ -143,5 +151,8 @@ def _classify_exit(rc: int, workdir: str, log_path: str) -> None:
 
 
 def _tail(path: str, lines: int = 6) -> str:
+    """The child's last lines, scrubbed: they go into a failure that Temporal keeps in the
+    run's history, and a crashing child may have printed a key or its environment."""
     with open(path, errors="replace") as f:
-        return " | ".join(line.strip()[:300] for line in deque(f, maxlen=lines))
+        # scrub before cutting, so the cut cannot split a secret into unrecognisable halves
+        return " | ".join(redact(line.strip())[:300] for line in deque(f, maxlen=lines))

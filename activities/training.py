@@ -32,6 +32,7 @@ from activities.metrics import MetricsForwarder
 from activities.supervise import ProgressTail, child_env, supervise, trainer_command
 from ops.spec import RunSpec
 from ops.telemetry import child_trace_env
+from storage import fast_tier
 from storage.checkpoints import CheckpointStore
 from storage.events import EventLog
 from trainer.extensions import clear_stale_build_locks
@@ -41,8 +42,19 @@ log = structlog.get_logger(__name__)
 
 
 def segment_workdir(spec: RunSpec, from_step: int, to_step: int) -> str:
-    return os.path.join(os.path.abspath(spec.storage.fast), spec.run_id, "segments",
+    return os.path.join(fast_tier.run_dir(spec.storage.fast, spec.run_id), "segments",
                         f"{from_step:09d}-{to_step:09d}")
+
+
+def prepare_fast_tier(spec: RunSpec, store: CheckpointStore) -> None:
+    """Before a child writes checkpoints here: free what other runs left on this machine,
+    then refuse at once (not retried) when the disk cannot hold what the segment keeps —
+    the newest durable copy, the snapshots in flight and the one being written."""
+    fast_tier.collect_garbage(spec.storage.fast, keep_run=spec.run_id)
+    newest = store.latest_committed()
+    if newest is not None:
+        need = store.manifest(newest).total_bytes * (spec.storage.max_in_flight + 2)
+        fast_tier.ensure_space(fast_tier.store_dir(spec.storage.fast, spec.run_id), need)
 
 
 class DurableCommit:
@@ -92,6 +104,11 @@ class Recovery:
 @classified
 def train_segment(inp: TrainSegmentInput) -> TrainSegmentResult:
     spec = RunSpec.from_dict(inp.spec)
+    with fast_tier.lease(spec.storage.fast, spec.run_id, spec.storage.durable):
+        return _train_segment(spec, inp)
+
+
+def _train_segment(spec: RunSpec, inp: TrainSegmentInput) -> TrainSegmentResult:
     attempt = activity.info().attempt
     workdir = segment_workdir(spec, inp.from_step, inp.to_step)
     os.makedirs(workdir, exist_ok=True)
@@ -102,6 +119,7 @@ def train_segment(inp: TrainSegmentInput) -> TrainSegmentResult:
                 event_id=f"segment_started/{inp.from_step}-{inp.to_step}/{attempt}",
                 from_step=inp.from_step, to_step=inp.to_step, attempt=attempt)
     events.flush()
+    prepare_fast_tier(spec, store)
     latest = store.latest_committed(at_or_before=inp.to_step)
     tracker = DurableCommit(latest, store.uri(latest) if latest is not None else "")
     info = activity.info()  # the same bounds can be scheduled twice (a stop before step 1)
@@ -118,9 +136,13 @@ def train_segment(inp: TrainSegmentInput) -> TrainSegmentResult:
     spec_file = os.path.join(workdir, "spec.json")
     with open(spec_file, "w") as f:
         json.dump(inp.spec, f)
+    windows_file = os.path.join(workdir, "lr_windows.json")  # not argv: E2BIG (issue 11)
+    with open(windows_file, "w") as f:
+        json.dump(inp.lr_windows, f)
     args = ["--spec", spec_file, "--dataset", inp.dataset_uri, "--to-step", str(inp.to_step),
             "--workdir", workdir, "--attempt", str(attempt),
-            "--lr-windows", json.dumps(inp.lr_windows), "--max-rollbacks", str(inp.max_rollbacks)]
+            "--fast-dir", fast_tier.store_dir(spec.storage.fast, spec.run_id),
+            "--lr-windows-file", windows_file, "--max-rollbacks", str(inp.max_rollbacks)]
     if inp.rewind:
         args += ["--rewind", json.dumps(inp.rewind)]
     result_file = os.path.join(workdir, "result.json")
@@ -151,20 +173,30 @@ def train_segment(inp: TrainSegmentInput) -> TrainSegmentResult:
                 train_loss=res["train_loss"], resumed_from=res["resumed_from"])
     events.flush()
     spikes = res.get("spikes", {})
+    oldest = store.list_committed()  # what an operator rollback can still reach
     return TrainSegmentResult(final_step=res["final_step"],
                               last_committed_step=res["last_committed_step"],
                               last_committed_uri=res["last_committed_uri"],
                               train_loss=res["train_loss"], resumed_from=res["resumed_from"],
                               attempt=attempt, rollbacks=spikes.get("rollbacks", []),
                               skipped_steps=spikes.get("skipped_steps", []),
-                              stopped=spikes.get("stopped", ""), evals=spikes.get("evals", []))
+                              stopped=spikes.get("stopped", ""), evals=spikes.get("evals", []),
+                              oldest_committed_step=oldest[0] if oldest else None)
 
 
 @activity.defn(name=EVALUATE)
 @classified
 def evaluate(inp: EvaluateInput) -> EvaluateResult:
     spec = RunSpec.from_dict(inp.spec)
-    workdir = os.path.join(os.path.abspath(spec.storage.fast), spec.run_id, "eval",
+    with fast_tier.lease(spec.storage.fast, spec.run_id, spec.storage.durable):
+        result = _evaluate(spec, inp)
+    # Training is over: this machine's fast tier of the run is a cache of durable commits.
+    fast_tier.release(spec.storage.fast, spec.run_id)
+    return result
+
+
+def _evaluate(spec: RunSpec, inp: EvaluateInput) -> EvaluateResult:
+    workdir = os.path.join(fast_tier.run_dir(spec.storage.fast, spec.run_id), "eval",
                            f"attempt-{activity.info().attempt}")
     os.makedirs(workdir, exist_ok=True)
     spec_file, out = os.path.join(workdir, "spec.json"), os.path.join(workdir, "eval.json")

@@ -52,10 +52,14 @@ def step(model, opt, x) -> None:
     opt.step()
 
 
+# A name DeepSpeed writes (the store accepts only those: storage/checkpoints.py:FILE_PATTERNS).
+OPTIM = "zero_pp_rank_0_mp_rank_00_optim_states.pt"
+
+
 def write_state(model, opt, directory: str) -> None:
     """What DeepSpeed's save_checkpoint does on the fast tier: torch.save to local files."""
     torch.save(model.state_dict(), os.path.join(directory, "mp_rank_00_model_states.pt"))
-    torch.save(opt.state_dict(), os.path.join(directory, "optim_states.pt"))
+    torch.save(opt.state_dict(), os.path.join(directory, OPTIM))
 
 
 def cpu_copy(obj):
@@ -74,7 +78,7 @@ def snapshot_writer(model, opt):
 
     def write(directory: str) -> None:
         torch.save(model_sd, os.path.join(directory, "mp_rank_00_model_states.pt"))
-        torch.save(opt_sd, os.path.join(directory, "optim_states.pt"))
+        torch.save(opt_sd, os.path.join(directory, OPTIM))
     return write
 
 

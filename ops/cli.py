@@ -27,13 +27,13 @@ def _load_spec(args: argparse.Namespace):
             raise BadConfig(f"--set {item}", "expected KEY=VALUE", "e.g. --set train.total_steps=400")
         try:
             overrides[key] = json.loads(value)
-        except json.JSONDecodeError:
+        except ValueError:  # not JSON (JSONDecodeError), or a number json refuses to read
             overrides[key] = value
     if args.spec:
         try:
             with open(args.spec) as f:
                 raw = json.load(f)
-        except (OSError, json.JSONDecodeError) as exc:
+        except (OSError, ValueError) as exc:  # ValueError: JSONDecodeError, an absurd number
             raise BadConfig("--spec", f"cannot read {args.spec}: {exc}", "give a JSON RunSpec file")
         return RunSpec.from_dict(deep_merge(raw, dotted_to_nested(overrides)))
     return preset(args.preset, **overrides)
@@ -78,12 +78,23 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 async def _run_start(args: argparse.Namespace) -> int:
+    from temporalio.exceptions import WorkflowAlreadyStartedError
+
     from ops.client import connect, localize, start_run
     from ops.demo import watch
+    from storage.runs import check_claim
 
     spec = localize(_load_spec(args))
+    # the run's own claim refuses it too; saying so here saves starting a doomed workflow
+    check_claim(spec.storage.durable, spec.run_id, spec.spec_hash())
     client = await connect(args.address, args.namespace)
-    handle = await start_run(client, spec)
+    try:
+        handle = await start_run(client, spec)
+    except WorkflowAlreadyStartedError:
+        print(f"mainspring: run {spec.run_id} is running or has completed in Temporal; only a "
+              "failed, aborted or terminated run can be started again (to resume it, with the "
+              "same spec); to start a new run, pick a new run_id", file=sys.stderr)
+        return 1
     print(json.dumps({"run_id": spec.run_id, "workflow_id": handle.id,
                       "run": handle.result_run_id}))
     if args.wait:

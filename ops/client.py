@@ -3,30 +3,79 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from temporalio.client import Client, WorkflowHandle
-from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
+from temporalio.common import (
+    SearchAttributeKey,
+    SearchAttributePair,
+    TypedSearchAttributes,
+    WorkflowIDReusePolicy,
+)
 from temporalio.contrib.opentelemetry import OpenTelemetryPlugin
+from temporalio.service import TLSConfig
 
 from activities.contracts import ORCHESTRATOR_QUEUE, WORKFLOW_TYPE
+from ops.errors import BadConfig
 from ops.spec import RunSpec
 from storage.fs import normalize_url
 
 DEFAULT_ADDRESS = "127.0.0.1:7233"
+# Temporal CLI: --id-reuse-policy AllowDuplicateFailedOnly (README, "From the Temporal CLI")
+ID_REUSE_POLICY = WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY
 
 
 def default_address() -> str:
     return os.environ.get("TEMPORAL_ADDRESS", DEFAULT_ADDRESS)
 
 
+# PEM files for TLS / mTLS to the Temporal frontend (docs/security.md). The `_PATH` names
+# are the Temporal CLI's own, so one environment serves both.
+TLS_FILES = {"client_cert": ("TEMPORAL_TLS_CERT", "TEMPORAL_TLS_CERT_PATH"),
+             "client_private_key": ("TEMPORAL_TLS_KEY", "TEMPORAL_TLS_KEY_PATH"),
+             "server_root_ca_cert": ("TEMPORAL_TLS_CA", "TEMPORAL_TLS_CA_PATH")}
+
+
+def tls_config(environ: Mapping[str, str] | None = None) -> TLSConfig | bool:
+    """TLS settings for the Temporal connection, from the environment.
+
+    False: plaintext (the local dev server). True: TLS with the system's CA roots
+    (TEMPORAL_TLS=1, or TEMPORAL_API_KEY set: an API key is never sent in the clear).
+    A TLSConfig when any of TEMPORAL_TLS_CERT / _KEY (mTLS: both or neither), TEMPORAL_TLS_CA
+    (a private CA) or TEMPORAL_TLS_SERVER_NAME (the name the certificate carries, when it
+    is not the address's host) is set.
+    """
+    env = os.environ if environ is None else environ
+    files = {field: _pem(env, names) for field, names in TLS_FILES.items()}
+    if bool(files["client_cert"]) != bool(files["client_private_key"]):
+        given = "TEMPORAL_TLS_CERT" if files["client_cert"] else "TEMPORAL_TLS_KEY"
+        raise BadConfig(given, "mTLS needs a client certificate and its private key",
+                        "set both TEMPORAL_TLS_CERT and TEMPORAL_TLS_KEY (PEM files), or neither")
+    server_name = env.get("TEMPORAL_TLS_SERVER_NAME") or None
+    if any(files.values()) or server_name:
+        return TLSConfig(**files, domain=server_name)
+    return bool(env.get("TEMPORAL_API_KEY")) or env.get("TEMPORAL_TLS", "") in ("1", "true")
+
+
+def _pem(env: Mapping[str, str], names: tuple[str, ...]) -> bytes | None:
+    name = next((n for n in names if env.get(n)), None)
+    if name is None:
+        return None
+    try:
+        with open(env[name], "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise BadConfig(name, f"cannot read {env[name]}: {exc.strerror}",
+                        "point it at a readable PEM file") from None
+
+
 async def connect(address: str = "", namespace: str = "") -> Client:
-    """Connect with tracing. TLS / Temporal Cloud: TEMPORAL_API_KEY (+ TEMPORAL_TLS=1)."""
+    """Connect with tracing. TLS, mTLS, Temporal Cloud: `tls_config` and TEMPORAL_API_KEY."""
     api_key = os.environ.get("TEMPORAL_API_KEY") or None
-    tls = bool(api_key) or os.environ.get("TEMPORAL_TLS", "") in ("1", "true")
     return await Client.connect(address or default_address(),
                                 namespace=namespace or os.environ.get("TEMPORAL_NAMESPACE", "default"),
-                                api_key=api_key, tls=tls,
+                                api_key=api_key, tls=tls_config(),
                                 plugins=[OpenTelemetryPlugin(add_temporal_spans=True)])
 
 
@@ -37,8 +86,14 @@ def localize(spec: RunSpec) -> RunSpec:
 
 
 async def start_run(client: Client, spec: RunSpec) -> WorkflowHandle[Any, Any]:
-    """Start TrainingRun with workflow id = run id and the run-id search attribute."""
+    """Start TrainingRun with workflow id = run id and the run-id search attribute.
+
+    A failed, aborted or terminated run can be started again with its id (to resume it,
+    with the same spec: storage/runs.py); a running or completed one is refused by Temporal
+    (WorkflowAlreadyStartedError), as a different spec is refused by the run's claim.
+    """
     attrs = TypedSearchAttributes([SearchAttributePair(
         SearchAttributeKey.for_keyword("MainspringRunId"), spec.run_id)])
     return await client.start_workflow(WORKFLOW_TYPE, spec.to_dict(), id=spec.run_id,
-                                       task_queue=ORCHESTRATOR_QUEUE, search_attributes=attrs)
+                                       task_queue=ORCHESTRATOR_QUEUE, search_attributes=attrs,
+                                       id_reuse_policy=ID_REUSE_POLICY)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import structlog
 
 from ops.errors import BadConfig, StorageUnavailable
+from ops.redact import redact, redact_value
 
 log = structlog.get_logger(__name__)
 
@@ -272,7 +273,9 @@ def build_report(durable_url: str, run_id: str, out_dir: str) -> dict[str, str]:
     from storage.events import read_events
     from storage.fs import normalize_url
 
-    events = read_events(durable_url, run_id)
+    # Scrubbed again here: a log written before redaction existed, or by another tool,
+    # must not carry a secret into a page that is mailed around (issue 11 item 7).
+    events = redact_value(read_events(durable_url, run_id))
     if not events:
         raise missing_run(durable_url, run_id)
     out_dir = os.path.abspath(out_dir)
@@ -283,7 +286,7 @@ def build_report(durable_url: str, run_id: str, out_dir: str) -> dict[str, str]:
     page = os.path.join(out_dir, "report.html")
     with open(page, "w", encoding="utf-8") as f:
         f.write(render_html(
-            run_id=run_id, store=normalize_url(durable_url), png_path=png,
+            run_id=run_id, store=redact(normalize_url(durable_url)), png_path=png,
             summary=summary(events, series, vals), timeline=timeline(events),
             faults=fault_rows(events), recoveries=recovery_rows(events),
             rollbacks=rollback_rows(events), checkpoints=checkpoint_rows(events)))

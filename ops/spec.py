@@ -2,7 +2,10 @@
 
 Every section is a frozen, kw-only dataclass that validates itself in `__post_init__`
 and raises `BadConfig` naming the dotted field and the fix. `RunSpec.from_dict` is the
-only way JSON/TOML becomes a spec: it rejects unknown fields and wrong types by name.
+only way JSON/TOML becomes a spec (ops/spec_json.py): it rejects unknown fields, wrong
+types, non-finite numbers and values outside each field's documented range `num(default,
+lo, hi)` by name. Cross-field rules, storage URLs (ops/urls.py) and every trial the sweep
+can run are checked here too, so nothing the workflow derives from a valid spec can fail.
 """
 
 from __future__ import annotations
@@ -11,135 +14,36 @@ import dataclasses
 import hashlib
 import json
 import re
-import types
-import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+from ops import urls
 from ops.errors import BadConfig
+from ops.spec_data import CleaningConfig, DataConfig, DedupConfig, TokenizerConfig
+from ops.spec_json import STEPS, build, deep_merge, dotted_to_nested, num
+from ops.spec_json import positive as _positive
+from ops.spec_json import require as _require
 
-RUN_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+__all__ = ["CleaningConfig", "DataConfig", "DedupConfig", "FaultSpec", "ModelConfig", "OpsConfig",
+           "RunSpec", "SearchDim", "SpikeBudget", "SpikeConfig", "StorageConfig", "SweepConfig",
+           "TokenizerConfig", "TrainConfig", "deep_merge", "dotted_to_nested", "preset"]
 
-
-def _require(ok: bool, name: str, problem: str, fix: str) -> None:
-    if not ok:
-        raise BadConfig(name, problem, fix)
-
-
-def _positive(obj: Any, *names: str) -> None:
-    for name in names:
-        value = getattr(obj, name)
-        _require(value > 0, name, f"must be > 0, got {value!r}", f"set {name} to a positive number")
-
-
-@dataclass(frozen=True, kw_only=True)
-class CleaningConfig:
-    """Per-document filters applied before dedup (each counted in the dataset manifest).
-
-    The repetition thresholds are Gopher's (Rae et al. 2021, "Scaling Language Models",
-    Appendix A Table A1), also used by RefinedWeb (Penedo et al. 2023, §G.1). A fraction
-    of 1.0 disables that filter.
-    """
-
-    normalize: str = "NFC"  # Unicode normal form applied to every document
-    min_chars: int = 64  # documents shorter than this are dropped
-    max_chars: int = 200_000  # documents longer than this are dropped
-    max_dup_line_fraction: float = 0.30  # share of lines that repeat an earlier line
-    max_dup_line_char_fraction: float = 0.20  # share of characters in such lines
-    # Most frequent word n-gram's share of characters, for n = 2, 3, 4.
-    max_top_ngram_char_fraction: tuple[float, float, float] = (0.20, 0.18, 0.16)
-    # Share of characters in repeated word n-grams, for n = 5 .. 10.
-    max_dup_ngram_char_fraction: tuple[float, float, float, float, float, float] = (
-        0.15, 0.14, 0.13, 0.12, 0.11, 0.10)
-    # Mostly-non-text documents: share of non-whitespace characters that are letters or
-    # digits (0 disables). Source code sits around 0.7, binary dumps and tables far lower.
-    min_alnum_fraction: float = 0.5
-
-    def __post_init__(self) -> None:
-        _require(self.normalize in ("NFC", "NFKC", "none"), "normalize",
-                 f"unknown form {self.normalize!r}", "use NFC, NFKC or none")
-        _positive(self, "min_chars", "max_chars")
-        _require(self.max_chars >= self.min_chars, "max_chars", "is below min_chars",
-                 "raise max_chars or lower min_chars")
-        for name in ("max_dup_line_fraction", "max_dup_line_char_fraction",
-                     "max_top_ngram_char_fraction", "max_dup_ngram_char_fraction",
-                     "min_alnum_fraction"):
-            values = getattr(self, name)
-            for v in values if isinstance(values, tuple) else (values,):
-                _require(0.0 <= v <= 1.0, name, f"must be a fraction in [0, 1], got {v}",
-                         "use 1.0 to disable a max_* filter, 0.0 to disable min_alnum_fraction")
-
-
-@dataclass(frozen=True, kw_only=True)
-class DedupConfig:
-    """Exact and MinHash-LSH near-duplicate removal; the first document of a cluster stays."""
-
-    exact: bool = True  # drop documents whose normalised text hash was already seen
-    near: bool = True  # drop documents whose word-shingle Jaccard to a kept one >= threshold
-    threshold: float = 0.8  # Jaccard similarity of word n-gram sets counted as near-duplicate
-    num_perm: int = 128  # MinHash permutations (signature length)
-    ngram: int = 5  # words per shingle (5 as in RefinedWeb and BigCode near-dedup)
-
-    def __post_init__(self) -> None:
-        _require(0.0 < self.threshold <= 1.0, "threshold",
-                 f"must be in (0, 1], got {self.threshold}", "use e.g. 0.8")
-        _require(16 <= self.num_perm <= 1024, "num_perm",
-                 f"must be in [16, 1024], got {self.num_perm}", "use e.g. 128")
-        _require(1 <= self.ngram <= 32, "ngram", f"must be in [1, 32], got {self.ngram}",
-                 "use e.g. 5")
-
-
-@dataclass(frozen=True, kw_only=True)
-class TokenizerConfig:
-    vocab_size: int = 2048  # byte-level BPE trained on the cleaned corpus
-    path: str = ""  # an existing tokenizer.json (fsspec URL) instead of training one
-
-    def __post_init__(self) -> None:
-        _require(257 <= self.vocab_size <= 1 << 20, "vocab_size",
-                 f"must be in [257, 1048576], got {self.vocab_size}",
-                 "byte-level BPE needs at least 256 byte tokens plus specials")
-
-
-@dataclass(frozen=True, kw_only=True)
-class DataConfig:
-    """Where the corpus is and how it becomes token shards."""
-
-    # fsspec URL or glob; `stdlib:<glob>` means this Python's standard library sources.
-    corpus: str = "stdlib:*.py"
-    format: str = "auto"  # auto (by extension) | txt | jsonl | parquet
-    text_field: str = "text"  # the text key of .jsonl records and the text column of .parquet
-    max_documents: int = 0  # 0 = all; otherwise the first N documents in path order
-    cleaning: CleaningConfig = field(default_factory=CleaningConfig)
-    dedup: DedupConfig = field(default_factory=DedupConfig)
-    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
-    shard_tokens: int = 1 << 20  # tokens per shard file
-    val_fraction: float = 0.05  # share of documents (by hash) held out for validation
-    workers: int = 0  # processes for read/clean/hash/tokenize; 0 = every core
-    unit_bytes: int = 1 << 20  # input bytes per work unit (the unit of resume after a crash)
-
-    def __post_init__(self) -> None:
-        _require(bool(self.corpus.strip()), "corpus", "is empty",
-                 "point it at a file, directory glob or fsspec URL of .txt/.jsonl/.parquet files")
-        _require(self.format in ("auto", "txt", "jsonl", "parquet"), "format",
-                 f"unknown format {self.format!r}", "use auto, txt, jsonl or parquet")
-        _require(self.workers >= 0, "workers", "must be >= 0", "use 0 for every core")
-        _positive(self, "unit_bytes")
-        _require(self.max_documents >= 0, "max_documents", "must be >= 0", "use 0 for all")
-        _positive(self, "shard_tokens")
-        _require(0.0 < self.val_fraction < 0.5, "val_fraction",
-                 f"must be in (0, 0.5), got {self.val_fraction}", "use e.g. 0.05")
+RUN_ID_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")  # fullmatch: "demo\n" is not a run id
+DAY = 86400.0
+MAX_FAULTS = 64
+SWEPT = ("lr", "weight_decay", "warmup_steps")
 
 
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     """Llama-style decoder; vocab size comes from the dataset's tokenizer."""
 
-    d_model: int = 128
-    n_layers: int = 4
-    n_heads: int = 4
-    n_kv_heads: int = 4
-    ffn_mult: float = 4.0  # SwiGLU hidden = ffn_mult * d_model * 2/3, rounded up to 64
-    seq_len: int = 128
+    d_model: int = num(128, 1, 1 << 16)
+    n_layers: int = num(4, 1, 1024)
+    n_heads: int = num(4, 1, 1024)
+    n_kv_heads: int = num(4, 1, 1024)
+    ffn_mult: float = num(4.0, 0, 64)  # SwiGLU hidden = ffn_mult * d_model * 2/3, rounded up to 64
+    seq_len: int = num(128, 1, 1 << 20)
     tie_embeddings: bool = True
     attention: str = "auto"  # auto | flash | sdpa
     activation_checkpointing: bool = False
@@ -160,41 +64,43 @@ class ModelConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
-    total_steps: int = 200
-    segment_steps: int = 100  # steps per train_segment activity
-    segments_per_run: int = 4  # continue-as-new after this many segments (history bound)
-    micro_batch_tokens: int = 1024  # tokens per rank per micro-batch (multiple of seq_len)
-    grad_accum: int = 1
-    lr: float = 3e-3
-    min_lr: float = 3e-4
-    warmup_steps: int = 20
-    weight_decay: float = 0.1
-    betas: tuple[float, float] = (0.9, 0.95)
-    eps: float = 1e-8
-    grad_clip: float = 1.0
+    total_steps: int = num(200, 1, STEPS)
+    segment_steps: int = num(100, 1, STEPS)  # steps per train_segment activity
+    # continue-as-new after this many segments (history bound)
+    segments_per_run: int = num(4, 1, 1000)
+    # tokens per rank per micro-batch (multiple of seq_len)
+    micro_batch_tokens: int = num(1024, 1, 1 << 30)
+    grad_accum: int = num(1, 1, 1 << 16)
+    lr: float = num(3e-3, 0, 10)
+    min_lr: float = num(3e-4, 0, 10)
+    warmup_steps: int = num(20, 0, STEPS)
+    weight_decay: float = num(0.1, 0, 10)
+    betas: tuple[float, float] = num((0.9, 0.95), 0, 1)
+    eps: float = num(1e-8, 0, 1)
+    grad_clip: float = num(1.0, 0, 1e6)
     precision: str = "fp32"  # fp32 | bf16 | fp16
-    zero_stage: int = 0
-    nodes: int = 1
-    procs_per_node: int = 1
-    checkpoint_every: int = 25
-    eval_batches: int = 8  # validation micro-batches per evaluation
+    zero_stage: int = num(0, 0, 3)
+    nodes: int = num(1, 1, 10**4)
+    procs_per_node: int = num(1, 1, 1024)
+    checkpoint_every: int = num(25, 1, STEPS)
+    eval_batches: int = num(8, 1, 10**6)  # validation micro-batches per evaluation
     packing: bool = True  # pack whole documents into rows (False: fixed windows of the stream)
     # fp16 dynamic loss scaling (DeepSpeed): start at 2**power, double after `window`
     # overflow-free steps, halve after `hysteresis` overflows, never below `min_loss_scale`.
-    fp16_initial_scale_power: int = 16
-    fp16_loss_scale_window: int = 1000
-    fp16_hysteresis: int = 2
-    fp16_min_loss_scale: float = 1.0
+    fp16_initial_scale_power: int = num(16, 0, 32)
+    fp16_loss_scale_window: int = num(1000, 1, 10**9)
+    fp16_hysteresis: int = num(2, 1, 10**6)
+    fp16_min_loss_scale: float = num(1.0, 0, 2.0**32)
     overlap_comm: bool = False  # overlap gradient reduction with backward (ZeRO >= 1)
     contiguous_gradients: bool = True  # copy gradients into one buffer (less fragmentation)
-    reduce_bucket_size: int = 500_000_000  # elements per gradient reduce bucket
-    allgather_bucket_size: int = 500_000_000  # elements per parameter all-gather bucket
-    peak_tflops: float = 0.0  # per-device peak for MFU; 0 = measure with a matmul probe
+    reduce_bucket_size: int = num(500_000_000, 1, 1 << 40)  # elements per gradient reduce bucket
+    allgather_bucket_size: int = num(500_000_000, 1, 1 << 40)  # elements per all-gather bucket
+    peak_tflops: float = num(0.0, 0, 1e6)  # per-device peak for MFU; 0 = measure with a probe
     # Online evaluation inside the segment: held-out loss every `eval_every` steps (0 = off).
     # Validation rising while training loss falls for `overfit_evals` evaluations in a row
     # raises an `overfitting` event; `early_stop_on_overfit` also ends training there.
-    eval_every: int = 0
-    overfit_evals: int = 3
+    eval_every: int = num(0, 0, STEPS)
+    overfit_evals: int = num(3, 1, 10**6)
     early_stop_on_overfit: bool = False
 
     def __post_init__(self) -> None:
@@ -231,13 +137,14 @@ class TrainConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class SearchDim:
-    low: float
-    high: float
+    low: float = num(lo=0, hi=STEPS)
+    high: float = num(lo=0, hi=STEPS)
     log: bool = True
 
     def __post_init__(self) -> None:
         _require(self.low < self.high, "low", "must be below high", "swap low and high")
-        _require(not self.log or self.low > 0, "low", "log scale needs low > 0",
+        # >= 1e-12: high / low stays finite, and so does every point the suggester picks
+        _require(not self.log or self.low >= 1e-12, "low", "log scale needs low >= 1e-12",
                  "use a positive low or log=false")
 
 
@@ -248,14 +155,14 @@ class SweepConfig:
     enabled: bool = True
     space: dict[str, SearchDim] = field(
         default_factory=lambda: {"lr": SearchDim(low=1e-3, high=1e-2, log=True)})
-    trials: int = 2
-    parallel: int = 1
-    trial_steps: int = 30
+    trials: int = num(2, 1, 1000)  # trial run ids end in -trial-<index>: 3 digits at most
+    parallel: int = num(1, 1, 256)
+    trial_steps: int = num(30, 1, STEPS)
 
     def __post_init__(self) -> None:
         _positive(self, "trials", "parallel", "trial_steps")
-        _require(set(self.space) <= {"lr", "weight_decay", "warmup_steps"}, "space",
-                 f"unknown parameter(s) {sorted(set(self.space) - {'lr', 'weight_decay', 'warmup_steps'})}",
+        _require(set(self.space) <= set(SWEPT), "space",
+                 f"unknown parameter(s) {sorted(set(self.space) - set(SWEPT))}",
                  "sweep lr, weight_decay or warmup_steps")
         _require(not self.enabled or self.trials >= 2, "trials", "a sweep needs >= 2 trials",
                  "raise trials or set enabled=false")
@@ -272,14 +179,15 @@ class StorageConfig:
 
     durable: str = ".mainspring/store"  # fsspec URL (file://, s3://, memory://) or a local path
     fast: str = ".mainspring/fast"  # local path of the fast tier
-    keep_last: int = 0  # keep the newest K durable commits; 0 = keep every commit
-    keep_every: int = 0  # with keep_last: also keep every step divisible by this; 0 = none
-    rollback_horizon: int = 0  # with keep_last: keep all commits this many steps behind newest
+    keep_last: int = num(0, 0, 10**6)  # keep the newest K durable commits; 0 = keep every commit
+    keep_every: int = num(0, 0, STEPS)  # with keep_last: also keep steps divisible by this
+    # with keep_last: keep all commits this many steps behind newest
+    rollback_horizon: int = num(0, 0, STEPS)
     async_upload: bool = True  # False = upload and commit inside the step loop (synchronous)
-    max_in_flight: int = 2  # snapshots written to the fast tier but not yet durable
-    upload_retry_s: float = 1.0  # first backoff after a failed upload; doubles each retry
-    upload_retry_max_s: float = 30.0  # backoff ceiling while the durable tier is down
-    drain_timeout_s: float = 900.0  # segment end: wait this long for uploads, then retryable
+    max_in_flight: int = num(2, 1, 64)  # snapshots written to the fast tier but not yet durable
+    upload_retry_s: float = num(1.0, 0, 3600)  # first backoff after a failed upload; doubles
+    upload_retry_max_s: float = num(30.0, 0, DAY)  # backoff ceiling while the durable tier is down
+    drain_timeout_s: float = num(900.0, 0, 7 * DAY)  # segment end: wait for uploads, then retryable
 
     def __post_init__(self) -> None:
         _require(bool(self.durable), "durable", "is empty", "give a path or s3://bucket/prefix")
@@ -294,8 +202,8 @@ class StorageConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class SpikeBudget:
-    rollbacks: int = 3  # rollbacks allowed per `per_steps` before the workflow escalates
-    per_steps: int = 1000
+    rollbacks: int = num(3, 1, 10**6)  # rollbacks allowed per `per_steps` before escalating
+    per_steps: int = num(1000, 1, STEPS)
 
     def __post_init__(self) -> None:
         _positive(self, "rollbacks", "per_steps")
@@ -306,23 +214,24 @@ class SpikeConfig:
     """Loss-spike handling (trainer/spikes.py); thresholds in robust standard deviations."""
 
     enabled: bool = True
-    window: int = 50  # accepted losses in the robust baseline (median / MAD)
-    warmup: int = 20  # losses observed before the detector judges
-    skip_threshold: float = 6.0  # loss above median + k * spread is an outlier (spikes.py)
-    return_threshold: float = 4.0  # after an outlier, losses above this many are not back yet
-    min_spread: float = 0.01  # spread floor, relative to |median|, for a flat history
-    patience: int = 3  # outliers within `window` steps that make a sustained spike
-    skip_before: int = 2  # batches before the onset also skipped on rollback
-    skip_window: int = 16  # batches skipped from there (PaLM: 200-500 at full scale)
-    lr_backoff: float = 0.5  # LR factor the workflow applies when the budget is spent
-    lr_backoff_steps: int = 500  # for this many steps
+    window: int = num(50, 1, 10**6)  # accepted losses in the robust baseline (median / MAD)
+    warmup: int = num(20, 0, 10**6)  # losses observed before the detector judges
+    skip_threshold: float = num(6.0, 0, 1e6)  # loss above median + k * spread is an outlier
+    return_threshold: float = num(4.0, 0, 1e6)  # after an outlier, above this is not back yet
+    min_spread: float = num(0.01, 0, 1e6)  # spread floor, relative to |median|, flat history
+    patience: int = num(3, 1, 10**6)  # outliers within `window` steps that make a sustained spike
+    skip_before: int = num(2, 0, STEPS)  # batches before the onset also skipped on rollback
+    skip_window: int = num(16, 1, STEPS)  # batches skipped from there (PaLM: 200-500 at scale)
+    lr_backoff: float = num(0.5, 0, 1)  # LR factor the workflow applies when the budget is spent
+    lr_backoff_steps: int = num(500, 1, STEPS)  # for this many steps
     budget: SpikeBudget = field(default_factory=SpikeBudget)
 
     def __post_init__(self) -> None:
         _positive(self, "window", "skip_threshold", "min_spread", "patience", "skip_window",
                   "lr_backoff_steps")
-        _require(self.warmup >= 0 and self.skip_before >= 0, "warmup", "must be >= 0",
-                 "use 0 to judge from the start")
+        _require(self.warmup >= 0, "warmup", "must be >= 0", "use 0 to judge from the start")
+        _require(self.skip_before >= 0, "skip_before", "must be >= 0",
+                 "use 0 to skip from the onset")
         _require(self.patience <= self.window, "patience", "exceeds window",
                  "make patience <= window")
         _require(0 < self.return_threshold <= self.skip_threshold, "return_threshold",
@@ -347,29 +256,31 @@ class FaultSpec:
     """
 
     kind: str
-    at_step: int
-    attempt: int = 1  # kill_worker fires only on this activity attempt, so the retry recovers
-    steps: int = 1
-    factor: float = 30.0
+    at_step: int = num(lo=1, hi=STEPS)
+    # kill_worker fires only on this activity attempt, so the retry recovers
+    attempt: int = num(1, 1, 10**6)
+    steps: int = num(1, 1, STEPS)
+    factor: float = num(30.0, 0, 1e6)
 
     def __post_init__(self) -> None:
         _require(self.kind in FAULT_KINDS, "kind", f"unknown fault {self.kind!r}",
                  f"use one of {', '.join(FAULT_KINDS)}")
         _require(self.at_step > 0, "at_step", "must be > 0", "inject after step 0")
-        _positive(self, "steps", "factor")
+        _positive(self, "attempt", "steps", "factor")
 
 
 @dataclass(frozen=True, kw_only=True)
 class OpsConfig:
-    heartbeat_timeout_s: float = 30.0
-    hang_timeout_s: float = 600.0  # no progress for this long = hung trainer
+    # >= 1 s: Temporal reads a timeout that rounds to 0 as "none" and refuses the activity
+    heartbeat_timeout_s: float = num(30.0, 1, DAY)
+    hang_timeout_s: float = num(600.0, 0, 7 * DAY)  # no progress for this long = hung trainer
     # a cancelled segment (operator pause/rollback/abort) may take this long to commit a
     # checkpoint at its current step and upload it before the trainer is killed
-    stop_grace_s: float = 300.0
-    segment_budget_s: float = 7 * 24 * 3600.0  # schedule-to-close across all retries
+    stop_grace_s: float = num(300.0, 0, DAY)
+    segment_budget_s: float = num(7 * DAY, 1, 365 * DAY)  # schedule-to-close, all retries
     otlp_endpoint: str = ""
-    metrics_port: int = 0  # ignored: the port is per worker (`worker --metrics-port`)
-    metrics_every: int = 10  # steps per durable train_metrics event (mainspring report)
+    metrics_port: int = num(0, 0, 65535)  # ignored: the port is per worker (`--metrics-port`)
+    metrics_every: int = num(10, 1, 10**9)  # steps per durable train_metrics event (report)
 
     def __post_init__(self) -> None:
         _positive(self, "heartbeat_timeout_s", "hang_timeout_s", "segment_budget_s",
@@ -379,7 +290,7 @@ class OpsConfig:
 @dataclass(frozen=True, kw_only=True)
 class RunSpec:
     run_id: str
-    seed: int = 1234
+    seed: int = num(1234, 0, 2**63 - 1)  # fits a signed 64-bit integer everywhere it goes
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -390,8 +301,8 @@ class RunSpec:
     ops: OpsConfig = field(default_factory=OpsConfig)
 
     def __post_init__(self) -> None:
-        _require(bool(RUN_ID_RE.match(self.run_id)), "run_id",
-                 f"{self.run_id!r} is not a valid run id",
+        _require(bool(RUN_ID_RE.fullmatch(self.run_id)), "run_id",
+                 f"{self.run_id[:80]!r} is not a valid run id",
                  "use lowercase letters, digits and '-', starting with a letter or digit, "
                  "at most 63 characters")
         t, m = self.train, self.model
@@ -400,15 +311,53 @@ class RunSpec:
                  "make micro_batch_tokens a multiple of seq_len")
         _require(t.checkpoint_every <= t.segment_steps, "train.checkpoint_every",
                  "is longer than a segment", "make checkpoint_every <= segment_steps")
+        _require(len(self.faults) <= MAX_FAULTS, "faults",
+                 f"has {len(self.faults)} entries (at most {MAX_FAULTS})", "inject fewer faults")
+        urls.check_durable(self.storage.durable, "storage.durable")
+        urls.check_local_dir(self.storage.fast, "storage.fast")
+        urls.check_input(self.data.corpus, "data.corpus", stdlib=True)
+        if self.data.tokenizer.path:
+            urls.check_input(self.data.tokenizer.path, "data.tokenizer.path")
+        urls.check_endpoint(self.ops.otlp_endpoint, "ops.otlp_endpoint")
         lr_dim = self.sweep.space.get("lr")
         _require(not (self.sweep.enabled and lr_dim and lr_dim.low < t.min_lr),
                  "sweep.space.lr.low", f"is below train.min_lr={t.min_lr}",
                  "raise the sweep's lower bound or lower train.min_lr")
+        self._check_sweep_ends()
+
+    def _check_sweep_ends(self) -> None:
+        """Every trial the sweep can run, and the run its best point trains, is a valid spec.
+
+        Checked at both ends of each swept dimension: each rule on a swept value involves
+        one swept parameter (lr vs min_lr, warmup_steps vs total_steps), so the ends bound
+        every point in between. Mirrors workflows/policy.py `trial_spec` and `with_params`
+        (tests/unit/test_spec.py holds them to it); the checked specs have the sweep off,
+        so they do not check further.
+        """
+        if not self.sweep.enabled:
+            return
+        base = deep_merge(self.to_dict(), {"sweep": {"enabled": False}})
+        steps = self.sweep.trial_steps
+        for name, dim in sorted(self.sweep.space.items()):
+            for end, value in sweep_ends(name, dim):
+                trial = {"faults": [], "train": {
+                    "total_steps": steps, "segment_steps": steps, "checkpoint_every": steps,
+                    "warmup_steps": min(self.train.warmup_steps, steps // 5), name: value}}
+                for what, over in (("a sweep trial", trial), ("training", {"train": {name: value}})):
+                    try:
+                        RunSpec.from_dict(deep_merge(base, over))
+                    except BadConfig as exc:
+                        raise BadConfig(
+                            f"sweep.space.{name}.{end}",
+                            f"{what} with train.{name}={value!r} is refused ({exc.field}: "
+                            f"{exc.problem})",
+                            f"narrow sweep.space.{name}" + (f"; {exc.fix}" if exc.fix else "")
+                        ) from None
 
     # ---- (de)serialisation -------------------------------------------------
     @classmethod
-    def from_dict(cls, raw: Any) -> "RunSpec":
-        return _build(cls, raw, "")
+    def from_dict(cls, raw: Any) -> RunSpec:
+        return build(cls, raw, "")
 
     def to_dict(self) -> dict[str, Any]:
         return json.loads(json.dumps(dataclasses.asdict(self)))
@@ -417,83 +366,19 @@ class RunSpec:
         blob = json.dumps(self.to_dict(), sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
-    def replace(self, **sections: Any) -> "RunSpec":
+    def replace(self, **sections: Any) -> RunSpec:
         """Override fields by dotted name: spec.replace(**{"train.lr": 1e-3})."""
         return RunSpec.from_dict(deep_merge(self.to_dict(), dotted_to_nested(sections)))
 
 
-def dotted_to_nested(flat: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in flat.items():
-        node = out
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
-    return out
-
-
-def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    merged = dict(base)
-    for key, value in over.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict) and key != "space":
-            merged[key] = deep_merge(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
-
-
-def _build(tp: Any, raw: Any, path: str) -> Any:
-    """Turn JSON-ish `raw` into type `tp`, naming `path` in every error."""
-    name = path or "spec"
-    origin = typing.get_origin(tp)
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(raw, dict):
-            raise BadConfig(name, f"expected an object, got {type(raw).__name__}",
-                            "write it as a JSON object")
-        hints = typing.get_type_hints(tp)
-        known = {f.name for f in dataclasses.fields(tp) if f.init}
-        unknown = sorted(set(raw) - known)
-        if unknown:
-            raise BadConfig(f"{path + '.' if path else ''}{unknown[0]}", "unknown field",
-                            f"remove it; known fields here: {', '.join(sorted(known))}")
-        kwargs = {k: _build(hints[k], v, f"{path + '.' if path else ''}{k}")
-                  for k, v in raw.items()}
-        try:
-            return tp(**kwargs)
-        except BadConfig as exc:  # the section's own check: prefix its field with the path
-            full = f"{path + '.' if path else ''}{exc.field}"
-            raise BadConfig(full, exc.problem, exc.fix) from None
-        except TypeError as exc:  # a required field is missing
-            raise BadConfig(name, str(exc), "add the missing field") from None
-    if origin is tuple:
-        args = typing.get_args(tp)
-        if not isinstance(raw, (list, tuple)):
-            raise BadConfig(name, f"expected a list, got {type(raw).__name__}", "write a JSON list")
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_build(args[0], v, f"{name}[{i}]") for i, v in enumerate(raw))
-        if len(raw) != len(args):
-            raise BadConfig(name, f"expected {len(args)} items, got {len(raw)}",
-                            f"give exactly {len(args)} values")
-        return tuple(_build(a, v, f"{name}[{i}]") for i, (a, v) in enumerate(zip(args, raw)))
-    if origin is dict:
-        _, vt = typing.get_args(tp)
-        if not isinstance(raw, dict):
-            raise BadConfig(name, f"expected an object, got {type(raw).__name__}",
-                            "write it as a JSON object")
-        return {k: _build(vt, v, f"{name}.{k}") for k, v in raw.items()}
-    if origin in (typing.Union, types.UnionType):
-        raise BadConfig(name, "unsupported union type", "report this as a bug")
-    if tp is float:
-        if isinstance(raw, bool) or not isinstance(raw, (int, float)):
-            raise BadConfig(name, f"expected a number, got {raw!r}", "write a number")
-        return float(raw)
-    if tp in (int, bool, str):
-        if type(raw) is not tp:
-            raise BadConfig(name, f"expected {tp.__name__}, got {raw!r}",
-                            f"write a JSON {'boolean' if tp is bool else tp.__name__}")
-        return raw
-    raise BadConfig(name, f"unsupported type {tp!r}", "report this as a bug")
+def sweep_ends(name: str, dim: SearchDim) -> tuple[tuple[str, float | int], ...]:
+    """(end, value) at both ends of a swept dimension, computed the way the suggester
+    (workflows/suggest.py `from_unit` at 0 and 1) and `trial_spec` (int) compute them."""
+    high = dim.low * (dim.high / dim.low) ** 1.0 if dim.log else dim.low + (dim.high - dim.low)
+    ends = (("low", dim.low), ("high", high))
+    if name == "warmup_steps":
+        return tuple((end, int(float(round(v)))) for end, v in ends)
+    return ends
 
 
 PRESETS: dict[str, dict[str, Any]] = {

@@ -2,7 +2,8 @@
 
 Every process (worker, CLI, trainer child) calls `configure(service, spans_dir)` once.
 Spans always go to `<spans_dir>/<service>-<pid>.jsonl` for offline review; an OTLP
-endpoint is added when configured and its exporter package is installed. Trainer children
+endpoint is added when configured and its exporter package is installed. Both exporters,
+and every log line, are scrubbed of secrets first (ops/redact.py). Trainer children
 join the supervisor's trace through the W3C `TRACEPARENT` environment variable.
 """
 
@@ -11,14 +12,18 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import structlog
 from opentelemetry import context, trace
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import Event, ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.trace import Status
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from ops.redact import redact, redact_value
 
 _configured = False
 
@@ -40,6 +45,46 @@ class JsonlSpanExporter(SpanExporter):
         pass
 
 
+class RedactingSpanExporter(SpanExporter):
+    """Wraps an exporter so no span leaves this process with a secret in it (issue 11 item
+    7): Temporal's spans record exceptions — a trainer's log tail, a storage error — and
+    the span file is kept for offline review like the event log."""
+
+    def __init__(self, inner: SpanExporter) -> None:
+        self.inner = inner
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        return self.inner.export([scrub_span(s) for s in spans])
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.inner.force_flush(timeout_millis)
+
+
+def scrub_span(span: ReadableSpan) -> ReadableSpan:
+    """A copy of a finished span with its name, attributes, events and status scrubbed."""
+    description = span.status.description
+    status = Status(span.status.status_code, redact(description)) if description else span.status
+    return ReadableSpan(
+        name=redact(span.name), context=span.context, parent=span.parent,
+        resource=span.resource, attributes=_scrub_attributes(span.attributes),
+        events=[Event(e.name, _scrub_attributes(e.attributes), e.timestamp) for e in span.events],
+        links=span.links, kind=span.kind, status=status, start_time=span.start_time,
+        end_time=span.end_time, instrumentation_scope=span.instrumentation_scope)
+
+
+def _scrub_attributes(attributes: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    return redact_value(dict(attributes)) if attributes else None
+
+
+def _redact_log(_, __, event_dict: dict) -> dict:
+    """structlog processor: a log line is scrubbed like an event (after exceptions are
+    formatted, so a traceback's messages are scrubbed too)."""
+    return redact_value(event_dict)
+
+
 def _add_trace_ids(_, __, event_dict: dict) -> dict:
     ctx = trace.get_current_span().get_span_context()
     if ctx.is_valid:
@@ -54,7 +99,8 @@ def configure_logging(level: str = "") -> None:
     structlog.configure(
         processors=[structlog.contextvars.merge_contextvars, structlog.processors.add_log_level,
                     structlog.processors.TimeStamper(fmt="iso"), _add_trace_ids,
-                    structlog.processors.format_exc_info, structlog.processors.JSONRenderer()],
+                    structlog.processors.format_exc_info, _redact_log,
+                    structlog.processors.JSONRenderer()],
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level, 20)),
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
         cache_logger_on_first_use=True,
@@ -74,8 +120,8 @@ def configure(service: str, spans_dir: str = "", otlp_endpoint: str = "",
     else:
         provider = TracerProvider(resource=resource)
     spans_dir = spans_dir or os.environ.get("MAINSPRING_SPANS_DIR", ".mainspring/spans")
-    provider.add_span_processor(BatchSpanProcessor(
-        JsonlSpanExporter(os.path.join(spans_dir, f"{service}-{os.getpid()}.jsonl"))))
+    provider.add_span_processor(BatchSpanProcessor(RedactingSpanExporter(
+        JsonlSpanExporter(os.path.join(spans_dir, f"{service}-{os.getpid()}.jsonl")))))
     endpoint = otlp_endpoint or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "")
     if endpoint:
         try:
@@ -85,7 +131,8 @@ def configure(service: str, spans_dir: str = "", otlp_endpoint: str = "",
                 "otlp_exporter_missing", endpoint=endpoint,
                 fix="pip install opentelemetry-exporter-otlp")
         else:
-            provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
+            provider.add_span_processor(BatchSpanProcessor(
+                RedactingSpanExporter(OTLPSpanExporter(endpoint=endpoint))))
     if not _configured:
         trace.set_tracer_provider(provider)
         _configured = True

@@ -5,6 +5,11 @@ tier. Readers ignore any directory without one. A manifest is never overwritten
 (`storage.fs.put_new`: conditional PUT on S3, link() on disk). Loading verifies every
 file's sha256 and size; a mismatch raises `CorruptCheckpoint`. Deletion removes the
 manifest first, so a deletion cut short leaves only an invisible directory.
+
+Issue 11 (docs/decisions.md): a malformed manifest, or one naming a file outside
+`FILE_PATTERNS`, is a `CorruptCheckpoint` on MANIFEST.json, so readers fall back past it as
+past a bad data file. Commits are crash-safe on disk (temporary name, fsync, rename,
+directory fsync) and never replace a data file of a step whose manifest exists.
 """
 
 from __future__ import annotations
@@ -14,16 +19,19 @@ import json
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import structlog
 
-from ops.errors import MainspringError, StorageUnavailable
+from ops.errors import BadData, MainspringError, StorageUnavailable
 from storage.fs import (
+    commit_lock,
+    copy_durable,
     is_unavailable,
     join,
+    put_file_durable,
     put_new,
     resolve,
     sha256_file,
@@ -37,11 +45,79 @@ log = structlog.get_logger(__name__)
 MANIFEST = "MANIFEST.json"
 STEP_DIR = re.compile(r"^step-(\d{9})$")
 
+# Every file name a checkpoint may hold: what DeepSpeed 0.19's save_checkpoint writes into
+# a tag directory for ZeRO 0-3 without pipeline or expert parallelism (checked against real
+# saves, tests/trainer/test_safe_load.py), plus trainer/state.py:state_file. One flat
+# directory: no pattern has a "/", so a name is relative and has no ".." by construction.
+FILE_PATTERNS = tuple(re.compile(p, re.ASCII) for p in (
+    r"mp_rank_[0-9]{2,}_model_states\.pt",  # weights (and, at ZeRO 0, the optimizer)
+    r"zero_pp_rank_[0-9]+_mp_rank_[0-9]{2,}_model_states\.pt",  # ZeRO-3 weight partitions
+    r"(bf16_)?zero_pp_rank_[0-9]+_mp_rank_[0-9]{2,}_optim_states\.pt",  # ZeRO 1-3 shards
+    r"train_state-rank[0-9]+\.pt",  # the TrainState of each rank
+))
+SHA256 = re.compile(r"[0-9a-f]{64}", re.ASCII)
+
 
 class CorruptCheckpoint(MainspringError):
+    """A committed checkpoint that cannot be used: a data file that is missing or differs
+    from its manifest entry, or a manifest that is malformed (`file` is then MANIFEST.json)."""
+
     def __init__(self, step: int, file: str, expected: str, actual: str) -> None:
         self.step, self.file, self.expected, self.actual = step, file, expected, actual
-        super().__init__(f"checkpoint step {step}: {file} checksum {actual} != manifest {expected}")
+        super().__init__(f"checkpoint step {step}: {file}: expected {expected}, found {actual}")
+
+
+def file_name_problem(name: object) -> str | None:
+    """Why `name` may not be a checkpoint file (None: it may). The structural checks come
+    first so the reason says what is wrong; the allow-list alone would refuse them too."""
+    if not isinstance(name, str) or not name:
+        return f"file name {name!r} is not a non-empty string"
+    shown = repr(name[:80])
+    if "\x00" in name or "\\" in name:
+        return f"file name {shown} holds a NUL or a backslash"
+    if name.startswith("/") or any(part in ("", ".", "..") for part in name.split("/")):
+        return f"file name {shown} is absolute or has an empty, '.' or '..' component"
+    if name == MANIFEST or not any(p.fullmatch(name) for p in FILE_PATTERNS):
+        return f"file name {shown} is not one the trainer writes"
+    return None
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _is_pairs(v: object) -> bool:
+    return isinstance(v, list) and all(
+        isinstance(r, list) and len(r) == 2 and all(_is_int(x) for x in r) for r in v)
+
+
+# The optional fields' types (CheckpointManifest); a missing one takes its default.
+FIELD_CHECKS: dict[str, Callable[[object], bool]] = {
+    "tokens_seen": _is_int, "data_cursor": _is_int, "skip_ranges": _is_pairs,
+    "detector_state": lambda v: isinstance(v, str), "config_hash": lambda v: isinstance(v, str),
+    "writer": lambda v: isinstance(v, str), "parent": lambda v: v is None or _is_int(v),
+    "created": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "extra": lambda v: isinstance(v, dict),
+}
+
+
+def manifest_problem(raw: object) -> str | None:
+    """Why a parsed MANIFEST.json cannot be used (None: it can). Pure; unknown keys are
+    allowed (newer writers may add fields)."""
+    if not isinstance(raw, dict):
+        return "not a JSON object"
+    if not _is_int(raw.get("step")):
+        return f"step {raw.get('step')!r:.40} is not an integer >= 0"
+    if not isinstance(raw.get("files"), dict):
+        return "files is not an object"
+    for name, entry in raw["files"].items():
+        if problem := file_name_problem(name):
+            return problem
+        if not (isinstance(entry, dict) and _is_int(entry.get("size"))
+                and isinstance(entry.get("sha256"), str) and SHA256.fullmatch(entry["sha256"])):
+            return f"entry of {name!r} is not {{size: int >= 0, sha256: 64 hex digits}}"
+    wrong = [k for k, ok in FIELD_CHECKS.items() if k in raw and not ok(raw[k])]
+    return f"{wrong[0]} {raw[wrong[0]]!r:.40} has the wrong type" if wrong else None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,13 +148,42 @@ class CheckpointManifest:
         return json.dumps(asdict(self), sort_keys=True, indent=1)
 
     @classmethod
-    def from_json(cls, text: str) -> CheckpointManifest:
-        raw = json.loads(text)
+    def from_json(cls, text: str | bytes, *, step: int | None = None) -> CheckpointManifest:
+        """Parse and check a manifest (of directory `step`, when given); anything malformed
+        raises CorruptCheckpoint(step, MANIFEST.json, "a valid manifest", reason)."""
+        try:
+            raw = json.loads(text)
+        except (ValueError, RecursionError) as exc:  # ValueError: JSON and UTF-8 errors
+            raise _bad_manifest(step, None, f"not JSON ({type(exc).__name__}: "
+                                f"{str(exc)[:80]})") from None
+        problem = manifest_problem(raw)
+        if problem is None and step is not None and raw["step"] != step:
+            problem = f"manifest says step {raw['step']}"
+        if problem:
+            raise _bad_manifest(step, raw, problem)
         known = {f.name for f in dataclasses.fields(cls)}
         raw = {k: v for k, v in raw.items() if k in known}  # newer writers may add fields
-        raw["files"] = {k: FileEntry(**v) for k, v in raw["files"].items()}
+        raw["files"] = {k: FileEntry(size=v["size"], sha256=v["sha256"])
+                        for k, v in raw["files"].items()}
         raw["skip_ranges"] = tuple(tuple(r) for r in raw.get("skip_ranges", ()))
         return cls(**raw)
+
+
+def _bad_manifest(step: int | None, raw: object, reason: str) -> CorruptCheckpoint:
+    """Of directory `step`, else of the step the manifest names (-1 if it names none)."""
+    if step is None:
+        named = raw.get("step") if isinstance(raw, dict) else None
+        step = named if _is_int(named) else -1
+    return CorruptCheckpoint(step, MANIFEST, "a valid manifest", reason)
+
+
+def check_file_names(step: int, local_dir: str, names: Iterable[str]) -> None:
+    """Writer side of the allow-list: refuse to commit a file no reader would accept."""
+    for name in names:
+        if problem := file_name_problem(name):
+            raise BadData(os.path.join(local_dir, str(name)), f"checkpoint step {step}: {problem}",
+                          "only DeepSpeed's and the TrainState's files belong in a checkpoint "
+                          "directory; extend storage/checkpoints.py:FILE_PATTERNS for a new one")
 
 
 def step_dir(step: int) -> str:
@@ -156,13 +261,19 @@ class CheckpointStore:
         return steps[-1] if steps else None
 
     def manifest(self, step: int) -> CheckpointManifest:
-        with self.fs.open(self.path(step, MANIFEST), "r") as f:
-            return CheckpointManifest.from_json(f.read())
+        """The checked manifest of a committed step; CorruptCheckpoint if it is malformed."""
+        with self.fs.open(self.path(step, MANIFEST), "rb") as f:
+            return CheckpointManifest.from_json(f.read(), step=step)
 
     def verify(self, step: int) -> list[CorruptCheckpoint]:
-        """Every file's problem (missing, wrong size, wrong hash); empty means intact."""
+        """Every file's problem (missing, wrong size, wrong hash) — or the manifest's own,
+        alone; empty means intact."""
+        try:
+            man = self.manifest(step)
+        except CorruptCheckpoint as exc:
+            return [exc]
         problems = []
-        for name, entry in self.manifest(step).files.items():
+        for name, entry in man.files.items():
             path = self.path(step, name)
             if not self.fs.exists(path):
                 problems.append(CorruptCheckpoint(step, name, entry.sha256, "missing"))
@@ -187,9 +298,9 @@ class CheckpointStore:
 
     def fetch(self, step: int, local_dir: str) -> CheckpointManifest:
         """Download a committed checkpoint into local_dir, verifying each file while copying."""
-        man = self.manifest(step)
+        man = self.manifest(step)  # every name checked before any I/O below
         for name, entry in man.files.items():
-            dest = os.path.join(local_dir, name)
+            dest = _inside(local_dir, name, step)
             os.makedirs(os.path.dirname(dest), exist_ok=True)
             try:
                 with self.fs.open(self.path(step, name), "rb") as src, \
@@ -223,21 +334,23 @@ class CheckpointStore:
                **meta: Any) -> CheckpointManifest:
         """Upload every file under local_dir, then write MANIFEST.json last (the commit point).
 
-        `files` (already hashed, e.g. by the fast tier) skips re-hashing. Idempotent: if the
-        step is already committed — before we start, or by a racing writer whose conditional
-        manifest put won — the existing manifest is returned untouched.
+        `files` (already hashed, e.g. by the fast tier) skips re-hashing. Idempotent, and a
+        no-op for a second writer: if the step is committed — before we start, between two
+        of our uploads, or by a racing writer whose conditional manifest put won — the
+        existing manifest is returned and none of its data files is replaced (module doc).
         """
         try:
-            if self.fs.exists(self.path(step, MANIFEST)):
-                log.info("checkpoint_already_committed", step=step)
-                return self.manifest(step)
-            files = files if files is not None else hash_dir(local_dir)
-            for rel in files:
-                dest = self.path(step, rel)
-                self.fs.makedirs(dest.rsplit("/", 1)[0], exist_ok=True)
-                self.fs.put_file(os.path.join(local_dir, rel), dest)
-            man = CheckpointManifest(step=step, files=files, **meta)
-            put_new(self.fs, self.path(step, MANIFEST), man.to_json().encode())
+            with commit_lock(self.fs, self.path(step)):
+                if (existing := self._existing(step)) is not None:
+                    return existing
+                files = files if files is not None else hash_dir(local_dir)
+                check_file_names(step, local_dir, files)
+                for rel in files:
+                    if (existing := self._existing(step)) is not None:  # S3: per-file window
+                        return existing
+                    put_file_durable(self.fs, os.path.join(local_dir, rel), self.path(step, rel))
+                man = CheckpointManifest(step=step, files=files, **meta)
+                put_new(self.fs, self.path(step, MANIFEST), man.to_json().encode())
         except FileExistsError:
             log.warning("checkpoint_commit_lost_race", step=step)
             return self.manifest(step)
@@ -248,9 +361,29 @@ class CheckpointStore:
         log.info("checkpoint_committed", step=step, uri=self.uri(step), bytes=man.total_bytes)
         return man
 
+    def _existing(self, step: int) -> CheckpointManifest | None:
+        """The step's committed manifest; None if there is none — or if it is corrupt: every
+        reader skips that step already, so it is uncommitted here and this commit replaces
+        it (else a replay of the step would fail on it at every retry)."""
+        if not self.fs.exists(self.path(step, MANIFEST)):
+            return None
+        try:
+            man = self.manifest(step)
+        except CorruptCheckpoint as exc:
+            _report(exc, None)
+            log.warning("checkpoint_corrupt_manifest_replaced", step=step)
+            self.fs.rm_file(self.path(step, MANIFEST))
+            return None
+        log.info("checkpoint_already_committed", step=step)
+        return man
+
     def commit_in_place(self, step: int, **meta: Any) -> CheckpointManifest:
-        """Local tier: the files already sit at path(step); hash them and write the manifest."""
-        man = CheckpointManifest(step=step, files=hash_dir(self.path(step)), **meta)
+        """Local tier: the files already sit at path(step); hash them and write the manifest.
+        The data files are not fsynced (DeepSpeed wrote them): a resume hashes a fast-tier
+        copy before using it, so a torn one is found and skipped, never loaded."""
+        files = hash_dir(self.path(step))
+        check_file_names(step, self.path(step), files)
+        man = CheckpointManifest(step=step, files=files, **meta)
         put_new(self.fs, self.path(step, MANIFEST), man.to_json().encode())
         return man
 
@@ -278,10 +411,10 @@ class CheckpointStore:
         uri = self.fs.unstrip_protocol(self.promoted_path(step))
         if self.fs.exists(self.promoted_path(step, MANIFEST)):
             return uri, man  # an activity retry after the promotion committed
-        for name, entry in man.files.items():
+        for name, entry in man.files.items():  # names checked by manifest(), via verify()
             dest = self.promoted_path(step, name)
             self.fs.makedirs(dest.rsplit("/", 1)[0], exist_ok=True)
-            self.fs.copy(self.path(step, name), dest)
+            copy_durable(self.fs, self.path(step, name), dest)
             digest, size = sha256_file(self.fs, dest)
             if digest != entry.sha256 or size != entry.size:
                 raise CorruptCheckpoint(step, f"promoted/{name}", entry.sha256, digest)
@@ -291,6 +424,16 @@ class CheckpointStore:
             pass  # a racing retry promoted the same verified bytes
         log.info("checkpoint_promoted", step=step, uri=uri, bytes=man.total_bytes)
         return uri, man
+
+
+def _inside(local_dir: str, name: str, step: int) -> str:
+    """local_dir/name, refused unless it stays inside local_dir (a second guard behind the
+    manifest's name check: no manifest may make fetch write anywhere else)."""
+    root = os.path.realpath(local_dir)
+    dest = os.path.realpath(os.path.join(root, name))
+    if file_name_problem(name) or os.path.commonpath([root, dest]) != root:
+        raise CorruptCheckpoint(step, MANIFEST, "a relative file name", repr(name[:80]))
+    return dest
 
 
 def _report(exc: CorruptCheckpoint, on_corrupt: Callable[[CorruptCheckpoint], None] | None,

@@ -24,6 +24,7 @@ from fsspec.spec import AbstractFileSystem
 from tokenizers import Tokenizer
 
 from ops.errors import BadData, StorageUnavailable
+from ops.redact import redact
 from ops.spec import DataConfig
 from storage.dataprep_inputs import InputFile, content_hash, corpus_url, list_inputs
 from storage.dataprep_minhash import near_duplicates, shingles
@@ -149,7 +150,8 @@ def _build(data: DataConfig, key: str, in_fs: AbstractFileSystem, files: list[In
     cpu = {k: round(sum(o.cpu_s[k] for o in outputs), 4) for k in ("read", "clean", "hash")}
     cpu["encode"] = round(sum(float(t.get("cpu_s", 0.0)) for t in tokens), 4)
     # Timings cover every phase but the commit itself (the manifest cannot time its own write).
-    stats = {**phases.counts, "tokenizer": source, "workers": workers, "resume": resume,
+    # `source` is data.tokenizer.path when one was given: a URL, scrubbed like any record
+    stats = {**phases.counts, "tokenizer": redact(source), "workers": workers, "resume": resume,
              "cpu_seconds": cpu,
              "seconds": {**phases.seconds, "total": round(sum(phases.seconds.values()), 4)}}
     manifest = DatasetManifest(content_hash=key, vocab_size=vocab, eos_id=eos,

@@ -5,6 +5,10 @@ Layout: `<durable>/datasets/<content_hash>/` holding `tokenizer.json`,
 `<split>-<nnnnn>.docs.bin` (uint64 start offsets of each document inside the shard),
 and `MANIFEST.json`, written last: a dataset exists only once its manifest does.
 Documents are separated by the tokenizer's end-of-document token (`eos_id`).
+
+On local disk/NFS every shard and the manifest are written crash-safe (temporary name,
+fsync, rename, directory fsync: `storage.fs.pipe_durable`), so a crash never leaves an
+empty or torn MANIFEST.json that a later prepare_data would take for a cache hit (issue 11).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from ops.errors import BadData
-from storage.fs import join, resolve, sha256_stream
+from storage.fs import join, pipe_durable, resolve, sha256_stream
 
 MANIFEST = "MANIFEST.json"
 SPLITS = ("train", "val")
@@ -58,7 +62,7 @@ class DatasetManifest:
         return json.dumps(asdict(self), sort_keys=True, indent=1)
 
     @classmethod
-    def from_json(cls, text: str) -> "DatasetManifest":
+    def from_json(cls, text: str | bytes) -> DatasetManifest:
         raw = json.loads(text)
         raw["shards"] = tuple(ShardInfo(**s) for s in raw["shards"])
         return cls(**raw)
@@ -76,18 +80,23 @@ def manifest_url(durable_url: str, content_hash: str) -> str:
 def load_manifest(url: str) -> DatasetManifest:
     fs, path = resolve(url)
     try:
-        with fs.open(path, "r") as f:
-            return DatasetManifest.from_json(f.read())
+        with fs.open(path, "rb") as f:
+            text = f.read()
     except FileNotFoundError:
         raise BadData(url, "dataset manifest not found",
                       "run the prepare_data stage first or fix the dataset URL") from None
+    try:
+        return DatasetManifest.from_json(text)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:  # ValueError: JSON, UTF-8
+        raise BadData(url, f"dataset manifest is unreadable ({type(exc).__name__}: "
+                      f"{str(exc)[:100]})", "delete the dataset directory and rerun "
+                      "prepare_data") from None
 
 
 def write_array(fs, path: str, array: np.ndarray) -> str:
     """Write a raw array; return its sha256."""
     data = np.ascontiguousarray(array).tobytes()
-    with fs.open(path, "wb") as f:
-        f.write(data)
+    pipe_durable(fs, path, data)
     return sha256_stream(io.BytesIO(data))[0]
 
 
@@ -112,9 +121,9 @@ def write_shard(fs, directory: str, name: str, split: str, tokens: np.ndarray,
 
 
 def commit_manifest(fs, directory: str, manifest: DatasetManifest) -> None:
-    """The commit point of a dataset: MANIFEST.json, written after every shard."""
-    with fs.open(join(directory, MANIFEST), "w") as f:
-        f.write(manifest.to_json())
+    """The commit point of a dataset: MANIFEST.json, written after every shard, whole or not
+    at all (a retry that rebuilt the same content hash replaces it with the same shards)."""
+    pipe_durable(fs, join(directory, MANIFEST), manifest.to_json().encode())
 
 
 def read_split(manifest_uri: str, split: str) -> tuple[np.ndarray, np.ndarray]:

@@ -6,11 +6,21 @@ unique per process, so two writers never race for one object. An `event_id` give
 caller makes an event idempotent across activity retries: readers merge all batches,
 drop repeated ids (the earliest (ts, writer) copy wins, whatever the listing
 order) and order by (ts, event_id). Batches are written whole or not at all (put_new).
+
+A reader never fails on a damaged batch (issue 11): a line that is not UTF-8 JSON, or not
+an event (`well_formed`: an object with a string `event_id` and `kind`, a finite number
+`ts`, an object `payload` and an integer-or-null `step`), is skipped with a
+`event_line_unreadable` log line, and the batch then yields one synthetic
+`event_log_damaged` event — event_id `event_log_damaged/<batch file name>` (the same on
+every read, so it dedupes), payload {path, lines_skipped, example: the first bad line's
+first 200 characters}, ts the batch's newest good event's (or the object's mtime) — so the
+loss is visible in `mainspring events`, reports and the timeline, never silent.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 import time
@@ -22,6 +32,7 @@ import structlog
 from opentelemetry import trace
 
 from ops.errors import StorageUnavailable
+from ops.redact import redact_value
 from storage.fs import is_unavailable, join, put_new, resolve, storage_errors
 
 log = structlog.get_logger(__name__)
@@ -57,7 +68,11 @@ class EventLog:
 
     def record(self, kind: str, step: int | None, event_id: str | None,
                payload: dict[str, Any]) -> dict[str, Any]:
-        """emit() with the payload as a dict (its keys may be any name, `step` included)."""
+        """emit() with the payload as a dict (its keys may be any name, `step` included).
+
+        The payload is scrubbed of secrets first (ops/redact.py): the log is kept for the
+        life of the run and read by anyone who can read the bucket."""
+        payload = redact_value(payload)
         event = {
             "event_id": event_id or uuid.uuid4().hex,
             "run_id": self.run_id,
@@ -107,7 +122,7 @@ def read_events(durable_url: str, run_id: str, kinds: tuple[str, ...] = ()) -> l
     """Merged, deduplicated, ordered events of a run (the same answer whatever the listing
     order: of repeated event_ids the earliest (ts, writer) copy wins; order is (ts, event_id))."""
     fs, root = resolve(durable_url)
-    events = merge(_load(fs, p) for p in _batches(fs, events_root(root, run_id)))
+    events = merge(_load(fs, p, run_id) for p in _batches(fs, events_root(root, run_id)))
     return [e for e in events if not kinds or e["kind"] in kinds]
 
 
@@ -136,7 +151,7 @@ def follow(durable_url: str, run_id: str, *, poll_s: float = 1.0,
     while True:
         fresh = [p for p in _batches(fs, directory) if p not in seen_paths]
         seen_paths.update(fresh)
-        for event in merge(_load(fs, p) for p in fresh):
+        for event in merge(_load(fs, p, run_id) for p in fresh):
             if event["event_id"] not in seen_ids:
                 seen_ids.add(event["event_id"])
                 yield event
@@ -146,7 +161,7 @@ def follow(durable_url: str, run_id: str, *, poll_s: float = 1.0,
 
 
 def _rank(event: dict) -> tuple:
-    return (event["ts"], event.get("writer", ""))
+    return (event["ts"], str(event.get("writer", "")))
 
 
 def _batches(fs, directory: str) -> list[str]:
@@ -159,18 +174,66 @@ def _batches(fs, directory: str) -> list[str]:
         raise StorageUnavailable(directory, repr(exc)) from exc
 
 
-def _load(fs, path: str) -> list[dict]:
+DAMAGED = "event_log_damaged"
+
+
+def _load(fs, path: str, run_id: str = "") -> list[dict]:
+    """A batch's well-formed events, plus one `event_log_damaged` event if any line was not."""
     try:
-        return list(_parse(fs.cat_file(path).decode(), path))
+        data = fs.cat_file(path)
     except FileNotFoundError:
         return []
+    events, bad = _parse(data, path)
+    if not bad:
+        return events
+    newest = max((e["ts"] for e in events), default=None)
+    return [*events, damaged_event(path, run_id, bad, _mtime(fs, path) if newest is None
+                                   else newest)]
 
 
-def _parse(text: str, path: str = "") -> Iterator[dict]:
-    for line in text.splitlines():
-        if not line.strip():
+def _parse(data: bytes, path: str = "") -> tuple[list[dict], list[str]]:
+    """(well-formed events, bad lines) of one batch; each bad line is logged."""
+    good, bad = [], []
+    for raw in data.split(b"\n"):
+        if not raw.strip():
             continue
         try:
-            yield json.loads(line)
-        except json.JSONDecodeError:  # a pre-atomic writer's torn tail: skip, say so
-            log.warning("event_line_unreadable", path=path, line=line[:200])
+            event = json.loads(raw.decode("utf-8"))
+        except (ValueError, RecursionError):  # torn tail of a pre-atomic writer, bad bytes
+            event = None
+        if well_formed(event):
+            good.append(event)
+            continue
+        line = raw.decode("utf-8", errors="replace")
+        bad.append(line)
+        log.warning("event_line_unreadable", path=path, line=line[:200])
+    return good, bad
+
+
+def well_formed(event: object) -> bool:
+    """Pure: has the fields every reader indexes, with their types (module docstring)."""
+    if not isinstance(event, dict):
+        return False
+    ts, step = event.get("ts"), event.get("step", 0.5)
+    return (isinstance(event.get("event_id"), str) and bool(event["event_id"])
+            and isinstance(event.get("kind"), str) and bool(event["kind"])
+            and isinstance(ts, (int, float)) and not isinstance(ts, bool) and math.isfinite(ts)
+            and isinstance(event.get("payload"), dict)
+            and (step is None or (isinstance(step, int) and not isinstance(step, bool))))
+
+
+def damaged_event(path: str, run_id: str, bad: list[str], ts: float) -> dict:
+    """Pure: the synthetic event that stands for a batch's skipped lines."""
+    return {"event_id": f"{DAMAGED}/{path.rsplit('/', 1)[-1]}", "run_id": run_id,
+            "kind": DAMAGED, "ts": ts, "step": None, "attempt": 0, "trace_id": "",
+            "writer": "reader",
+            "payload": {"path": path, "lines_skipped": len(bad), "example": bad[0][:200]}}
+
+
+def _mtime(fs, path: str) -> float:
+    """When a batch with no readable event was written (0.0 where the store cannot say)."""
+    try:
+        return fs.modified(path).timestamp()
+    except (NotImplementedError, OSError, AttributeError) as exc:
+        log.warning("event_batch_time_unknown", path=path, error=repr(exc)[:200])
+        return 0.0

@@ -8,17 +8,20 @@ other's commits at once.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import hashlib
 import os
-from collections.abc import Iterator
+import shutil
+from collections.abc import Callable, Iterator
 from typing import IO
 from uuid import uuid4
 
 import fsspec
 from fsspec.spec import AbstractFileSystem
 
-from ops.errors import StorageUnavailable
+from ops.errors import BadConfig
 
 CHUNK = 8 << 20
 
@@ -49,8 +52,14 @@ def resolve(url: str) -> tuple[AbstractFileSystem, str]:
     options = s3_options() if protocol in ("s3", "s3a") else {}
     try:
         fs, root = fsspec.core.url_to_fs(url, **options)
-    except (ImportError, ValueError) as exc:
-        raise StorageUnavailable(url, f"cannot open filesystem: {exc}") from exc
+    except ValueError as exc:  # an unknown protocol or a malformed URL: retrying cannot help
+        raise BadConfig(url, f"unknown or malformed storage URL ({exc})",
+                        "use a local path, file:///abs/path, s3://bucket/prefix or memory://name"
+                        ) from None
+    except ImportError as exc:  # a known protocol whose package this worker lacks
+        raise BadConfig(url, f"this worker cannot open {protocol}:// ({exc})",
+                        "install the filesystem's package (s3fs for s3://) on every worker"
+                        ) from None
     return fs, root.rstrip("/")
 
 
@@ -129,7 +138,8 @@ def put_new(fs: AbstractFileSystem, path: str, data: bytes) -> None:
     S3: a conditional PUT (`If-None-Match: *`, honoured by AWS S3 and SeaweedFS ≥ 3.x; see
     docs/decisions.md). Local disk: write a temporary file, fsync, then `link()` it to the
     final name — atomic and exclusive, so a reader never sees a half-written object even if
-    the writer is SIGKILLed. Other filesystems (memory://): check-then-write.
+    the writer is SIGKILLed — and fsync the directory, so the name survives a power cut.
+    Other filesystems (memory://): check-then-write.
     """
     if is_local(fs):
         directory = os.path.dirname(path)
@@ -144,6 +154,7 @@ def put_new(fs: AbstractFileSystem, path: str, data: bytes) -> None:
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
+        fsync_dir(directory)  # the new name itself must survive a power cut
         return
     try:
         fs.pipe_file(path, data, mode="create")
@@ -155,3 +166,97 @@ def put_new(fs: AbstractFileSystem, path: str, data: bytes) -> None:
         if fs.exists(path):
             raise FileExistsError(path) from exc
         raise
+
+
+# ---- durable writes (issue 11 item 4) --------------------------------------------------------
+# On local disk or NFS, a file copied with fs.put_file lives only in the page cache until
+# the kernel writes it back, and a rename/link lives in its directory's data: a power cut
+# after the manifest landed could leave a "committed" checkpoint with empty or missing data
+# files. Each helper below writes a temporary name in the same directory, fsyncs it,
+# renames it into place and fsyncs the directory. On an object store one PUT is already
+# atomic and durable when it returns, so they are a plain PUT/copy there.
+
+
+def fsync_dir(path: str) -> None:
+    """fsync a directory, making the names created or renamed in it durable (POSIX keeps a
+    name in its directory's own data). A filesystem that cannot (EINVAL) is let be."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP):
+            raise
+    finally:
+        os.close(fd)
+
+
+def temp_name(path: str) -> str:
+    """A hidden, per-writer name next to `path` (readers skip dot-files; rename stays in one
+    directory, so on one filesystem, so atomic)."""
+    return os.path.join(os.path.dirname(path),
+                        f".{os.path.basename(path)}.{os.getpid()}.{uuid4().hex[:12]}.tmp")
+
+
+def write_local_durable(path: str, write: Callable[[IO[bytes]], None]) -> None:
+    """Local disk: `write(f)` into a temporary file, fsync, rename over `path`, fsync the
+    directory. A crash at any point leaves the old file or the new one whole, never a torn
+    or empty one (a leftover temporary name is all it can leave)."""
+    directory = os.path.dirname(path)
+    os.makedirs(directory, exist_ok=True)
+    tmp = temp_name(path)
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    fsync_dir(directory)
+
+
+def put_file_durable(fs: AbstractFileSystem, local: str, dest: str) -> None:
+    """Upload a local file to `dest`: crash-safe on local disk (see above), one PUT elsewhere."""
+    if not is_local(fs):
+        fs.makedirs(dest.rsplit("/", 1)[0], exist_ok=True)
+        fs.put_file(local, dest)
+        return
+    with open(local, "rb") as src:
+        write_local_durable(dest, lambda out: shutil.copyfileobj(src, out, CHUNK))
+
+
+def copy_durable(fs: AbstractFileSystem, src: str, dest: str) -> None:
+    """Copy within one filesystem: crash-safe on local disk, a server-side copy elsewhere."""
+    if not is_local(fs):
+        fs.copy(src, dest)
+        return
+    with open(src, "rb") as f:
+        write_local_durable(dest, lambda out: shutil.copyfileobj(f, out, CHUNK))
+
+
+def pipe_durable(fs: AbstractFileSystem, path: str, data: bytes) -> None:
+    """Write `data` to `path` whole (replacing it): crash-safe on local disk, one PUT elsewhere."""
+    if not is_local(fs):
+        fs.pipe_file(path, data)
+        return
+    write_local_durable(path, lambda out: out.write(data))
+
+
+@contextlib.contextmanager
+def commit_lock(fs: AbstractFileSystem, directory: str) -> Iterator[None]:
+    """Local disk/NFS: an exclusive flock on `directory/.commit.lock` for a commit's whole
+    check-upload-manifest sequence, so a second writer of the same step cannot slip its
+    files in between another's check and manifest (NFS serves flock as a POSIX lock via
+    NLM/NFSv4; the kernel drops it if the holder dies). No-op elsewhere: S3 has no locks
+    (docs/decisions.md, "A second writer of a committed step")."""
+    if not is_local(fs):
+        yield
+        return
+    os.makedirs(directory, exist_ok=True)
+    fd = os.open(os.path.join(directory, ".commit.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the last descriptor releases the lock

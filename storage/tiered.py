@@ -35,6 +35,7 @@ from typing import Any
 import structlog
 
 from ops.errors import BadConfig, StorageUnavailable
+from ops.procs import allowed_env, with_repo_on_path
 from storage.checkpoints import (
     CheckpointManifest,
     CheckpointStore,
@@ -47,7 +48,6 @@ from storage.tiered_writer import WriterConfig, manifest_meta
 log = structlog.get_logger(__name__)
 
 OnCommit = Callable[[CheckpointManifest, str], None]
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLOSE_TIMEOUT_S = 30.0  # close() lets an upload in progress finish this long, then kills it
 
 
@@ -60,12 +60,14 @@ class TierPolicy:
     retention: RetentionPolicy = field(default_factory=RetentionPolicy)
 
     @classmethod
-    def from_storage(cls, cfg: Any) -> TierPolicy:
-        """From ops.spec.StorageConfig (validated there)."""
+    def from_storage(cls, cfg: Any, min_horizon: int = 0) -> TierPolicy:
+        """From ops.spec.StorageConfig (validated there); retention keeps at least
+        `min_horizon` steps of rollback reach (the spike detector's, retention.spike_reach)."""
         return cls(max_in_flight=cfg.max_in_flight, retry_s=cfg.upload_retry_s,
                    retry_max_s=cfg.upload_retry_max_s, drain_timeout_s=cfg.drain_timeout_s,
                    retention=RetentionPolicy(keep_last=cfg.keep_last, keep_every=cfg.keep_every,
-                                             rollback_horizon=cfg.rollback_horizon))
+                                             rollback_horizon=max(cfg.rollback_horizon,
+                                                                  min_horizon)))
 
 
 class CheckpointWriterFailed(RuntimeError):
@@ -99,8 +101,9 @@ def start_writer(durable: CheckpointStore, fast: CheckpointStore, policy: TierPo
     cfg = WriterConfig(durable_url=durable.url, durable_root=durable.root, fast_dir=fast.root,
                        retry_s=policy.retry_s, retry_max_s=policy.retry_max_s,
                        retention=asdict(policy.retention), parent_pid=os.getpid())
-    path = os.environ.get("PYTHONPATH", "")
-    env = {**os.environ, "PYTHONPATH": REPO_ROOT + (os.pathsep + path if path else "")}
+    # Only what an upload needs (storage credentials, the interpreter): never the worker's
+    # Temporal credentials (issue 11 item 7).
+    env = with_repo_on_path(allowed_env())
     proc = subprocess.Popen([sys.executable, "-m", "storage.tiered_writer", cfg.to_json()],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True,
                             bufsize=1)
@@ -377,8 +380,13 @@ class TieredCheckpointer:
 
     def _catch_up(self, steps: list[int]) -> None:
         for step in steps:
+            try:
+                meta = manifest_meta(self.fast.manifest(step))
+            except CorruptCheckpoint as exc:  # an older local copy: skip it, not the resume
+                _tell(exc, None)
+                continue
             log.info("checkpoint_upload_resumed", step=step)
-            self.submit(step, **manifest_meta(self.fast.manifest(step)))
+            self.submit(step, **meta)
 
     def _emit(self, kind: str, *, step: int | None, event_id: str | None = None,
               **payload: Any) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pickle
 import shutil
 import time
 from collections.abc import Callable
@@ -22,9 +23,12 @@ import torch.distributed as dist
 from ops.errors import BadConfig, BadData, StorageUnavailable
 from ops.procs import stop_requested
 from ops.spec import RunSpec
-from storage.checkpoints import CheckpointManifest, CheckpointStore, step_dir
+from storage.checkpoints import CheckpointManifest, CheckpointStore, CorruptCheckpoint, step_dir
 from storage.events import EventLog
+from storage.retention import spike_reach
+from storage.rollback import roll_back
 from storage.tiered import TieredCheckpointer, TierPolicy
+from trainer.safe_load import UnsafeCheckpointFile
 from trainer.state import TrainState, state_file
 
 log = structlog.get_logger(__name__)
@@ -139,6 +143,12 @@ class Run:
             dist.broadcast_object_list(box, src=0)
         return box[0]
 
+    def any_rank(self, flag: bool) -> bool:
+        """True on every rank when `flag` is true on any (one collective)."""
+        if self.world == 1:
+            return flag
+        return self.mean_over_ranks(torch.tensor(float(flag))) > 0
+
     def mean_over_ranks(self, value: torch.Tensor) -> float:
         if self.world > 1:
             value = value.detach().float().to(self.comm_device())
@@ -149,13 +159,13 @@ class Run:
 
 # ---- resume and commit -----------------------------------------------------------------
 def _fast_store(run: Run) -> CheckpointStore:
-    """The fast tier: a local store under the segment's workdir (shared by a node's ranks).
-
-    Per workdir, so a retry of this segment on this machine resumes locally; a segment only
-    succeeds once every checkpoint is durable, so the next segment needs nothing from here.
-    """
+    """The fast tier: the run's local store on this machine (`--fast-dir`, shared by a
+    node's ranks and by the run's segments, storage/fast_tier.py), so a retry or the next
+    segment on this machine resumes locally and the writer's cleanup — the newest durable
+    copy and what is uploading stay — bounds it across segments."""
     if "fast_store" not in run.__dict__:
-        run.fast_store = CheckpointStore.local(os.path.join(run.workdir, "ckpt"))
+        run.fast_store = CheckpointStore.local(
+            run.args.fast_dir or os.path.join(run.workdir, "ckpt"))
     return run.fast_store
 
 
@@ -164,7 +174,9 @@ def _checkpointer(run: Run) -> TieredCheckpointer:
     first use — in the main thread, which the writer's parent-death signal is tied to."""
     if "checkpointer" not in run.__dict__:
         run.checkpointer = TieredCheckpointer(
-            run.store, _fast_store(run), TierPolicy.from_storage(run.spec.storage),
+            run.store, _fast_store(run), TierPolicy.from_storage(
+                run.spec.storage, spike_reach(run.spec.spikes.window)
+                if run.spec.spikes.enabled else 0),
             events=run.events, on_commit=lambda man, uri: _on_durable_commit(run, man, uri))
     return run.checkpointer
 
@@ -201,27 +213,82 @@ def finish_uploads(run: Run) -> None:
 
 
 def restore(run: Run, engine, at_or_before: int | None = None) -> TrainState | None:
-    """Load the newest verified checkpoint at or before `at_or_before` (default: the segment's
+    """Load the newest good checkpoint at or before `at_or_before` (default: the segment's
     target step) into the engine; None if there is none. Also used mid-segment by a rollback.
 
     Rank 0 picks it from either tier (TieredCheckpointer.resume: fast copies verified in
     place, durable ones verified while fetched, corrupt ones reported and skipped) and
-    broadcasts (step, tier). Layouts `ckpt/step-X/` (fast tier) and
-    `restore-rank{r}/step-X/` are DeepSpeed's `load_dir/tag/`.
+    broadcasts (step, tier). Every rank then loads it with the weights-only unpickler
+    (trainer/safe_load.py): a file that carries code, or any rank failing to load, makes
+    it corrupt too — reported, and the next older one is tried. Layouts `ckpt/step-X/`
+    (fast tier) and `restore-rank{r}/step-X/` are DeepSpeed's `load_dir/tag/`.
     """
+    bound = run.target if at_or_before is None else at_or_before
+    corrupt: list[int] = []  # steps found corrupt on the durable tier while choosing
+    while True:
+        pick, man = _choose(run, bound, corrupt)
+        if pick is None:
+            return None
+        try:
+            state, problem = _load(run, engine, *pick, man), None
+        except CorruptCheckpoint as exc:
+            state, problem = None, exc
+        if not run.any_rank(problem is not None):
+            break
+        step, tier = pick
+        if run.rank == 0:
+            _report_corrupt(run, problem or CorruptCheckpoint(
+                step, "(another rank's files)", "loadable", "another rank could not load it"))
+            if tier == "fast":  # its durable copy, if there is one, is tried next
+                _fast_store(run).delete(step)
+            else:
+                corrupt.append(step)
+        if tier != "fast":
+            bound = step - 1
+    shutil.rmtree(os.path.join(run.workdir, f"restore-rank{run.rank}"), ignore_errors=True)
+    if run.rank == 0:
+        _drop_corrupt_newer(run, corrupt, state.step)
+        run.checkpointer.last_step = state.step
+        _announce_durable(run, state.step)
+    return state
+
+
+def _announce_durable(run: Run, step: int) -> None:
+    """Heartbeats carry durable commits only: the newest one at or before the restored step.
+    A kill between manifest and event flush loses only the newest commit's event; announcing
+    it again is idempotent (same event_id). A corrupt one is not announced."""
+    run.last_commit = None
+    for durable in reversed(run.store.list_committed()):
+        if durable > step:
+            continue
+        try:
+            man = run.store.manifest(durable)
+        except CorruptCheckpoint:
+            continue
+        _on_durable_commit(run, man, run.store.uri(durable))
+        return
+
+
+def _report_corrupt(run: Run, exc: CorruptCheckpoint) -> None:
+    run.events.emit("checkpoint_corrupt", step=exc.step, file=exc.file,
+                    event_id=f"checkpoint_corrupt/{exc.step}/{exc.file}",
+                    expected=exc.expected, actual=exc.actual)
+    run.events.flush()
+
+
+def _choose(run: Run, bound: int, corrupt: list[int]
+            ) -> tuple[tuple[int, str] | None, CheckpointManifest | None]:
+    """Rank 0 picks the newest verified checkpoint at or before `bound`; all ranks learn
+    (step, tier). Rank 0 also gets its manifest (a durable one is fetched while verified)."""
     root = os.path.join(run.workdir, f"restore-rank{run.rank}")
     shutil.rmtree(root, ignore_errors=True)
     pick, man = None, None
     if run.rank == 0:
-        def on_corrupt(exc) -> None:
-            run.events.emit("checkpoint_corrupt", step=exc.step, file=exc.file,
-                            event_id=f"checkpoint_corrupt/{exc.step}/{exc.file}",
-                            expected=exc.expected, actual=exc.actual)
-            run.events.flush()
+        def on_corrupt(exc: CorruptCheckpoint) -> None:
+            _report_corrupt(run, exc)
+            corrupt.append(exc.step)
 
-        found = _checkpointer(run).resume(
-            root, at_or_before=run.target if at_or_before is None else at_or_before,
-            on_corrupt=on_corrupt)
+        found = _checkpointer(run).resume(root, at_or_before=bound, on_corrupt=on_corrupt)
         if found:
             man, _, tier = found
             pick = (man.step, tier)
@@ -229,9 +296,14 @@ def restore(run: Run, engine, at_or_before: int | None = None) -> TrainState | N
         box = [pick]
         dist.broadcast_object_list(box, src=0)
         pick = box[0]
-    if pick is None:
-        return None
-    step, tier = pick
+    return pick, man
+
+
+def _load(run: Run, engine, step: int, tier: str, man: CheckpointManifest | None
+          ) -> TrainState:
+    """Load one chosen checkpoint into the engine on this rank; CorruptCheckpoint when a file
+    is missing, fails its checksum, or is refused by the weights-only unpickler."""
+    root = os.path.join(run.workdir, f"restore-rank{run.rank}")
     tag = step_dir(step)
     if tier == "fast":
         root = _fast_store(run).root
@@ -243,6 +315,12 @@ def restore(run: Run, engine, at_or_before: int | None = None) -> TrainState | N
                     spec=run.spec.spec_hash())
     try:
         load_path, _ = engine.load_checkpoint(root, tag=tag)
+        state = TrainState.load(os.path.join(root, tag, state_file(run.rank)))
+    except (UnsafeCheckpointFile, pickle.UnpicklingError) as exc:
+        path = getattr(exc, "path", "") or state_file(run.rank)
+        raise CorruptCheckpoint(step, os.path.basename(path), "a weights-only loadable file",
+                                f"refused to unpickle: {getattr(exc, 'reason', exc)}"[:300]
+                                ) from None
     except RuntimeError as exc:
         if not any(m in str(exc) for m in ("size mismatch", "key(s) in state_dict")):
             raise  # not a config problem: let the supervisor retry
@@ -251,19 +329,19 @@ def restore(run: Run, engine, at_or_before: int | None = None) -> TrainState | N
                         ) from None
     if load_path is None:
         raise RuntimeError(f"DeepSpeed found no checkpoint under {root}/{tag}")
-    state = TrainState.load(os.path.join(root, tag, state_file(run.rank)))
     if state.step != step:
         raise RuntimeError(f"train state says step {state.step}, manifest says {step}")
     state.restore_rng()
-    shutil.rmtree(os.path.join(run.workdir, f"restore-rank{run.rank}"), ignore_errors=True)
-    if run.rank == 0:
-        run.checkpointer.last_step = step
-        durable = run.store.latest_committed(at_or_before=step)  # heartbeats: durable only
-        run.last_commit = None
-        if durable is not None:  # a kill between manifest and event flush loses only the
-            # newest commit's event; announcing it again is idempotent (same event_id)
-            _on_durable_commit(run, run.store.manifest(durable), run.store.uri(durable))
     return state
+
+
+def _drop_corrupt_newer(run: Run, corrupt: list[int], restored: int) -> None:
+    """Uncommit durable checkpoints found corrupt above the one restored: the replay commits
+    those step numbers again, and a corrupt manifest left there would make that commit a
+    no-op (commit is idempotent per step). Only once a good older one has loaded."""
+    for step in sorted({s for s in corrupt if s > restored}, reverse=True):
+        log.warning("corrupt_checkpoint_uncommitted", step=step, restored=restored)
+        run.store.delete(step)
 
 
 def commit_checkpoint(run: Run, engine, state: TrainState) -> None:
@@ -307,17 +385,15 @@ def commit_checkpoint(run: Run, engine, state: TrainState) -> None:
     log.info("checkpoint_pause", step=state.step, seconds=round(pause, 3))
 
 
-def discard_after(run: Run, step: int) -> list[int]:
-    """Rollback: uncommit every checkpoint newer than `step` on both tiers (they hold the
-    abandoned trajectory; replay commits those step numbers again). Waits for in-flight
-    uploads first so none lands after the deletion. Rank 0 only; returns the steps."""
-    if run.rank != 0:
-        return []
-    ckpt = _checkpointer(run)
-    ckpt.drain()
-    fast = _fast_store(run)
-    gone = sorted({s for s in run.store.list_committed() + fast.list_committed() if s > step})
-    for s in reversed(gone):  # newest first: a cut-short rollback never leaves a gap
-        run.store.delete(s)
-        fast.delete(s)
-    return gone
+def rollback_to(run: Run, engine, at_or_before: int) -> tuple[TrainState | None, list[int]]:
+    """A rollback (spike or operator): restore the newest good checkpoint at or before
+    `at_or_before` first, and only once it has loaded uncommit every newer one on both
+    tiers — they hold the abandoned trajectory, and the replay commits those step numbers
+    again (storage/rollback.py). Waits for in-flight uploads first so none lands after the
+    uncommit. (None, []) when no checkpoint is left there: nothing is deleted."""
+    stores: list[CheckpointStore] = []
+    if run.rank == 0:
+        _checkpointer(run).drain()
+        stores = [run.store, _fast_store(run)]
+    return roll_back(at_or_before, lambda bound: restore(run, engine, bound),
+                     lambda state: state.step, stores)

@@ -100,13 +100,15 @@ def check_device(spec: RunSpec, cuda: bool) -> None:
 
 
 def build_engine(spec: RunSpec, model):
-    """deepspeed.initialize with the derived config; decay/no-decay parameter groups."""
+    """deepspeed.initialize with the derived config; decay/no-decay parameter groups; every
+    checkpoint file it loads is read weights-only (trainer/safe_load.py)."""
     import deepspeed
     import torch
 
     check_device(spec, torch.cuda.is_available())
     from trainer.model import param_groups
     from trainer.optim import build_optimizer
+    from trainer.safe_load import install_safe_loading
 
     config = deepspeed_config(spec)
     # The optimizer is ours (an AdamW whose update a spike verdict can veto, trainer/optim.py)
@@ -115,6 +117,7 @@ def build_engine(spec: RunSpec, model):
                                 config.pop("optimizer")["params"])
     config["zero_allow_untested_optimizer"] = True
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+    install_safe_loading(engine)  # load_checkpoint never unpickles code (DESIGN §3)
     return engine
 
 

@@ -8,6 +8,13 @@ Single process, no DeepSpeed engine: ZeRO 0-2 weights come straight from DeepSpe
 DeepSpeed's own `zero_to_fp32` reassembles from the optimizer shards. Writes `{"results": [{"step", "val_loss",
 "perplexity"}]}` to OUT. Exit codes as trainer.segment: 0 done; 3 BadConfig/BadData
 (error.json in DIR); 4 StorageUnavailable (error.json); anything else is a crash.
+
+Every file is read weights-only (trainer/safe_load.py). A requested step whose checkpoint
+is corrupt — a bad manifest or data file, or a file the weights-only loader refuses — is
+not retried (it would fail the same way every time): a `checkpoint_corrupt` event is
+recorded and the newest earlier committed step that verifies and loads is evaluated in
+its place (its row carries its own step; OUT's `fallbacks` lists {requested, evaluated}).
+Only when no step at or before it is usable does evaluation stop with BadData.
 """
 
 from __future__ import annotations
@@ -25,10 +32,12 @@ import torch
 from ops.errors import BadConfig, BadData
 from storage.checkpoints import CheckpointStore, CorruptCheckpoint, step_dir
 from storage.dataset import load_manifest, read_split
+from storage.events import EventLog
 from trainer.checkpointing import load_spec, run_classified, write_json
 from trainer.data import val_batches
 from trainer.engine import micro_batch_size
 from trainer.model import GPT
+from trainer.safe_load import UnsafeCheckpointFile, safe_torch_load
 
 log = structlog.get_logger(__name__)
 
@@ -55,13 +64,21 @@ def read_state_dict(local: str, step: int) -> dict[str, torch.Tensor]:
     """The full fp32/native weights of a fetched checkpoint directory, whatever its ZeRO stage."""
     path = os.path.join(local, MODEL_FILE)
     if os.path.exists(path):
-        # DeepSpeed pickles non-tensor objects next to the weights (e.g. the fp16 LossScaler),
-        # so weights_only=True cannot read every precision; the file was sha256-verified
-        # against our own manifest on fetch. mmap: only the module's tensors are paged in.
-        return torch.load(path, map_location="cpu", weights_only=False, mmap=True)["module"]
+        # Weights-only, with DeepSpeed's few plain classes allowed (trainer/safe_load.py);
+        # mmap: only the module's tensors are paged in.
+        sd = safe_torch_load(path, map_location="cpu", mmap=True)
+        if not (isinstance(sd, dict) and isinstance(sd.get("module"), dict)):
+            raise CorruptCheckpoint(step, MODEL_FILE, "a DeepSpeed model-states dict",
+                                    type(sd).__name__)
+        return sd["module"]
     if any(n.startswith(ZERO3_PREFIX) for n in os.listdir(local)):
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
+        # zero_to_fp32 unpickles with weights_only=False: every file it may read must
+        # first pass the weights-only loader (the directory is our own verified copy).
+        for name in sorted(os.listdir(local)):
+            if name.endswith(".pt"):
+                safe_torch_load(os.path.join(local, name), map_location="cpu")
         parent, tag = os.path.split(local.rstrip("/"))
         return get_fp32_state_dict_from_zero_checkpoint(parent, tag=tag)
     raise BadData(local, f"checkpoint step {step} has neither {MODEL_FILE} nor ZeRO-3 "
@@ -103,21 +120,51 @@ def run_evaluate(args: argparse.Namespace) -> dict:
     # Evaluation runs here on CPU; the kernel choice does not change the weights.
     model_cfg = dataclasses.replace(spec.model, attention="auto", activation_checkpointing=False)
     model = GPT(model_cfg, load_manifest(args.dataset).vocab_size, seed=spec.seed)
-    results = []
-    for step in steps:
-        local = os.path.join(args.workdir, "eval", step_dir(step))
+    results: dict[int, dict] = {}
+    fallbacks = []
+    with EventLog(spec.storage.durable, spec.run_id, "evaluator") as events:
+        def on_corrupt(exc: CorruptCheckpoint) -> None:
+            log.warning("checkpoint_corrupt", step=exc.step, file=exc.file,
+                        expected=exc.expected, actual=exc.actual)
+            events.emit("checkpoint_corrupt", step=exc.step, file=exc.file,
+                        event_id=f"checkpoint_corrupt/{exc.step}/{exc.file}",
+                        expected=exc.expected, actual=exc.actual)
+
+        for step in steps:
+            used = load_usable(store, model, step, sorted(committed), args.workdir, on_corrupt)
+            if used != step:
+                fallbacks.append({"requested": step, "evaluated": used})
+            if used in results:
+                continue
+            val_loss = evaluate_model(model, batches)
+            results[used] = {"step": used, "val_loss": val_loss,
+                             "perplexity": math.exp(min(val_loss, 700.0))}
+            log.info("evaluated", step=used, val_loss=val_loss, batches=len(batches))
+    return {"results": list(results.values()), "fallbacks": fallbacks}
+
+
+def load_usable(store: CheckpointStore, model: torch.nn.Module, step: int,
+                committed: list[int], workdir: str, on_corrupt) -> int:
+    """Load the newest committed step <= `step` that verifies and loads weights-only into
+    `model`; return it. Each corrupt one on the way is passed to `on_corrupt`."""
+    for cand in reversed([s for s in committed if s <= step]):
+        local = os.path.join(workdir, "eval", step_dir(cand))
         shutil.rmtree(local, ignore_errors=True)
         try:
-            store.fetch(step, local)
+            store.fetch(cand, local)
+            load_weights(model, local, cand)
+            return cand
         except CorruptCheckpoint as exc:
-            raise BadData(store.uri(step), str(exc), "evaluate another committed step") from None
-        load_weights(model, local, step)
-        val_loss = evaluate_model(model, batches)
-        shutil.rmtree(local, ignore_errors=True)
-        results.append({"step": step, "val_loss": val_loss,
-                        "perplexity": math.exp(min(val_loss, 700.0))})
-        log.info("evaluated", step=step, val_loss=val_loss, batches=len(batches))
-    return {"results": results}
+            on_corrupt(exc)
+        except UnsafeCheckpointFile as exc:
+            on_corrupt(CorruptCheckpoint(cand, os.path.relpath(exc.path, local),
+                                         "tensors and plain data only (weights_only)",
+                                         exc.reason))
+        finally:
+            shutil.rmtree(local, ignore_errors=True)
+    raise BadData(store.uri(step), f"no committed checkpoint at or before step {step} verifies "
+                  "and loads safely (see the checkpoint_corrupt events)",
+                  "evaluate a step committed before the damage, or restore the files")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -30,6 +30,7 @@ from storage.dataset import load_manifest
 from trainer.checkpointing import load_spec, run_classified
 from trainer.evaluate import read_state_dict
 from trainer.model import GPT, ffn_hidden
+from trainer.safe_load import UnsafeCheckpointFile
 
 log = structlog.get_logger(__name__)
 
@@ -98,10 +99,10 @@ def run_export(args: argparse.Namespace) -> None:
     shutil.rmtree(local, ignore_errors=True)
     try:
         store.fetch(args.step, local)
-    except CorruptCheckpoint as exc:
+        state = read_state_dict(local, args.step)
+    except (CorruptCheckpoint, UnsafeCheckpointFile) as exc:  # the same on every retry
         raise BadData(store.uri(args.step), str(exc), "export another committed step") from None
-    save_exported(read_state_dict(local, args.step), spec.model,
-                  load_manifest(args.dataset).vocab_size, args.out)
+    save_exported(state, spec.model, load_manifest(args.dataset).vocab_size, args.out)
     shutil.rmtree(local, ignore_errors=True)
     log.info("exported", step=args.step, out=args.out)
 

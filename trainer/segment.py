@@ -50,6 +50,7 @@ import torch.distributed as dist
 
 from ops.errors import BadConfig, BadData, MainspringError, StorageUnavailable
 from ops.spec import RunSpec
+from storage.checkpoints import CheckpointManifest, CheckpointStore, CorruptCheckpoint
 from storage.dataset import load_manifest, read_split
 from trainer.checkpointing import (
     EXIT_BAD_INPUT,
@@ -194,9 +195,10 @@ def run_segment(args: argparse.Namespace, rank: int, world: int) -> None:
         raise BadConfig("--to-step", f"must be >= 1, got {args.to_step}", "pass a positive step")
     run = Run(args, spec, rank, world)
     # (an operator rollback must first uncommit the abandoned trajectory's checkpoints)
-    if not args.rewind and run.store.latest_committed(at_or_before=args.to_step) == args.to_step:
+    done = None if args.rewind else finished_manifest(run.store, args.to_step)
+    if done is not None:
         if rank == 0:  # idempotent retry: the segment already finished
-            man = run.store.manifest(args.to_step)
+            man = done
             write_result(run, final_step=args.to_step, train_loss=None,
                          tokens_seen=man.tokens_seen, steps_run=0, resumed_from=args.to_step,
                          last=(args.to_step, run.store.uri(args.to_step)))
@@ -263,6 +265,18 @@ def run_segment(args: argparse.Namespace, rank: int, world: int) -> None:
              stopped=guard.outcome.stopped, rollbacks=len(guard.outcome.rollbacks))
 
 
+def finished_manifest(store: CheckpointStore, step: int) -> CheckpointManifest | None:
+    """The manifest of `step` when it is committed already (a retry of a finished segment);
+    None when it is not, or its manifest is corrupt — then the restore reports it and falls
+    back like for any corrupt checkpoint."""
+    if store.latest_committed(at_or_before=step) != step:
+        return None
+    try:
+        return store.manifest(step)
+    except CorruptCheckpoint:
+        return None
+
+
 def refuse_fresh_start(run: Run) -> None:
     """No loadable checkpoint at or before the target: a fresh start is right only when the
     run has no newer one either — otherwise starting over at step 0 would bury committed
@@ -324,14 +338,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the run's fast-tier checkpoint store on this machine (default: "
                         "WORKDIR/ckpt); shared by the run's segments")
     p.add_argument("--attempt", type=int, default=1, help="activity attempt (for events)")
-    p.add_argument("--lr-windows", type=json.loads, default=[],
-                   help='JSON [[start, end, factor], ...]: LR x factor for steps in (start, end]')
+    # The supervisor passes the windows in a file: argv is bounded (E2BIG at ~7,000
+    # windows, issue 11); inline JSON stays for running a segment by hand.
+    lr = p.add_mutually_exclusive_group()
+    lr.add_argument("--lr-windows", type=json.loads, default=[],
+                    help='JSON [[start, end, factor], ...]: LR x factor for steps in (start, end]')
+    lr.add_argument("--lr-windows-file", default=None,
+                    help="a JSON file holding the --lr-windows list (what the supervisor passes)")
     p.add_argument("--rewind", type=json.loads, default=None,
                    help='JSON {"id", "to_step", "through_step", "skip_data"}: an operator '
                         "rollback to apply before training (once per id)")
     p.add_argument("--max-rollbacks", type=int, default=-1,
                    help="end the segment early after this many rollbacks (-1: no limit)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.lr_windows_file:
+        with open(args.lr_windows_file) as f:
+            args.lr_windows = json.load(f)
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:

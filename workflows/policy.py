@@ -113,3 +113,13 @@ def rollback_allowance(rollback_steps: list[int], budget_from: int, step: int,
     horizon = step - cfg.budget.per_steps
     used = sum(1 for s in rollback_steps if s >= budget_from and s > horizon)
     return max(0, cfg.budget.rollbacks - used)
+
+
+def still_counted(steps: list[int], budget_from: int, floor: int, cfg: SpikeConfig) -> list[int]:
+    """The entries of rollback_steps / lowered_at that escalate() and rollback_allowance()
+    can still count, so the carry stays bounded. Both count a step s only when
+    s >= budget_from and s > step - per_steps for the step they are asked about, and the run
+    never goes back before `floor` (the oldest committed checkpoint, or the step it is at):
+    whatever is older than floor - per_steps can never count again."""
+    horizon = floor - cfg.budget.per_steps
+    return [s for s in steps if s >= budget_from and s > horizon]

@@ -23,11 +23,12 @@ with workflow.unsafe.imports_passed_through():
                                       SuggestResult, SweepInput, SweepObservation, SweepResult,
                                       TrainSegmentInput, TrainSegmentResult, TrialResult)
     from ops.spec import RunSpec
+    from workflows.failures import FAILURE_EXCEPTION_TYPES
     from workflows.policy import (segment_options, short_options, suggest_options,
                                   sweep_rounds, trial_spec)
 
 
-@workflow.defn(name=SWEEP_WORKFLOW_TYPE)
+@workflow.defn(name=SWEEP_WORKFLOW_TYPE, failure_exception_types=FAILURE_EXCEPTION_TYPES)
 class Sweep:
     @workflow.run
     async def run(self, inp: SweepInput) -> SweepResult:

@@ -11,8 +11,8 @@ from datetime import timedelta
 
 from opentelemetry import trace
 from temporalio import workflow
-from temporalio.common import SearchAttributeKey
-from temporalio.exceptions import ApplicationError, is_cancelled_exception
+from temporalio.common import RetryPolicy, SearchAttributeKey
+from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_exception
 from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
@@ -22,11 +22,15 @@ with workflow.unsafe.imports_passed_through():
                                       PromoteInput, PromoteResult, RecordEventInput, RunCarry,
                                       RunResult, SweepInput, TrainSegmentInput,
                                       TrainSegmentResult)
-    from ops.errors import BadConfig
+    from activities.contracts import CLAIM_RUN, ClaimRunInput
+    from ops.errors import NON_RETRYABLE, BadConfig
     from ops.spec import RunSpec
+    from workflows.failures import FAILURE_EXCEPTION_TYPES
+    from workflows.carry import bounded, status_view
+    from workflows.operator import (UPDATES_PER_RUN, Refused, admit, lr_window, not_applied,
+                                    parse_command, rewind)
     from workflows.policy import (ESCALATE_LOWER_LR, ESCALATE_PAUSE, escalate, rollback_allowance,
                                   segment_bounds, segment_options, short_options, with_params)
-    from workflows.operator import Refused, admit, lr_window, parse_command, rewind
     from workflows.sweep import Sweep
 
 RUN_ID = SearchAttributeKey.for_keyword("MainspringRunId")
@@ -35,42 +39,59 @@ STEP = SearchAttributeKey.for_int("MainspringStep")
 LOSS = SearchAttributeKey.for_float("MainspringLoss")
 
 
-def parse_spec(raw: dict) -> RunSpec:
+def parse_spec(raw: object) -> RunSpec:
+    """The run's spec, or the run fails at once with BadConfig naming the field (never
+    retried). Every rule a later stage relies on is checked here (ops/spec.py)."""
     try:
-        return RunSpec.from_dict(raw)
-    except BadConfig as exc:  # a bad spec fails the run at once, never retried
+        return RunSpec.from_dict(raw)  # not an object: BadConfig("spec", ...)
+    except BadConfig as exc:
         raise ApplicationError(str(exc), {"field": exc.field, "fix": exc.fix},
                                type="BadConfig", non_retryable=True) from None
 
 
-@workflow.defn(name=WORKFLOW_TYPE)
+async def claim(s: RunSpec) -> None:
+    """Claim the run id in the durable store for this spec (storage/runs.py): a run id that
+    already belongs to a different spec fails the run at once, before it touches anything."""
+    try:
+        await workflow.execute_local_activity(
+            CLAIM_RUN, ClaimRunInput(durable=s.storage.durable, run_id=s.run_id,
+                                     spec_hash=s.spec_hash(), spec=s.to_dict()),
+            start_to_close_timeout=timedelta(seconds=60),
+            retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=30),
+                                     non_retryable_error_types=list(NON_RETRYABLE)))
+    except ActivityError as exc:
+        cause = exc.cause
+        if isinstance(cause, ApplicationError) and cause.type in NON_RETRYABLE:
+            raise ApplicationError(cause.message, *cause.details, type=cause.type,
+                                   non_retryable=True) from None
+        raise
+
+
+# Bugs and bad input in workflow code fail the run instead of retrying its task forever;
+# nondeterminism from a bad deploy still suspends it (workflows/failures.py).
+@workflow.defn(name=WORKFLOW_TYPE, failure_exception_types=FAILURE_EXCEPTION_TYPES)
 class TrainingRun:
-    def __init__(self) -> None:
-        self._spec: RunSpec | None = None
-        self._carry = RunCarry()
-        self._stage = "starting"
+    @workflow.init  # with the input: an update in a run's first task may run before run()
+    def __init__(self, spec: dict, carry: RunCarry | None = None) -> None:
+        self._raw_spec = spec
+        try:  # for the update validators only; run() fails the run on a bad spec (parse_spec)
+            self._spec: RunSpec | None = RunSpec.from_dict(spec)
+        except BadConfig:
+            self._spec = None
+        self._carry = carry or RunCarry()
+        # continued as new while held: held from the first task on, before run() gets there
+        self._stage = self._carry.held["stage"] if self._carry.held else "starting"
         self._evals: dict[int, float] = {}
         self._span = None  # the current stage's OTel span (replay-safe via the plugin)
-        self._attention = ""  # why the run is held (paused / needs_attention), "" when not
         self._resume_note: str | None = None
         self._resume_who = ""
         self._running: tuple[int, int] | None = None  # [lo, hi) of the running segment
+        self._updates = 0  # updates accepted by this workflow run (Temporal limits them per run)
 
     @workflow.query
     def status(self) -> dict:
-        return {"run_id": self._spec.run_id if self._spec else "", "stage": self._stage,
-                "durable": self._spec.storage.durable if self._spec else "",
-                "step": self._carry.next_step,
-                "total_steps": self._spec.train.total_steps if self._spec else 0,
-                "train_loss": self._carry.train_loss, "stages_done": self._carry.stages_done,
-                "best_params": self._carry.best_params, "workflow_runs": self._carry.runs,
-                "evals": {str(k): v for k, v in self._evals.items()},
-                "needs_attention": self._attention or None,
-                "rollback_steps": self._carry.rollback_steps, "lr_windows": self._carry.lr_windows,
-                "early_stopped": self._carry.early_stopped or None,
-                "operator_queue": [q["name"] for q in self._carry.operator_queue],
-                "pending_rollback": self._carry.rewind,
-                "segment_running": list(self._running) if self._running else None}
+        return status_view(self._spec, self._carry, stage=self._stage, evals=self._evals,
+                           running=self._running)
 
     # ---- operator commands (workflows/operator.py; `mainspring run pause|resume|...`) ------
     @workflow.update
@@ -84,10 +105,11 @@ class TrainingRun:
         """Continue a run paused by `pause` or in needs_attention; the rollback budget
         starts afresh from the current step."""
         cmd = parse_command("resume", args)
+        self._updates += 1
         self._resume_note = cmd.note or "resumed by operator"
         self._resume_who = cmd.who
         return {"run_id": self._spec.run_id if self._spec else "", "step": self._carry.next_step,
-                "reason_was": self._attention}
+                "reason_was": self._carry.held["reason"] if self._carry.held else ""}
 
     @workflow.update
     async def rollback(self, args: dict) -> dict:
@@ -128,14 +150,14 @@ class TrainingRun:
         self._check("set_lr_scale", args)
 
     def _check(self, name: str, args: object) -> None:
-        total = self._spec.train.total_steps if self._spec else 0
+        c, total = self._carry, self._spec.train.total_steps if self._spec else 0
         try:
             # while a segment runs, the run is somewhere before its end: a rollback target
             # is checked against that, and again once the segment has stopped
-            step = self._running[1] if self._running else self._carry.next_step
+            step = self._running[1] if self._running else c.next_step
             why = admit(parse_command(name, args), stage=self._stage, step=step,
-                        total_steps=total,
-                        queued=tuple(q["name"] for q in self._carry.operator_queue))
+                        total_steps=total, queued=tuple(q["name"] for q in c.operator_queue),
+                        oldest_step=c.oldest_step, lr_windows=len(c.lr_windows))
         except Refused as exc:
             why = str(exc)
         if why:
@@ -144,20 +166,23 @@ class TrainingRun:
     def _accept(self, name: str, args: object) -> dict:
         c = self._carry
         c.operator_actions += 1
+        self._updates += name != "abort"  # abort is a signal
         entry = {"id": f"op{c.operator_actions}", "name": name, "raw": args,
                  "accepted_at_step": c.next_step}
         c.operator_queue.append(entry)
         when = ("at the running segment's next step" if self._running
-                else "now" if self._stage in ("paused", "needs_attention")
-                else "when training starts")
+                else "now" if c.held else "when training starts")
         return {"run_id": self._spec.run_id if self._spec else "", "accepted": name,
                 "id": entry["id"], "step": c.next_step, "applies": when}
 
     @workflow.run
     async def run(self, spec: dict, carry: RunCarry | None = None) -> RunResult:
         s = self._spec = parse_spec(spec)
-        c = self._carry = carry or RunCarry()
+        c = self._carry  # built by __init__: commands accepted in the first task are in it
         workflow.upsert_search_attributes([RUN_ID.value_set(s.run_id)])
+        # the chain's first run claims the id; histories from before the claim skip it
+        if c.runs == 1 and not c.stages_done and workflow.patched("claim_run"):
+            await claim(s)
         if c.runs == 1 and not c.stages_done:
             await self._event("run_started", "run_started", spec_hash=s.spec_hash())
 
@@ -182,18 +207,20 @@ class TrainingRun:
 
         train_spec = with_params(s, c.best_params)
         if "train" not in c.stages_done:
-            if c.next_step == 0:
+            if c.next_step == 0 and not c.held:
                 await self._begin("train")
             self._stage = "train"
             segments_this_run = 0
             while True:
+                if c.held:  # continued as new while held: hold on, already announced
+                    await self._hold(c.held["stage"], c.held["reason"])
+                if c.early_stopped:
+                    break
                 await self._apply_operator()  # pause / rollback / LR / abort, at a step boundary
                 if c.next_step >= s.train.total_steps:
                     break
-                if segments_this_run >= s.train.segments_per_run:
-                    c.runs += 1  # keep history bounded (DESIGN §3): carry only what is done
-                    await workflow.wait_condition(workflow.all_handlers_finished)
-                    workflow.continue_as_new(args=[spec, c])
+                if segments_this_run >= s.train.segments_per_run or self._history_full():
+                    await self._continue_as_new()  # keep history bounded (DESIGN §3)
                 seg = await self._segment(train_spec, *segment_bounds(c.next_step, s))
                 segments_this_run += 1
                 if seg is None:  # stopped before the trainer answered: resume from storage
@@ -201,16 +228,19 @@ class TrainingRun:
                 c.rewind = None  # applied (the trainer's event makes a retry a no-op)
                 c.next_step, c.train_loss = seg.final_step, seg.train_loss
                 c.segments_total += 1
+                if seg.oldest_committed_step is not None:
+                    c.oldest_step = seg.oldest_committed_step
                 workflow.upsert_search_attributes([STEP.value_set(c.next_step),
                                                    LOSS.value_set(_finite(seg.train_loss))])
+                if seg.stopped == "overfitting":
+                    c.early_stopped = "overfitting"  # after the escalation below (it may hold)
                 if seg.rollbacks:
                     c.rollback_steps += [r["at_step"] for r in seg.rollbacks]
+                    c.rollbacks_total += len(seg.rollbacks)
                     await self._escalate()
-                if seg.stopped == "overfitting":
-                    c.early_stopped = "overfitting"
-                    break
+                self._bound_carry()
             await self._finish("train", final_step=c.next_step, segments=c.segments_total,
-                               rollbacks=len(c.rollback_steps), early_stopped=c.early_stopped)
+                               rollbacks=c.rollbacks_total, early_stopped=c.early_stopped)
 
         await self._begin("evaluate")
         evaluated = await self._unless_aborted(workflow.start_activity(
@@ -220,7 +250,13 @@ class TrainingRun:
         await self._finish("evaluate", val_loss={str(k): v for k, v in self._evals.items()})
 
         await self._begin("promote")
-        chosen = min((st for st in self._evals if st > 0), key=lambda st: self._evals[st])
+        trained = [st for st in self._evals if st > 0]
+        if not trained:  # every trained checkpoint was corrupt (evaluate fell back to step 0)
+            raise ApplicationError(
+                f"run {s.run_id}: no trained checkpoint could be evaluated; see the "
+                f"checkpoint_corrupt events", {"evaluated": sorted(self._evals)},
+                type="BadData", non_retryable=True)
+        chosen = min(trained, key=lambda st: self._evals[st])
         promoted = await self._unless_aborted(workflow.start_activity(
             PROMOTE, PromoteInput(train_spec.to_dict(), chosen), task_queue=DATA_QUEUE,
             result_type=PromoteResult, **short_options(s)))
@@ -228,7 +264,7 @@ class TrainingRun:
         self._stage = "completed"
         await self._event("run_finished", "run_finished", status="completed")
         return RunResult(run_id=s.run_id, status="completed", stages=c.stages_done,
-                         initial_val_loss=self._evals[0], final_val_loss=self._evals[chosen],
+                         initial_val_loss=self._evals.get(0, math.nan), final_val_loss=self._evals[chosen],
                          final_step=c.next_step, promoted_checkpoint=promoted.uri,
                          best_params=c.best_params, workflow_runs=c.runs)
 
@@ -284,14 +320,12 @@ class TrainingRun:
             aborts = [i for i, q in enumerate(c.operator_queue) if q["name"] == "abort"]
             entry = c.operator_queue.pop(aborts[0] if aborts else 0)
             cmd = parse_command(entry["name"], entry["raw"])
-            # admitted against the running segment's end: the run may have stopped earlier
-            moot = cmd.name == "rollback" and cmd.to_step >= c.next_step
+            why_not = not_applied(cmd, c.next_step)
             await self._event("operator", f"operator/{entry['id']}", command=cmd.name,
                               args=cmd.args, who=cmd.who, note=cmd.note, id=entry["id"],
-                              accepted_at_step=entry["accepted_at_step"], applied=not moot,
-                              **({"why_not": f"the run stopped at step {c.next_step}, not "
-                                             f"after step {cmd.to_step}"} if moot else {}))
-            if moot:
+                              accepted_at_step=entry["accepted_at_step"], applied=not why_not,
+                              **({"why_not": why_not} if why_not else {}))
+            if why_not:
                 continue
             if cmd.name == "pause":
                 await self._hold("paused", cmd.note or "paused by operator",
@@ -301,6 +335,7 @@ class TrainingRun:
                 c.next_step = min(c.next_step, cmd.to_step)
             elif cmd.name == "set_lr_scale":
                 c.lr_windows.append(lr_window(cmd, c.next_step, s.train.total_steps))
+                self._bound_carry()
             elif cmd.name == "abort":
                 await self._abort(cmd.note or "aborted by operator", cmd.who)
 
@@ -337,23 +372,52 @@ class TrainingRun:
 
     async def _hold(self, stage: str, reason: str, **payload: object) -> None:
         """paused / needs_attention: stop looping, say why everywhere, wait for `resume`.
-        Rollback, LR and abort commands sent meanwhile are applied at once."""
+        Rollback, LR and abort commands sent meanwhile are applied at once. A long hold
+        continues as new (history and Temporal's per-run update limit stay bounded): the
+        new run finds RunCarry.held and comes straight back here."""
         c = self._carry
-        c.pauses += 1
-        self._attention, self._resume_note, self._stage = reason, None, stage
+        new = c.held is None  # else carried over continue-as-new, and announced already
+        if new:
+            c.pauses += 1
+            c.held = {"stage": stage, "reason": reason, "who": str(payload.get("who") or "")}
+            self._resume_note = None
+        self._stage = stage
         workflow.upsert_search_attributes([STAGE.value_set(stage)])
-        await self._event(stage, f"{stage}/{c.next_step}/{c.pauses}", reason=reason, **payload)
+        if new:
+            await self._event(stage, f"{stage}/{c.next_step}/{c.pauses}", reason=reason,
+                              **payload)
         while True:
             await workflow.wait_condition(
                 lambda: self._resume_note is not None or bool(c.operator_queue))
             if self._resume_note is not None:
                 break
             await self._apply_operator()
-        c.budget_from = c.next_step  # the operator has looked: the budget starts afresh
+            if self._resume_note is None and self._history_full():
+                await self._continue_as_new()  # returns when a resume came in meanwhile
+        c.held, c.budget_from = None, c.next_step  # the operator has looked: budget afresh
+        self._bound_carry()
         await self._event("run_resumed", f"run_resumed/{c.next_step}/{c.pauses}",
                           note=self._resume_note, who=self._resume_who, paused_for=reason)
-        self._attention, self._stage = "", "train"
+        self._stage = "train"
         workflow.upsert_search_attributes([STAGE.value_set("train")])
+
+    def _history_full(self) -> bool:
+        return self._updates >= UPDATES_PER_RUN or workflow.info().is_continue_as_new_suggested()
+
+    async def _continue_as_new(self) -> None:
+        """Continue as new with the carry, once every accepted update has run (its effect is
+        in the carry). Returns instead when a `resume` was accepted meanwhile, for the hold
+        to end in this run."""
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        if self._carry.held and self._resume_note is not None:
+            return
+        self._carry.runs += 1  # carry only what is done
+        workflow.continue_as_new(args=[self._raw_spec, self._carry])
+
+    def _bound_carry(self) -> None:
+        c = self._carry
+        assert self._spec is not None
+        c.rollback_steps, c.lowered_at, c.lr_windows = bounded(c, self._spec.spikes)
 
     # ---- stage bookkeeping: search attributes + events via a local activity ---------
     async def _begin(self, stage: str) -> None:

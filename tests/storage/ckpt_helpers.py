@@ -37,7 +37,7 @@ def payload(step: int, size: int = 4096) -> dict[str, bytes]:
     """A checkpoint-shaped directory: a model file, an optimizer shard, a train state."""
     seed = step.to_bytes(4, "little")
     return {"mp_rank_00_model_states.pt": seed * (size // 4),
-            "zero/optim_states.pt": seed[::-1] * (size // 2),
+            "zero_pp_rank_0_mp_rank_00_optim_states.pt": seed[::-1] * (size // 2),
             "train_state-rank0.pt": b"state" + seed}
 
 

@@ -70,14 +70,14 @@ def test_flipped_byte_in_the_fast_copy_falls_back_to_the_durable_copy(durable, t
 
 KILLED_WRITER = """
 import sys, time
-from storage.checkpoints import CheckpointStore
-store = CheckpointStore(sys.argv[1], "r")
-put = store.fs.put_file
+import storage.checkpoints as checkpoints
+store = checkpoints.CheckpointStore(sys.argv[1], "r")
+put = checkpoints.put_file_durable
 def slow_put(*a, **k):  # a slow link, so the parent can kill us between files
     put(*a, **k)
     print("uploaded", flush=True)
     time.sleep(30)
-store.fs.put_file = slow_put
+checkpoints.put_file_durable = slow_put
 store.commit(2, sys.argv[2])
 """
 

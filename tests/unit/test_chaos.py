@@ -100,8 +100,9 @@ def test_corrupting_the_newest_checkpoint_on_both_tiers_makes_resume_fall_back(t
     assert 2 in stores[1].list_committed()
     hit = corrupt_newest(stores)
     # the largest file of step 2, on each tier
-    assert [(h["step"], h["file"]) for h in hit] == [(2, "zero/optim_states.pt")] * 2
-    assert [p.file for p in stores[0].verify(2)] == ["zero/optim_states.pt"]
+    optim = "zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    assert [(h["step"], h["file"]) for h in hit] == [(2, optim)] * 2
+    assert [p.file for p in stores[0].verify(2)] == [optim]
     corrupt = []
     again = tiered(durable, fast_dir)
     man, _, _ = again.resume(str(tmp_path / "restore"), None, on_corrupt=corrupt.append)

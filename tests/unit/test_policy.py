@@ -81,3 +81,37 @@ def test_rollback_allowance_is_what_is_left_of_the_budget_in_its_window():
     assert rollback_allowance([40, 45], 0, 150, cfg) == 2  # both left the window
     assert rollback_allowance([40, 45], 46, 50, cfg) == 2  # forgiven by a resume at 46
     assert rollback_allowance([40], 0, 50, SpikeConfig(enabled=False)) == -1
+
+
+def test_the_carry_keeps_only_rollbacks_the_budget_can_still_count():
+    from workflows.policy import escalate, still_counted
+
+    cfg = SpikeConfig(budget=SpikeBudget(rollbacks=2, per_steps=100))
+    steps = [10, 150, 260, 290, 305, 340]
+    assert still_counted(steps, 0, 400, cfg) == [305, 340]  # the run never goes below 400
+    assert still_counted(steps, 300, 250, cfg) == [305, 340]  # forgiven by a resume at 300
+    assert still_counted(steps, 0, 250, cfg) == [260, 290, 305, 340]
+    # the same answers at every step the run can still be at (>= the floor)
+    for floor, budget_from in ((250, 0), (320, 0), (320, 300), (400, 150)):
+        kept = still_counted(steps, budget_from, floor, cfg)
+        for step in range(floor, 700, 7):
+            assert rollback_allowance(kept, budget_from, step, cfg) == \
+                rollback_allowance(steps, budget_from, step, cfg)
+            counted = tuple(s for s in steps if s >= budget_from)
+            assert escalate(tuple(kept), step, (), cfg) == escalate(counted, step, (), cfg)
+
+
+def test_the_carry_forgets_windows_and_rollbacks_before_the_oldest_checkpoint():
+    from activities.contracts import RunCarry
+    from workflows.carry import bounded
+
+    cfg = SpikeConfig(budget=SpikeBudget(rollbacks=2, per_steps=100))
+    carry = RunCarry(next_step=500, oldest_step=300, rollback_steps=[50, 150, 250],
+                     lowered_at=[150, 250], rollbacks_total=3,
+                     lr_windows=[[100, 200, 0.5], [250, 400, 0.5], [300, 600, 0.5]])
+    # no step up to 300 runs again; rollbacks before 300 - 100 never count again
+    assert bounded(carry, cfg) == ([250], [250], [[300, 400, 0.25], [400, 600, 0.5]])
+    # a rollback that went further back than the oldest checkpoint keeps what it may need
+    carry.next_step = 120
+    assert bounded(carry, cfg)[0] == [50, 150, 250]
+    assert bounded(carry, cfg)[2][0] == [100, 200, 0.5]

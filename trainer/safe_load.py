@@ -1,0 +1,116 @@
+"""Load checkpoint files without running code from them (DESIGN §3: the bucket is data).
+
+`torch.load` unpickles, and a pickle can call any importable function — a crafted
+`mp_rank_00_model_states.pt` ran a shell command on restore (issue 11). Every checkpoint
+file is read here with `weights_only=True`: torch's restricted unpickler builds tensors
+and plain containers only, plus the few DeepSpeed classes named in `allowed_globals`.
+Anything else is refused before it runs, as `UnsafeCheckpointFile`.
+
+The allow-list was found empirically: a real DeepSpeed 0.19 save of this project's model
+(ZeRO 0/1/2/3, fp32 and bf16, world size 1; `torch.serialization.
+get_unsafe_globals_in_checkpoint` on every file) needs exactly three globals, all in the
+ZeRO optimizer shards: the `LossScaler` object (a static scale of 1 unless fp16), the
+`fragment_address` dataclass (numel, start) and the `ZeroStageEnum` int enum.
+`DynamicLossScaler` (fp16's loss scaler; CUDA only, so not measured here) holds the same
+kind of plain fields. None defines `__setstate__` or `__reduce__`: the unpickler only
+sets their `__dict__`, so allowing them runs no code of theirs.
+
+`install_safe_loading(engine)` routes every file `engine.load_checkpoint` reads through
+`safe_torch_load`: in DeepSpeed 0.19 the model/module states (SDLoader), the non-ZeRO
+optimizer state and the ZeRO optimizer shards all go through `engine.checkpoint_engine.
+load`; the direct `torch.load` calls left in DeepSpeed are on paths this project does not
+use (universal checkpoints, MoE, NVMe offload, `zero_to_fp32`).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import pickle
+from typing import Any
+
+import structlog
+import torch
+
+from ops.errors import MainspringError
+
+__all__ = ["UnsafeCheckpointFile", "install_safe_loading", "safe_torch_load"]
+
+log = structlog.get_logger(__name__)
+
+
+class UnsafeCheckpointFile(MainspringError):
+    """A checkpoint file whose pickle asks for something beyond tensors and plain data (a
+    callable, an unknown class): refused without running it. Deterministic — the file will
+    not change on a retry — so a reader treats its checkpoint as corrupt and falls back."""
+
+    retryable = False
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path, self.reason = path, reason
+        super().__init__(f"checkpoint file {path} refused by the weights-only loader: {reason}")
+
+
+@functools.cache
+def allowed_globals() -> tuple[type, ...]:
+    """The non-tensor classes a DeepSpeed checkpoint of this project holds (module doc).
+    Imported on first use: DeepSpeed is heavy and only loaders need it."""
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return (LossScaler, DynamicLossScaler, fragment_address, ZeroStageEnum)
+
+
+def safe_torch_load(path: str, **kw: Any) -> Any:
+    """`torch.load(path, weights_only=True, **kw)` with `allowed_globals`; a pickle that asks
+    for anything else raises UnsafeCheckpointFile (nothing of it has run)."""
+    kw.pop("weights_only", None)  # never False, whatever a caller (DeepSpeed) passes
+    try:
+        with torch.serialization.safe_globals(list(allowed_globals())):
+            return torch.load(path, weights_only=True, **kw)
+    except pickle.UnpicklingError as exc:  # torch wraps every refusal of its unpickler in it
+        reason = _first_line(exc)
+        log.warning("checkpoint_file_refused", path=str(path), reason=reason)
+        raise UnsafeCheckpointFile(str(path), reason) from None
+
+
+def _first_line(exc: BaseException) -> str:
+    """The refusal itself: torch wraps it in paragraphs of advice about weights_only=False."""
+    paragraphs = [p.strip() for p in str(exc).split("\n\n") if p.strip()]
+    core = [p for p in paragraphs if not p.startswith(("Weights only load failed",
+                                                       "Check the documentation"))]
+    return " ".join((core or paragraphs or [repr(exc)])[0].split())[:300]
+
+
+@functools.cache
+def _safe_engine_class() -> type:
+    from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
+
+    class SafeTorchCheckpointEngine(TorchCheckpointEngine):
+        """DeepSpeed's torch engine (saving unchanged) whose every load is weights-only."""
+
+        def load(self, path: str, map_location=None):
+            return safe_torch_load(path, map_location=map_location)
+
+    return SafeTorchCheckpointEngine
+
+
+def install_safe_loading(engine) -> None:
+    """Make `engine.load_checkpoint` read every file through safe_torch_load (module doc).
+
+    Only DeepSpeed's plain TorchCheckpointEngine is replaced (the one this project's config
+    selects); another engine (fast/decoupled writers, DataStates) would read files its own
+    way, so it is refused rather than silently left unsafe."""
+    from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
+
+    current = engine.checkpoint_engine
+    if type(current) is _safe_engine_class():
+        return
+    if type(current) is not TorchCheckpointEngine:
+        raise TypeError(f"install_safe_loading: DeepSpeed checkpoint engine "
+                        f"{type(current).__name__} is not TorchCheckpointEngine; its loads "
+                        "cannot be made weights-only here")
+    safe = copy.copy(current)  # the same settings (serialization format), so saving is as before
+    safe.__class__ = _safe_engine_class()
+    engine.checkpoint_engine = safe
