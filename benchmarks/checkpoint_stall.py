@@ -52,7 +52,7 @@ def step(model, opt, x) -> None:
     opt.step()
 
 
-# A name DeepSpeed writes (the store accepts only those: storage/checkpoints.py:FILE_PATTERNS).
+# A name DeepSpeed writes (the store accepts only those: storage/manifest.py:FILE_PATTERNS).
 OPTIM = "zero_pp_rank_0_mp_rank_00_optim_states.pt"
 
 

@@ -222,8 +222,7 @@ def put_file_durable(fs: AbstractFileSystem, local: str, dest: str) -> None:
         fs.makedirs(dest.rsplit("/", 1)[0], exist_ok=True)
         fs.put_file(local, dest)
         return
-    with open(local, "rb") as src:
-        write_local_durable(dest, lambda out: shutil.copyfileobj(src, out, CHUNK))
+    _copy_local_durable(local, dest)
 
 
 def copy_durable(fs: AbstractFileSystem, src: str, dest: str) -> None:
@@ -231,6 +230,10 @@ def copy_durable(fs: AbstractFileSystem, src: str, dest: str) -> None:
     if not is_local(fs):
         fs.copy(src, dest)
         return
+    _copy_local_durable(src, dest)
+
+
+def _copy_local_durable(src: str, dest: str) -> None:
     with open(src, "rb") as f:
         write_local_durable(dest, lambda out: shutil.copyfileobj(f, out, CHUNK))
 

@@ -11,8 +11,8 @@ from datetime import timedelta
 
 from opentelemetry import trace
 from temporalio import workflow
-from temporalio.common import RetryPolicy, SearchAttributeKey
-from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_exception
+from temporalio.common import SearchAttributeKey
+from temporalio.exceptions import ApplicationError, is_cancelled_exception
 from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
@@ -22,10 +22,10 @@ with workflow.unsafe.imports_passed_through():
                                       PromoteInput, PromoteResult, RecordEventInput, RunCarry,
                                       RunResult, SweepInput, TrainSegmentInput,
                                       TrainSegmentResult)
-    from activities.contracts import CLAIM_RUN, ClaimRunInput
-    from ops.errors import NON_RETRYABLE, BadConfig
+    from ops.errors import BadConfig
     from ops.spec import RunSpec
     from workflows.failures import FAILURE_EXCEPTION_TYPES
+    from workflows.start import claim, parse_spec
     from workflows.carry import bounded, status_view
     from workflows.operator import (UPDATES_PER_RUN, Refused, admit, lr_window, not_applied,
                                     parse_command, rewind)
@@ -37,34 +37,6 @@ RUN_ID = SearchAttributeKey.for_keyword("MainspringRunId")
 STAGE = SearchAttributeKey.for_keyword("MainspringStage")
 STEP = SearchAttributeKey.for_int("MainspringStep")
 LOSS = SearchAttributeKey.for_float("MainspringLoss")
-
-
-def parse_spec(raw: object) -> RunSpec:
-    """The run's spec, or the run fails at once with BadConfig naming the field (never
-    retried). Every rule a later stage relies on is checked here (ops/spec.py)."""
-    try:
-        return RunSpec.from_dict(raw)  # not an object: BadConfig("spec", ...)
-    except BadConfig as exc:
-        raise ApplicationError(str(exc), {"field": exc.field, "fix": exc.fix},
-                               type="BadConfig", non_retryable=True) from None
-
-
-async def claim(s: RunSpec) -> None:
-    """Claim the run id in the durable store for this spec (storage/runs.py): a run id that
-    already belongs to a different spec fails the run at once, before it touches anything."""
-    try:
-        await workflow.execute_local_activity(
-            CLAIM_RUN, ClaimRunInput(durable=s.storage.durable, run_id=s.run_id,
-                                     spec_hash=s.spec_hash(), spec=s.to_dict()),
-            start_to_close_timeout=timedelta(seconds=60),
-            retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=30),
-                                     non_retryable_error_types=list(NON_RETRYABLE)))
-    except ActivityError as exc:
-        cause = exc.cause
-        if isinstance(cause, ApplicationError) and cause.type in NON_RETRYABLE:
-            raise ApplicationError(cause.message, *cause.details, type=cause.type,
-                                   non_retryable=True) from None
-        raise
 
 
 # Bugs and bad input in workflow code fail the run instead of retrying its task forever;

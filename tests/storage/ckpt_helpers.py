@@ -57,6 +57,12 @@ def kinds(url: str) -> list[str]:
     return [e["kind"] for e in read_events(url, "r")]
 
 
+@pytest.fixture(params=BACKENDS)
+def durable(request, tmp_path):
+    """A fresh durable root on each backend (file://, real SeaweedFS S3)."""
+    return durable_url(request.param, tmp_path, request)
+
+
 @pytest.fixture
 def small_disk(tmp_path):
     """A real 1 MiB filesystem (tmpfs) to fill up; needs mount rights (root here)."""

@@ -14,8 +14,7 @@ from ops.errors import StorageUnavailable
 from storage.checkpoints import MANIFEST, CheckpointStore
 from storage.events import EventLog, read_events
 from tests.storage.ckpt_helpers import (
-    BACKENDS,
-    durable_url,
+    durable,
     payload,
     save,
     small_disk,
@@ -23,12 +22,7 @@ from tests.storage.ckpt_helpers import (
     write_files,
 )
 
-__all__ = ["small_disk"]  # fixture
-
-
-@pytest.fixture(params=BACKENDS)
-def durable(request, tmp_path):
-    return durable_url(request.param, tmp_path, request)
+__all__ = ["durable", "small_disk"]  # fixtures
 
 
 def two_commits(durable, fast_dir) -> None:

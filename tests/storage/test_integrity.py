@@ -19,8 +19,7 @@ from storage.dataset import DatasetManifest, commit_manifest
 from storage.events import EventLog, merge, read_events
 from storage.fs import resolve
 from tests.storage.ckpt_helpers import (
-    BACKENDS,
-    durable_url,
+    durable,
     payload,
     save,
     small_disk,
@@ -28,12 +27,7 @@ from tests.storage.ckpt_helpers import (
     write_files,
 )
 
-__all__ = ["small_disk"]  # fixture
-
-
-@pytest.fixture(params=BACKENDS)
-def durable(request, tmp_path):
-    return durable_url(request.param, tmp_path, request)
+__all__ = ["durable", "small_disk"]  # fixtures
 
 
 def committed_pair(durable: str, tmp_path) -> CheckpointStore:
