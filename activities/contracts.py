@@ -63,7 +63,9 @@ class TrainSegmentResult:
     lost_steps: int = 0
     rollbacks: list[dict[str, Any]] = field(default_factory=list)  # trainer.guard records
     skipped_steps: list[int] = field(default_factory=list)
-    stopped: str = ""  # "" | rollback_budget | overfitting | interrupted (graceful stop)
+    # "" | rollback_budget | overfitting | interrupted (graceful stop) | rollback_refused (an
+    # operator rollback whose target retention removed: final_step is the run's newest commit)
+    stopped: str = ""
     evals: list[list[float]] = field(default_factory=list)  # online: [step, train, val]
     # the oldest step with a committed checkpoint left on the durable tier after the segment
     # (retention may have removed older ones); None: unknown. The workflow refuses an

@@ -145,7 +145,8 @@ def _classify_exit(rc: int, workdir: str, log_path: str) -> None:
         with open(error_file) as f:
             err = redact_value(json.load(f))  # the message may quote a URL or a config
         raise ApplicationError(err["message"], err, type=err["type"],
-                               non_retryable=err["type"] in NON_RETRYABLE)
+                               non_retryable=err["type"] in NON_RETRYABLE
+                               or err.get("retryable") is False)
     how = f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"exit code {rc}"
     raise HardwareFault(f"trainer {how}; last output: {_tail(log_path)}", exit_code=rc)
 

@@ -30,13 +30,13 @@ from activities.contracts import (
 from activities.errors import classified
 from activities.metrics import MetricsForwarder
 from activities.supervise import ProgressTail, child_env, supervise, trainer_command
+from ops.procs import WORKER_PID_ENV
 from ops.spec import RunSpec
 from ops.telemetry import child_trace_env
 from storage import fast_tier
 from storage.checkpoints import CheckpointStore
 from storage.events import EventLog
 from trainer.extensions import clear_stale_build_locks
-from trainer.faults import WORKER_PID_ENV
 
 log = structlog.get_logger(__name__)
 

@@ -25,6 +25,8 @@ from ops.redact import is_secret_name
 log = structlog.get_logger(__name__)
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+# The trainer worker's pid, set by the supervisor for its children (the kill_worker fault).
+WORKER_PID_ENV = "MAINSPRING_WORKER_PID"
 
 
 def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:

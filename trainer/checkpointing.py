@@ -20,7 +20,7 @@ import structlog
 import torch
 import torch.distributed as dist
 
-from ops.errors import BadConfig, BadData, StorageUnavailable
+from ops.errors import BadConfig, MainspringError, StorageUnavailable
 from ops.procs import stop_requested
 from ops.spec import RunSpec
 from storage.checkpoints import CheckpointManifest, CheckpointStore, CorruptCheckpoint, step_dir
@@ -46,17 +46,23 @@ def write_json(path: str, obj: Any) -> None:
 
 
 def run_classified(name: str, workdir: str, body) -> int:
-    """Run a child entry point's body; map failures to the supervisor's contract.
+    """Run a child entry point's body; map failures to the supervisor's contract (the one
+    classification path of every trainer child: segment, evaluate, export).
 
-    BadConfig/BadData -> error.json + exit 3 (non-retryable); StorageUnavailable ->
-    error.json + exit 4 (retryable); anything else -> exit 1 (a retryable HardwareFault).
+    A MainspringError -> error.json naming its kind and retryability, then exit 3 when it
+    will repeat (BadConfig, BadData, Diverged, ...: not retried), 4 for StorageUnavailable,
+    1 for other retryable ones; anything else -> exit 1 (a retryable HardwareFault).
     """
     try:
         body()
-    except (BadConfig, BadData, StorageUnavailable) as exc:
-        log.error("entry_point_failed", entry=name, kind=exc.kind, message=str(exc))
-        write_json(os.path.join(workdir, "error.json"), {"type": exc.kind, "message": str(exc)})
-        return EXIT_STORAGE if isinstance(exc, StorageUnavailable) else EXIT_BAD_INPUT
+    except MainspringError as exc:
+        log.error("entry_point_failed", entry=name, kind=exc.kind, message=str(exc),
+                  retryable=exc.retryable)
+        write_json(os.path.join(workdir, "error.json"),
+                   {"type": exc.kind, "message": str(exc), "retryable": exc.retryable})
+        if isinstance(exc, StorageUnavailable):
+            return EXIT_STORAGE
+        return 1 if exc.retryable else EXIT_BAD_INPUT
     except Exception:  # logged; the supervisor classifies the exit code
         log.exception("entry_point_crashed", entry=name)
         return 1

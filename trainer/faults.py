@@ -20,11 +20,11 @@ from collections.abc import Iterable
 import structlog
 import torch
 
+from ops.procs import WORKER_PID_ENV
 from ops.spec import FaultSpec
 
 log = structlog.get_logger(__name__)
 
-WORKER_PID_ENV = "MAINSPRING_WORKER_PID"  # set by the supervisor for its children
 
 
 def due_faults(faults: Iterable[FaultSpec], step: int, attempt: int) -> list[FaultSpec]:

@@ -48,13 +48,11 @@ import structlog
 import torch
 import torch.distributed as dist
 
-from ops.errors import BadConfig, BadData, MainspringError, StorageUnavailable
+from ops.errors import BadConfig, BadData
 from ops.spec import RunSpec
 from storage.checkpoints import CheckpointManifest, CheckpointStore, CorruptCheckpoint
 from storage.dataset import load_manifest, read_split
 from trainer.checkpointing import (
-    EXIT_BAD_INPUT,
-    EXIT_STORAGE,
     Run,
     commit_checkpoint,
     finish_uploads,
@@ -62,6 +60,7 @@ from trainer.checkpointing import (
     on_sigterm,
     restore,
     rollback_to,
+    run_classified,
     write_json,
 )
 from trainer.data import PackedBatches, TrainBatches, skip_past, val_batches
@@ -368,19 +367,9 @@ def main(argv: list[str] | None = None) -> int:
         for name in ("result.json", "error.json"):  # stale files from an earlier attempt
             if os.path.exists(os.path.join(args.workdir, name)):
                 os.unlink(os.path.join(args.workdir, name))
-    code = 0
-    try:
-        run_segment(args, rank, world)
-    except (BadConfig, BadData, StorageUnavailable) as exc:
-        log.error("segment_failed", kind=exc.kind, message=str(exc))
-        write_json(os.path.join(args.workdir, "error.json"), {"type": exc.kind, "message": str(exc)})
-        code = EXIT_STORAGE if isinstance(exc, StorageUnavailable) else EXIT_BAD_INPUT
-    except MainspringError as exc:
-        log.exception("segment_failed", kind=exc.kind)
-        code = 1
-    except Exception:  # the supervisor classifies any other death as a HardwareFault
-        log.exception("segment_crashed")
-        code = 1
+    # Diverged (no checkpoint to roll back to) used to exit 1 with no error.json here, and
+    # the supervisor retried it as a HardwareFault: one classification path for every child.
+    code = run_classified("segment", args.workdir, lambda: run_segment(args, rank, world))
     if code == 0 and dist.is_initialized():
         # All ranks leave together: a rank tearing down its process group while another
         # still drains uploads died with SIGABRT ("terminate called without an active
