@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 # configured for pip, then `pip install -e '.[gpu]'`. Torch must precede deepspeed.
 TORCH  ?= torch==2.13.0
 
-.PHONY: install demo test test-all clean
+.PHONY: install demo lint test test-all clean
 
 install: $(VENV)/.installed
 
@@ -21,7 +21,12 @@ $(VENV)/.installed: pyproject.toml
 demo: install
 	$(BIN)/mainspring demo
 
-test: install
+# The layering (DESIGN §2, contracts in pyproject.toml) and ruff's rule set, before the tests.
+lint: install
+	$(BIN)/lint-imports
+	$(BIN)/ruff check .
+
+test: lint
 	$(BIN)/pytest -q -m 'not soak' --durations=15
 
 test-all: install

@@ -4,8 +4,14 @@ from __future__ import annotations
 
 from temporalio import activity
 
-from activities.contracts import (PREPARE_DATA, PROMOTE, PrepareDataInput, PrepareDataResult,
-                                  PromoteInput, PromoteResult)
+from activities.contracts import (
+    PREPARE_DATA,
+    PROMOTE,
+    PrepareDataInput,
+    PrepareDataResult,
+    PromoteInput,
+    PromoteResult,
+)
 from activities.errors import classified
 from ops.spec import RunSpec
 from storage.checkpoints import CheckpointStore

@@ -9,8 +9,13 @@ from __future__ import annotations
 
 from temporalio import activity
 
-from activities.contracts import (SOURCE_GP, SOURCE_INITIAL, SUGGEST_TRIALS, SuggestInput,
-                                  SuggestResult)
+from activities.contracts import (
+    SOURCE_GP,
+    SOURCE_INITIAL,
+    SUGGEST_TRIALS,
+    SuggestInput,
+    SuggestResult,
+)
 from activities.errors import classified
 from ops.spec import SearchDim, SweepConfig
 from workflows.policy import sweep_space

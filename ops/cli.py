@@ -34,7 +34,8 @@ def _load_spec(args: argparse.Namespace):
             with open(args.spec) as f:
                 raw = json.load(f)
         except (OSError, ValueError) as exc:  # ValueError: JSONDecodeError, an absurd number
-            raise BadConfig("--spec", f"cannot read {args.spec}: {exc}", "give a JSON RunSpec file")
+            raise BadConfig("--spec", f"cannot read {args.spec}: {exc}",
+                            "give a JSON RunSpec file") from None
         return RunSpec.from_dict(deep_merge(raw, dotted_to_nested(overrides)))
     return preset(args.preset, **overrides)
 

@@ -33,7 +33,6 @@ from storage.fs import (
     sha256_stream,
     storage_errors,
 )
-
 from storage.manifest import (
     FILE_PATTERNS,
     MANIFEST,

@@ -30,10 +30,27 @@ from storage.dataprep_inputs import InputFile, content_hash, corpus_url, list_in
 from storage.dataprep_minhash import near_duplicates, shingles
 from storage.dataprep_text import Document, split_by_hash, tally
 from storage.dataprep_tokens import cut_shards, eos_id, load_tokenizer, train_tokenizer, write_split
-from storage.dataprep_units import (CleanOutput, WorkDir, clean_unit, plan_units, run_jobs,
-                                    tokenize_unit, tokenizer_threads, worker_count, worker_pool)
-from storage.dataset import (MANIFEST, DatasetManifest, ShardInfo, commit_manifest, dataset_dir,
-                             load_manifest, manifest_url, token_dtype)
+from storage.dataprep_units import (
+    CleanOutput,
+    WorkDir,
+    clean_unit,
+    plan_units,
+    run_jobs,
+    tokenize_unit,
+    tokenizer_threads,
+    worker_count,
+    worker_pool,
+)
+from storage.dataset import (
+    MANIFEST,
+    DatasetManifest,
+    ShardInfo,
+    commit_manifest,
+    dataset_dir,
+    load_manifest,
+    manifest_url,
+    token_dtype,
+)
 from storage.fs import join, resolve, storage_errors
 
 log = structlog.get_logger(__name__)

@@ -17,15 +17,34 @@ from datetime import timedelta
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from activities.contracts import (EVALUATE, RECORD_EVENT, SUGGEST_TRIALS, SWEEP_WORKFLOW_TYPE,
-                                      TRAIN_SEGMENT, TRAINER_QUEUE, EvaluateInput,
-                                      EvaluateResult, RecordEventInput, SuggestInput,
-                                      SuggestResult, SweepInput, SweepObservation, SweepResult,
-                                      TrainSegmentInput, TrainSegmentResult, TrialResult)
+    from activities.contracts import (
+        EVALUATE,
+        RECORD_EVENT,
+        SUGGEST_TRIALS,
+        SWEEP_WORKFLOW_TYPE,
+        TRAIN_SEGMENT,
+        TRAINER_QUEUE,
+        EvaluateInput,
+        EvaluateResult,
+        RecordEventInput,
+        SuggestInput,
+        SuggestResult,
+        SweepInput,
+        SweepObservation,
+        SweepResult,
+        TrainSegmentInput,
+        TrainSegmentResult,
+        TrialResult,
+    )
     from ops.spec import RunSpec
     from workflows.failures import FAILURE_EXCEPTION_TYPES
-    from workflows.policy import (segment_options, short_options, suggest_options,
-                                  sweep_rounds, trial_spec)
+    from workflows.policy import (
+        segment_options,
+        short_options,
+        suggest_options,
+        sweep_rounds,
+        trial_spec,
+    )
 
 
 @workflow.defn(name=SWEEP_WORKFLOW_TYPE, failure_exception_types=FAILURE_EXCEPTION_TYPES)

@@ -16,21 +16,52 @@ from temporalio.exceptions import ApplicationError, is_cancelled_exception
 from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
-    from activities.contracts import (DATA_QUEUE, EVALUATE, PREPARE_DATA, PROMOTE, RECORD_EVENT,
-                                      TRAIN_SEGMENT, TRAINER_QUEUE, WORKFLOW_TYPE, EvaluateInput,
-                                      EvaluateResult, PrepareDataInput, PrepareDataResult,
-                                      PromoteInput, PromoteResult, RecordEventInput, RunCarry,
-                                      RunResult, SweepInput, TrainSegmentInput,
-                                      TrainSegmentResult)
+    from activities.contracts import (
+        DATA_QUEUE,
+        EVALUATE,
+        PREPARE_DATA,
+        PROMOTE,
+        RECORD_EVENT,
+        TRAIN_SEGMENT,
+        TRAINER_QUEUE,
+        WORKFLOW_TYPE,
+        EvaluateInput,
+        EvaluateResult,
+        PrepareDataInput,
+        PrepareDataResult,
+        PromoteInput,
+        PromoteResult,
+        RecordEventInput,
+        RunCarry,
+        RunResult,
+        SweepInput,
+        TrainSegmentInput,
+        TrainSegmentResult,
+    )
     from ops.errors import BadConfig
     from ops.spec import RunSpec
-    from workflows.failures import FAILURE_EXCEPTION_TYPES
-    from workflows.start import claim, parse_spec
     from workflows.carry import bounded, status_view
-    from workflows.operator import (UPDATES_PER_RUN, Refused, admit, lr_window, not_applied,
-                                    parse_command, rewind)
-    from workflows.policy import (ESCALATE_LOWER_LR, ESCALATE_PAUSE, escalate, rollback_allowance,
-                                  segment_bounds, segment_options, short_options, with_params)
+    from workflows.failures import FAILURE_EXCEPTION_TYPES
+    from workflows.operator import (
+        UPDATES_PER_RUN,
+        Refused,
+        admit,
+        lr_window,
+        not_applied,
+        parse_command,
+        rewind,
+    )
+    from workflows.policy import (
+        ESCALATE_LOWER_LR,
+        ESCALATE_PAUSE,
+        escalate,
+        rollback_allowance,
+        segment_bounds,
+        segment_options,
+        short_options,
+        with_params,
+    )
+    from workflows.start import claim, parse_spec
     from workflows.sweep import Sweep
 
 RUN_ID = SearchAttributeKey.for_keyword("MainspringRunId")

@@ -21,10 +21,23 @@ from temporalio.client import Client, WorkflowUpdateFailedError
 from temporalio.common import SearchAttributeKey
 from temporalio.worker import Replayer, Worker
 
-from activities.contracts import (DATA_QUEUE, EVALUATE, PREPARE_DATA, PROMOTE, TRAIN_SEGMENT,
-                                  TRAINER_QUEUE, EvalPoint, EvaluateInput, EvaluateResult,
-                                  PrepareDataInput, PrepareDataResult, PromoteInput,
-                                  PromoteResult, TrainSegmentInput, TrainSegmentResult)
+from activities.contracts import (
+    DATA_QUEUE,
+    EVALUATE,
+    PREPARE_DATA,
+    PROMOTE,
+    TRAIN_SEGMENT,
+    TRAINER_QUEUE,
+    EvalPoint,
+    EvaluateInput,
+    EvaluateResult,
+    PrepareDataInput,
+    PrepareDataResult,
+    PromoteInput,
+    PromoteResult,
+    TrainSegmentInput,
+    TrainSegmentResult,
+)
 from ops.client import start_run
 from ops.spec import preset
 from ops.worker import build_workers

@@ -11,7 +11,6 @@ import pytest
 
 from ops.cli import main
 from ops.client import connect, start_run
-from storage.events import read_events
 from tests.e2e.runs import assert_completed_five_stages, tiny_spec, wait_for
 from trainer.engine import lr_at
 

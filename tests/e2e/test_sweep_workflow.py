@@ -17,9 +17,18 @@ from temporalio import activity
 from temporalio.client import Client
 from temporalio.worker import Replayer, Worker
 
-from activities.contracts import (EVALUATE, ORCHESTRATOR_QUEUE, TRAIN_SEGMENT, TRAINER_QUEUE,
-                                  EvalPoint, EvaluateInput, EvaluateResult, SweepInput,
-                                  TrainSegmentInput, TrainSegmentResult)
+from activities.contracts import (
+    EVALUATE,
+    ORCHESTRATOR_QUEUE,
+    TRAIN_SEGMENT,
+    TRAINER_QUEUE,
+    EvalPoint,
+    EvaluateInput,
+    EvaluateResult,
+    SweepInput,
+    TrainSegmentInput,
+    TrainSegmentResult,
+)
 from ops.spec import preset
 from ops.worker import build_workers
 from storage.events import read_events

@@ -310,7 +310,8 @@ def test_given_tokenizer_path_is_used_instead_of_training(tmp_path):
 
 
 def test_tokenizer_without_end_of_text_token_is_bad_data(tmp_path):
-    from tokenizers import Tokenizer as Tok, models
+    from tokenizers import Tokenizer as Tok
+    from tokenizers import models
     plain = tmp_path / "plain.json"
     Tok(models.BPE()).save(str(plain))
     corpus = write_txt(tmp_path / "c", TEXTS[:4])

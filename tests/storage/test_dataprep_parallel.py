@@ -8,8 +8,14 @@ import storage.dataprep as dataprep
 from ops.spec import CleaningConfig, DataConfig
 from storage.dataprep import prepare_dataset
 from storage.dataprep_tokens import train_tokenizer
-from storage.dataprep_units import (AUTO_PARALLEL_MIN_BYTES, PARALLELISM_ENV, run_jobs,
-                                    tokenizer_threads, worker_count, worker_pool)
+from storage.dataprep_units import (
+    AUTO_PARALLEL_MIN_BYTES,
+    PARALLELISM_ENV,
+    run_jobs,
+    tokenizer_threads,
+    worker_count,
+    worker_pool,
+)
 from tests.storage.test_dataprep import NO_QUALITY, TEXTS, config, write_txt
 
 

@@ -8,10 +8,22 @@ import pytest
 from ops.errors import BadConfig
 from ops.spec import CleaningConfig, DedupConfig
 from storage.dataprep import prepare_dataset
-from storage.dataprep_filters import (dup_line_fractions, dup_ngram_char_fraction,
-                                      quality_verdict, top_ngram_char_fraction, word_hashes)
-from storage.dataprep_minhash import (candidate_probability, jaccard, lsh_params,
-                                      near_duplicates, permutations, shingles, signature)
+from storage.dataprep_filters import (
+    dup_line_fractions,
+    dup_ngram_char_fraction,
+    quality_verdict,
+    top_ngram_char_fraction,
+    word_hashes,
+)
+from storage.dataprep_minhash import (
+    candidate_probability,
+    jaccard,
+    lsh_params,
+    near_duplicates,
+    permutations,
+    shingles,
+    signature,
+)
 from tests.storage.test_dataprep import TEXTS, all_texts, config, write_txt
 
 

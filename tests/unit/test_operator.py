@@ -6,8 +6,16 @@ import itertools
 
 import pytest
 
-from workflows.operator import (MAX_LR_WINDOWS, MAX_QUEUED, Refused, admit, compose_windows,
-                                lr_window, parse_command, rewind)
+from workflows.operator import (
+    MAX_LR_WINDOWS,
+    MAX_QUEUED,
+    Refused,
+    admit,
+    compose_windows,
+    lr_window,
+    parse_command,
+    rewind,
+)
 
 
 def admitted(name: str, raw=None, *, stage: str = "train", step: int = 40, total: int = 100,

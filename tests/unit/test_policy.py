@@ -1,8 +1,14 @@
 import math
 
 from ops.spec import SpikeBudget, SpikeConfig, preset
-from workflows.policy import (rollback_allowance, segment_bounds, sweep_rounds, sweep_space,
-                              trial_spec, with_params)
+from workflows.policy import (
+    rollback_allowance,
+    segment_bounds,
+    sweep_rounds,
+    sweep_space,
+    trial_spec,
+    with_params,
+)
 from workflows.suggest import Dim, initial_design
 
 

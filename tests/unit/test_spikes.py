@@ -7,8 +7,16 @@ import torch
 from ops.spec import FaultSpec, SpikeConfig
 from trainer.faults import Injector
 from trainer.guard import loss_scale_verdict
-from trainer.spikes import (DetectorState, merge_ranges, observe, overfitting, reset_window,
-                            robust_stats, skip_range, times_in_region)
+from trainer.spikes import (
+    DetectorState,
+    merge_ranges,
+    observe,
+    overfitting,
+    reset_window,
+    robust_stats,
+    skip_range,
+    times_in_region,
+)
 
 CFG = SpikeConfig(window=10, warmup=5, skip_threshold=6.0, patience=3, skip_before=2,
                   skip_window=8)

@@ -4,8 +4,17 @@ import math
 
 from activities.contracts import SuggestInput, SweepObservation
 from activities.suggest import suggest_trials
-from workflows.suggest import (Dim, expected_improvement, fit_best, from_unit, initial_design,
-                               predict, standardise, suggest, to_unit)
+from workflows.suggest import (
+    Dim,
+    expected_improvement,
+    fit_best,
+    from_unit,
+    initial_design,
+    predict,
+    standardise,
+    suggest,
+    to_unit,
+)
 
 LR = Dim("lr", 1e-4, 1e-1, log=True)
 WD = Dim("weight_decay", 0.0, 0.3)
