@@ -160,6 +160,7 @@ class RunCarry:
     operator_queue: list[dict[str, Any]] = field(default_factory=list)
     operator_actions: int = 0  # commands accepted so far (their ids)
     rewind: dict[str, Any] | None = None  # an operator rollback no segment has applied yet
+    rewind_pins: list[str] = field(default_factory=list)  # its targets' pins (storage/rollback.py)
     # paused / needs_attention: {"stage", "reason", "who"} while the run waits for `resume`,
     # so a run continued-as-new while held goes on holding (workflows/training_run.py:_hold)
     held: dict[str, Any] | None = None
@@ -213,3 +214,15 @@ class ClaimRunInput:
     run_id: str
     spec_hash: str  # RunSpec.spec_hash() of the workflow's input spec
     spec: dict[str, Any]  # recorded in runs/<run_id>/RUN.json for whoever finds the id taken
+
+
+# ---- pins: an admitted operator rollback's target, kept from retention until applied ----
+PIN_ROLLBACK = "pin_rollback"
+
+
+@dataclass
+class PinInput:
+    durable: str
+    run_id: str
+    pin_ids: list[str]
+    to_step: int | None = None  # None: release the pins

@@ -1,12 +1,14 @@
-"""record_event: the local activity through which workflow decisions reach the event log."""
+"""record_event: the local activity through which workflow decisions reach the event log;
+pin_rollback: the one through which an admitted operator rollback pins its target."""
 
 from __future__ import annotations
 
 from temporalio import activity
 
-from activities.contracts import RECORD_EVENT, RecordEventInput
+from activities.contracts import PIN_ROLLBACK, RECORD_EVENT, PinInput, RecordEventInput
 from activities.errors import classified
 from storage.events import EventLog
+from storage.rollback import pin, unpin
 
 
 @activity.defn(name=RECORD_EVENT)
@@ -15,3 +17,13 @@ def record_event(inp: RecordEventInput) -> None:
     attempt = activity.info().attempt
     with EventLog(inp.durable, inp.run_id, "workflow", attempt=attempt) as events:
         events.record(inp.kind, inp.step, inp.event_id, inp.payload)
+
+
+@activity.defn(name=PIN_ROLLBACK)
+@classified
+def pin_rollback(inp: PinInput) -> None:
+    if inp.to_step is None:
+        unpin(inp.durable, inp.run_id, inp.pin_ids)
+    else:
+        for pin_id in inp.pin_ids:
+            pin(inp.durable, inp.run_id, pin_id, inp.to_step)

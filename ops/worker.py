@@ -21,7 +21,7 @@ ROLES = ("orchestrator", "data", "trainer", "all")
 
 def build_workers(client, roles: set[str], trainer_slots: int = 1) -> list[Worker]:
     from activities.data import prepare_data, promote
-    from activities.events import record_event
+    from activities.events import pin_rollback, record_event
     from activities.runs import claim_run
     from activities.suggest import suggest_trials
     from activities.training import evaluate, train_segment
@@ -31,7 +31,7 @@ def build_workers(client, roles: set[str], trainer_slots: int = 1) -> list[Worke
     workers = []
     if roles & {"orchestrator", "all"}:
         workers.append(Worker(client, task_queue=ORCHESTRATOR_QUEUE, workflows=[TrainingRun, Sweep],
-                              activities=[record_event, suggest_trials, claim_run],
+                              activities=[record_event, suggest_trials, claim_run, pin_rollback],
                               activity_executor=ThreadPoolExecutor(4)))
     if roles & {"data", "all"}:
         workers.append(Worker(client, task_queue=DATA_QUEUE, activities=[prepare_data, promote],

@@ -6,7 +6,9 @@ behind the newest commit, DESIGN §3) *and the newest commit at or before its ed
 checkpoint a rollback to the edge restores (issue 11: with `keep_last=1` a spike just
 after a commit found nothing before its onset) — and always the newest verified
 checkpoint, even if a caller passes a policy that would keep nothing. The trainer sets
-the horizon to at least the detector's reach (`spike_reach`).
+the horizon to at least the detector's reach (`spike_reach`). The newest commit at or
+before each pinned step (an admitted operator rollback's target, storage/rollback.py) is
+kept too.
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ class RetentionPolicy:
 
 
 def steps_to_keep(committed: list[int], policy: RetentionPolicy, *, promoted: frozenset[int]
-                  = frozenset(), newest_verified: int | None = None) -> set[int]:
+                  = frozenset(), newest_verified: int | None = None,
+                  pinned: frozenset[int] = frozenset()) -> set[int]:
     if not committed:
         return set()
     if not policy.enabled:
@@ -50,6 +53,8 @@ def steps_to_keep(committed: list[int], policy: RetentionPolicy, *, promoted: fr
     keep |= {s for s in committed if newest - s <= policy.rollback_horizon}
     keep.add(max((s for s in committed if s <= newest - policy.rollback_horizon), default=newest))
     keep.add(newest if newest_verified is None else newest_verified)
+    for target in pinned:  # an admitted operator rollback restores the newest at or before it
+        keep.add(max((s for s in committed if s <= target), default=newest))
     return keep
 
 
@@ -61,9 +66,11 @@ def spike_reach(window: int) -> int:
 
 
 def steps_to_delete(committed: list[int], policy: RetentionPolicy, *, promoted: frozenset[int]
-                    = frozenset(), newest_verified: int | None = None) -> list[int]:
+                    = frozenset(), newest_verified: int | None = None,
+                    pinned: frozenset[int] = frozenset()) -> list[int]:
     """Committed steps the policy lets go, oldest first; never the newest verified one."""
-    keep = steps_to_keep(committed, policy, promoted=promoted, newest_verified=newest_verified)
+    keep = steps_to_keep(committed, policy, promoted=promoted, newest_verified=newest_verified,
+                         pinned=pinned)
     return sorted(s for s in committed if s not in keep)
 
 
@@ -72,9 +79,11 @@ def apply_retention(store, policy: RetentionPolicy, *, newest_verified: int | No
     """Delete what the policy lets go from `store` (a CheckpointStore); returns the steps."""
     if not policy.enabled:
         return []
+    from storage.rollback import pinned_steps  # (storage/rollback.py imports the store)
+
     doomed = steps_to_delete(store.list_committed(), policy,
                              promoted=frozenset(store.list_promoted()),
-                             newest_verified=newest_verified)
+                             newest_verified=newest_verified, pinned=pinned_steps(store))
     for step in doomed:
         store.delete(step)
     if doomed:

@@ -51,6 +51,7 @@ with workflow.unsafe.imports_passed_through():
         parse_command,
         rewind,
     )
+    from workflows.pins import pin_targets
     from workflows.policy import (
         ESCALATE_LOWER_LR,
         ESCALATE_PAUSE,
@@ -117,8 +118,13 @@ class TrainingRun:
     @workflow.update
     async def rollback(self, args: dict) -> dict:
         """Go back to the newest checkpoint at or before `to_step` and (skip_data, default)
-        skip the data the abandoned steps read."""
-        return self._accept("rollback", args)
+        skip the data the abandoned steps read. Its target is pinned against retention
+        before the command is queued (workflows/pins.py)."""
+        pin = ""
+        if self._spec is not None and workflow.patched("pin_rollback"):
+            pin = f"pin-{workflow.uuid4().hex[:16]}"
+            await pin_targets(self._spec, [pin], parse_command("rollback", args).to_step)
+        return self._accept("rollback", args, pin=pin)
 
     @workflow.update
     async def set_lr_scale(self, args: dict) -> dict:
@@ -166,12 +172,12 @@ class TrainingRun:
         if why:
             raise ApplicationError(why, type="Refused", non_retryable=True)
 
-    def _accept(self, name: str, args: object) -> dict:
+    def _accept(self, name: str, args: object, pin: str = "") -> dict:
         c = self._carry
         c.operator_actions += 1
         self._updates += name != "abort"  # abort is a signal
         entry = {"id": f"op{c.operator_actions}", "name": name, "raw": args,
-                 "accepted_at_step": c.next_step}
+                 "accepted_at_step": c.next_step, **({"pin": pin} if pin else {})}
         c.operator_queue.append(entry)
         when = ("at the running segment's next step" if self._running
                 else "now" if c.held else "when training starts")
@@ -229,6 +235,9 @@ class TrainingRun:
                 if seg is None:  # stopped before the trainer answered: resume from storage
                     continue
                 c.rewind = None  # applied (the trainer's event makes a retry a no-op)
+                if c.rewind_pins:  # its targets need no protection any more
+                    await pin_targets(s, c.rewind_pins, None)
+                    c.rewind_pins = []
                 c.next_step, c.train_loss = seg.final_step, seg.train_loss
                 c.segments_total += 1
                 if seg.oldest_committed_step is not None:
@@ -329,12 +338,15 @@ class TrainingRun:
                               accepted_at_step=entry["accepted_at_step"], applied=not why_not,
                               **({"why_not": why_not} if why_not else {}))
             if why_not:
+                if entry.get("pin"):
+                    await pin_targets(s, [entry["pin"]], None)
                 continue
             if cmd.name == "pause":
                 await self._hold("paused", cmd.note or "paused by operator",
                                  fix=f"`mainspring run resume {s.run_id}`", who=cmd.who)
             elif cmd.name == "rollback":
                 c.rewind = rewind(cmd, f"{s.run_id}/{entry['id']}", c.next_step, c.rewind)
+                c.rewind_pins += [entry["pin"]] if entry.get("pin") else []
                 c.next_step = min(c.next_step, cmd.to_step)
             elif cmd.name == "set_lr_scale":
                 c.lr_windows.append(lr_window(cmd, c.next_step, s.train.total_steps))

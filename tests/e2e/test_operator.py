@@ -15,6 +15,7 @@ from ops.cli import main
 from ops.client import connect, start_run
 from storage.checkpoints import CheckpointStore
 from storage.events import read_events
+from storage.rollback import pinned_steps
 from tests.e2e.runs import tiny_spec, wait_for
 from trainer.engine import lr_at
 
@@ -97,6 +98,9 @@ def test_pause_rollback_set_lr_resume_and_abort_lose_no_committed_work(
     assert held["stage"] == "paused" and held["step"] == 10
     assert held["pending_rollback"]["through_step"] == stopped_at
     assert held["lr_windows"] == [[10, 2000, 0.5]]
+    # the admitted rollback's target is pinned against retention until a segment applied
+    # it; the moot one's pin was released when it turned out moot
+    assert pinned_steps(store) == {10}
     assert cli("run", "resume", spec.run_id, "--note", "shard 3 dropped")[0] == 0
 
     # the trainer applied the rollback: checkpoints after 10 uncommitted, data skipped
@@ -115,6 +119,7 @@ def test_pause_rollback_set_lr_resume_and_abort_lose_no_committed_work(
         asyncio.run(_result(address, spec.run_id))
     assert failure.value.cause.type == "RunAborted" and "budget cut" in str(failure.value.cause)
     [finished] = events("run_finished")
+    assert pinned_steps(store) == frozenset()  # released once the segment that applied it ended
     assert finished["status"] == "aborted" and finished["reason"] == "budget cut"
     assert finished["step"] in store.list_committed() and finished["step"] >= 120
     commands = [e["command"] for e in events("operator")]

@@ -19,7 +19,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from storage import checkpoints
 from storage.checkpoints import CheckpointStore
 from storage.retention import RetentionPolicy, apply_retention, spike_reach
-from storage.rollback import roll_back, uncommit_after
+from storage.rollback import pin, pinned_steps, roll_back, uncommit_after, unpin
 from tests.storage.ckpt_helpers import payload, write_files
 
 WINDOW = 6  # the spike detector's window in these runs
@@ -190,3 +190,20 @@ def test_retention_with_the_spike_reach_keeps_a_target_for_any_onset_in_the_wind
         for step in range(s + 1, s + EVERY + 1):  # training goes on from s to the next commit
             for onset in range(max(1, step - WINDOW), step + 1):  # onsets the detector sees
                 assert durable.latest_verified(at_or_before=max(0, onset - 2)) is not None
+
+
+def test_a_pinned_rollback_target_survives_retention_until_the_pin_is_released(tmp_path):
+    # An operator rollback to step 10 was admitted while 10 was the oldest commit left; the
+    # running segment then stops and commits 40 and 50 with keep_last=1. Without the pin
+    # those commits' retention retired 10 and the rollback had to be refused.
+    url = str(tmp_path / "d")
+    durable = CheckpointStore(url, "r")
+    pin(url, "r", "pin-op1", to_step=12)
+    for s in (10, 20, 30, 40, 50):
+        durable.commit(s, write_files(tmp_path / f"s{s}", payload(s, 64)))
+        apply_retention(durable, RetentionPolicy(keep_last=1), newest_verified=s)
+    assert durable.list_committed() == [10, 50]
+    assert pinned_steps(durable) == {12}
+    unpin(url, "r", ["pin-op1"])
+    apply_retention(durable, RetentionPolicy(keep_last=1), newest_verified=50)
+    assert durable.list_committed() == [50] and pinned_steps(durable) == frozenset()
