@@ -177,20 +177,6 @@ def read_file_documents(fs: AbstractFileSystem, file: InputFile, data: DataConfi
     return [RawDocument(file.url, text)]
 
 
-def read_documents(fs: AbstractFileSystem, files: list[InputFile], data: DataConfig,
-                   counts: dict[str, int]) -> list[RawDocument]:
-    """Documents in path order, at most `max_documents`; counts `undecodable_files`."""
-    docs: list[RawDocument] = []
-    cap = data.max_documents or None
-    counts.setdefault("undecodable_files", 0)
-    for file in files:
-        docs.extend(read_file_documents(fs, file, data, counts, cap and cap - len(docs)))
-        if cap and len(docs) >= cap:
-            break
-    counts["docs_in"] = len(docs)
-    return docs
-
-
 def _read_bytes(fs: AbstractFileSystem, file: InputFile) -> bytes:
     try:
         return fs.cat_file(file.path)

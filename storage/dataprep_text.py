@@ -85,24 +85,6 @@ def tally(records: list[Cleaned], counts: dict[str, int]) -> list[Document]:
     return kept
 
 
-def clean_documents(raw: list[RawDocument], cfg: CleaningConfig,
-                    counts: dict[str, int]) -> list[Document]:
-    """Clean and filter every document (counts every filter)."""
-    return tally([clean_one(doc, cfg) for doc in raw], counts)
-
-
-def dedup_exact(docs: list[Document], counts: dict[str, int]) -> list[Document]:
-    """Keep the first document of each cleaned-text hash; count the rest as `exact_dups`."""
-    seen: set[str] = set()
-    kept = []
-    for doc in docs:
-        if doc.sha256 not in seen:
-            seen.add(doc.sha256)
-            kept.append(doc)
-    counts["exact_dups"] = len(docs) - len(kept)
-    return kept
-
-
 def hash_unit(sha256: str) -> float:
     """A document's position in [0, 1): its split coordinate, independent of corpus order."""
     return int(sha256[:8], 16) / 2**32

@@ -71,9 +71,14 @@ def test_replace_applies_dotted_overrides_and_revalidates():
         spec.replace(**{"train.lr": -1.0})
 
 
-def test_spec_hash_changes_with_any_field():
+@pytest.mark.parametrize("field, value", [
+    ("seed", 1235), ("data.corpus", "stdlib:json/*.py"), ("data.dedup.threshold", 0.7),
+    ("data.cleaning.min_chars", 65), ("model.d_model", 256), ("train.lr", 0.002),
+    ("train.betas", [0.9, 0.99]), ("sweep.trials", 3), ("storage.keep_last", 2),
+    ("spikes.budget.rollbacks", 4), ("ops.heartbeat_timeout_s", 11.0), ("faults", [])])
+def test_spec_hash_changes_with_any_field(field, value):
     spec = preset("demo")
-    assert spec.spec_hash() != spec.replace(seed=spec.seed + 1).spec_hash()
+    assert spec.spec_hash() != spec.replace(**{field: value}).spec_hash()
 
 
 def test_demo_preset_injects_a_worker_kill():
