@@ -48,7 +48,7 @@ from storage.manifest import (
 )
 
 __all__ = ["FILE_PATTERNS", "MANIFEST", "STEP_DIR", "CheckpointManifest", "CheckpointStore",
-           "CorruptCheckpoint", "FileEntry", "check_file_names", "file_name_problem",
+           "CorruptCheckpoint", "FileEntry", "check_file_names", "emit_corrupt", "file_name_problem",
            "hash_dir", "manifest_problem", "step_dir"]
 
 log = structlog.get_logger(__name__)
@@ -285,6 +285,14 @@ def _inside(local_dir: str, name: str, step: int) -> str:
     if file_name_problem(name) or os.path.commonpath([root, dest]) != root:
         raise CorruptCheckpoint(step, MANIFEST, "a relative file name", repr(name[:80]))
     return dest
+
+
+def emit_corrupt(events, exc: CorruptCheckpoint) -> None:
+    """The `checkpoint_corrupt` event of `exc` into an EventLog (one id per step and file,
+    so every reader that finds the same damage records it once)."""
+    events.emit("checkpoint_corrupt", step=exc.step, file=exc.file,
+                event_id=f"checkpoint_corrupt/{exc.step}/{exc.file}",
+                expected=exc.expected, actual=exc.actual)
 
 
 def _report(exc: CorruptCheckpoint, on_corrupt: Callable[[CorruptCheckpoint], None] | None,

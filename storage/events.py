@@ -214,7 +214,8 @@ def well_formed(event: object) -> bool:
     """Pure: has the fields every reader indexes, with their types (module docstring)."""
     if not isinstance(event, dict):
         return False
-    ts, step = event.get("ts"), event.get("step", 0.5)
+    ts = event.get("ts")
+    step = event["step"] if "step" in event else "missing"  # present; int or null
     return (isinstance(event.get("event_id"), str) and bool(event["event_id"])
             and isinstance(event.get("kind"), str) and bool(event["kind"])
             and isinstance(ts, (int, float)) and not isinstance(ts, bool) and math.isfinite(ts)

@@ -142,19 +142,7 @@ def put_new(fs: AbstractFileSystem, path: str, data: bytes) -> None:
     Other filesystems (memory://): check-then-write.
     """
     if is_local(fs):
-        directory = os.path.dirname(path)
-        os.makedirs(directory, exist_ok=True)
-        tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.{uuid4().hex}")
-        try:
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.link(tmp, path)  # EEXIST if someone committed first
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-        fsync_dir(directory)  # the new name itself must survive a power cut
+        write_local_durable(path, lambda f: f.write(data), exclusive=True)
         return
     try:
         fs.pipe_file(path, data, mode="create")
@@ -197,10 +185,12 @@ def temp_name(path: str) -> str:
                         f".{os.path.basename(path)}.{os.getpid()}.{uuid4().hex[:12]}.tmp")
 
 
-def write_local_durable(path: str, write: Callable[[IO[bytes]], None]) -> None:
-    """Local disk: `write(f)` into a temporary file, fsync, rename over `path`, fsync the
-    directory. A crash at any point leaves the old file or the new one whole, never a torn
-    or empty one (a leftover temporary name is all it can leave)."""
+def write_local_durable(path: str, write: Callable[[IO[bytes]], None], *,
+                        exclusive: bool = False) -> None:
+    """Local disk: `write(f)` into a temporary file, fsync, rename over `path` — or, with
+    `exclusive`, link() it there (FileExistsError if `path` exists: put_new) — and fsync
+    the directory. A crash at any point leaves the old file or the new one whole, never a
+    torn or empty one (a leftover temporary name is all it can leave)."""
     directory = os.path.dirname(path)
     os.makedirs(directory, exist_ok=True)
     tmp = temp_name(path)
@@ -209,7 +199,10 @@ def write_local_durable(path: str, write: Callable[[IO[bytes]], None]) -> None:
             write(f)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        if exclusive:
+            os.link(tmp, path)  # EEXIST if someone committed first
+        else:
+            os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)

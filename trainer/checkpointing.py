@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pickle
 import shutil
 import time
 from collections.abc import Callable
@@ -23,12 +22,18 @@ import torch.distributed as dist
 from ops.errors import BadConfig, MainspringError, StorageUnavailable
 from ops.procs import stop_requested
 from ops.spec import RunSpec
-from storage.checkpoints import CheckpointManifest, CheckpointStore, CorruptCheckpoint, step_dir
+from storage.checkpoints import (
+    CheckpointManifest,
+    CheckpointStore,
+    CorruptCheckpoint,
+    emit_corrupt,
+    step_dir,
+)
 from storage.events import EventLog
 from storage.retention import spike_reach
 from storage.rollback import roll_back
 from storage.tiered import TieredCheckpointer, TierPolicy
-from trainer.safe_load import UnsafeCheckpointFile
+from trainer.safe_load import UnsafeCheckpointFile, as_corrupt
 from trainer.state import TrainState, state_file
 
 log = structlog.get_logger(__name__)
@@ -276,9 +281,7 @@ def _announce_durable(run: Run, step: int) -> None:
 
 
 def _report_corrupt(run: Run, exc: CorruptCheckpoint) -> None:
-    run.events.emit("checkpoint_corrupt", step=exc.step, file=exc.file,
-                    event_id=f"checkpoint_corrupt/{exc.step}/{exc.file}",
-                    expected=exc.expected, actual=exc.actual)
+    emit_corrupt(run.events, exc)
     run.events.flush()
 
 
@@ -322,11 +325,8 @@ def _load(run: Run, engine, step: int, tier: str, man: CheckpointManifest | None
     try:
         load_path, _ = engine.load_checkpoint(root, tag=tag)
         state = TrainState.load(os.path.join(root, tag, state_file(run.rank)))
-    except (UnsafeCheckpointFile, pickle.UnpicklingError) as exc:
-        path = getattr(exc, "path", "") or state_file(run.rank)
-        raise CorruptCheckpoint(step, os.path.basename(path), "a weights-only loadable file",
-                                f"refused to unpickle: {getattr(exc, 'reason', exc)}"[:300]
-                                ) from None
+    except UnsafeCheckpointFile as exc:
+        raise as_corrupt(step, exc) from None
     except RuntimeError as exc:
         if not any(m in str(exc) for m in ("size mismatch", "key(s) in state_dict")):
             raise  # not a config problem: let the supervisor retry

@@ -30,14 +30,14 @@ import structlog
 import torch
 
 from ops.errors import BadConfig, BadData
-from storage.checkpoints import CheckpointStore, CorruptCheckpoint, step_dir
+from storage.checkpoints import CheckpointStore, CorruptCheckpoint, emit_corrupt, step_dir
 from storage.dataset import load_manifest, read_split
 from storage.events import EventLog
 from trainer.checkpointing import load_spec, run_classified, write_json
 from trainer.data import val_batches
 from trainer.engine import micro_batch_size
 from trainer.model import GPT
-from trainer.safe_load import UnsafeCheckpointFile, safe_torch_load
+from trainer.safe_load import UnsafeCheckpointFile, as_corrupt, safe_torch_load
 
 log = structlog.get_logger(__name__)
 
@@ -126,9 +126,7 @@ def run_evaluate(args: argparse.Namespace) -> dict:
         def on_corrupt(exc: CorruptCheckpoint) -> None:
             log.warning("checkpoint_corrupt", step=exc.step, file=exc.file,
                         expected=exc.expected, actual=exc.actual)
-            events.emit("checkpoint_corrupt", step=exc.step, file=exc.file,
-                        event_id=f"checkpoint_corrupt/{exc.step}/{exc.file}",
-                        expected=exc.expected, actual=exc.actual)
+            emit_corrupt(events, exc)
 
         for step in steps:
             used = load_usable(store, model, step, sorted(committed), args.workdir, on_corrupt)
@@ -157,9 +155,7 @@ def load_usable(store: CheckpointStore, model: torch.nn.Module, step: int,
         except CorruptCheckpoint as exc:
             on_corrupt(exc)
         except UnsafeCheckpointFile as exc:
-            on_corrupt(CorruptCheckpoint(cand, os.path.relpath(exc.path, local),
-                                         "tensors and plain data only (weights_only)",
-                                         exc.reason))
+            on_corrupt(as_corrupt(cand, exc))
         finally:
             shutil.rmtree(local, ignore_errors=True)
     raise BadData(store.uri(step), f"no committed checkpoint at or before step {step} verifies "

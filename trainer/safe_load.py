@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import os
 import pickle
 from typing import Any
 
@@ -33,8 +34,9 @@ import structlog
 import torch
 
 from ops.errors import MainspringError
+from storage.checkpoints import CorruptCheckpoint
 
-__all__ = ["UnsafeCheckpointFile", "install_safe_loading", "safe_torch_load"]
+__all__ = ["UnsafeCheckpointFile", "as_corrupt", "install_safe_loading", "safe_torch_load"]
 
 log = structlog.get_logger(__name__)
 
@@ -49,6 +51,12 @@ class UnsafeCheckpointFile(MainspringError):
     def __init__(self, path: str, reason: str) -> None:
         self.path, self.reason = path, reason
         super().__init__(f"checkpoint file {path} refused by the weights-only loader: {reason}")
+
+
+def as_corrupt(step: int, exc: UnsafeCheckpointFile) -> CorruptCheckpoint:
+    """A refused file makes its checkpoint corrupt (readers fall back past it)."""
+    return CorruptCheckpoint(step, os.path.basename(exc.path), "a weights-only loadable file",
+                             f"refused to unpickle: {exc.reason}"[:300])
 
 
 @functools.cache

@@ -2,7 +2,7 @@
 
 Saved per rank as `train_state-rank{r}.pt` next to DeepSpeed's files (RNG streams differ
 per rank). The state dict holds only ints, lists and uint8 tensors, so it loads with
-`torch.load(weights_only=True)`.
+the weights-only loader every checkpoint file goes through (trainer/safe_load.py).
 """
 
 from __future__ import annotations
@@ -87,7 +87,9 @@ class TrainState:
     @classmethod
     def load(cls, path: str) -> TrainState:
         state = cls()
-        state.load_state_dict(torch.load(path, weights_only=True))
+        from trainer.safe_load import safe_torch_load  # refuses a pickle payload
+
+        state.load_state_dict(safe_torch_load(path))
         return state
 
 

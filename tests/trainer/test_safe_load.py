@@ -104,6 +104,8 @@ def test_pickle_payload_in_a_train_state_file_is_refused(tmp_path):
     with pytest.raises(UnsafeCheckpointFile) as refused:
         safe_torch_load(str(path))
     assert refused.value.path == str(path) and "system" in refused.value.reason
+    with pytest.raises(UnsafeCheckpointFile):  # the resume path reads it the same way
+        TrainState.load(str(path))
     assert not marker.exists()
 
 

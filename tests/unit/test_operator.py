@@ -6,6 +6,7 @@ import itertools
 
 import pytest
 
+from trainer.segment import lr_scale
 from workflows.operator import (
     MAX_LR_WINDOWS,
     MAX_QUEUED,
@@ -24,13 +25,7 @@ def admitted(name: str, raw=None, *, stage: str = "train", step: int = 40, total
                  queued=queued, oldest_step=oldest, lr_windows=windows)
 
 
-def scale_at(windows: list[list[float]], step: int) -> float:
-    """What the trainer multiplies the LR by at `step` (trainer/segment.py:lr_scale)."""
-    scale = 1.0
-    for start, end, factor in windows:
-        if start < step <= end:
-            scale *= factor
-    return scale
+scale_at = lr_scale  # what the trainer multiplies the LR by at a step
 
 
 def test_a_bare_string_is_the_note_and_who_is_kept():
