@@ -179,7 +179,7 @@ class RunResult:
     workflow_runs: int
 
 
-# ---- the sweep's Bayesian suggester (workflows/suggest.py), a local activity ----------
+# ---- the sweep's Bayesian suggester (sweep/suggest.py), a local activity ----------
 SUGGEST_TRIALS = "suggest_trials"
 SOURCE_INITIAL, SOURCE_GP = "initial", "gp"
 

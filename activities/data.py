@@ -13,9 +13,9 @@ from activities.contracts import (
     PromoteResult,
 )
 from activities.errors import classified
-from ops.spec import RunSpec
+from dataprep.pipeline import prepare_dataset
+from spec import RunSpec
 from storage.checkpoints import CheckpointStore
-from storage.dataprep import prepare_dataset
 from storage.events import EventLog
 
 
@@ -23,7 +23,7 @@ from storage.events import EventLog
 @classified
 def prepare_data(inp: PrepareDataInput) -> PrepareDataResult:
     """Progress (phases, committed work units) becomes heartbeats; a retry after a crash
-    resumes from the work units the dead attempt committed (`storage.dataprep_units`)."""
+    resumes from the work units the dead attempt committed (`dataprep.units`)."""
     spec = RunSpec.from_dict(inp.spec)
     attempt = activity.info().attempt
     with EventLog(spec.storage.durable, spec.run_id, "data", attempt=attempt) as events:

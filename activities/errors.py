@@ -1,6 +1,6 @@
 """Error classification at the activity boundary (DESIGN §3).
 
-Every failure leaving an activity is scrubbed of secrets (ops/redact.py) here: Temporal
+Every failure leaving an activity is scrubbed of secrets (common/redact.py) here: Temporal
 keeps it in the run's history, which anyone with access to the namespace can read.
 
 A `MainspringError` becomes a Temporal `ApplicationError` whose `type` is the class name
@@ -16,8 +16,8 @@ from typing import Any, Callable, TypeVar
 import structlog
 from temporalio.exceptions import ApplicationError, TemporalError
 
-from ops.errors import NON_RETRYABLE, MainspringError
-from ops.redact import redact, redact_value
+from common.errors import NON_RETRYABLE, MainspringError
+from common.redact import redact, redact_value
 
 log = structlog.get_logger(__name__)
 

@@ -13,7 +13,7 @@ of an id). `execution` tells apart two schedulings of the same segment bounds, b
 one forwarder the ids are deterministic, so a window emitted twice dedupes on read.
 
 The same lines also feed the worker's live Prometheus gauges and counters (`LiveMetrics`,
-instruments in `ops/metrics.py`) when the worker serves metrics; otherwise that is a no-op.
+instruments in `common/metrics.py`) when the worker serves metrics; otherwise that is a no-op.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from collections.abc import Iterable
 
 import structlog
 
-from ops.errors import StorageUnavailable
-from ops.metrics import TrainingInstruments, training_instruments
+from common.errors import StorageUnavailable
+from common.metrics import TrainingInstruments, training_instruments
 from storage.events import EventLog
 
 log = structlog.get_logger(__name__)
@@ -85,7 +85,7 @@ class LiveMetrics:
 
     @classmethod
     def for_run(cls, run_id: str) -> LiveMetrics | None:
-        """None when this process serves no metrics endpoint (ops/metrics.py)."""
+        """None when this process serves no metrics endpoint (common/metrics.py)."""
         instruments = training_instruments()
         return cls(instruments, run_id) if instruments else None
 

@@ -17,9 +17,8 @@ from activities.contracts import (
     SuggestResult,
 )
 from activities.errors import classified
-from ops.spec import SearchDim, SweepConfig
-from workflows.policy import sweep_space
-from workflows.suggest import initial_design, suggest
+from spec import SearchDim, SweepConfig
+from sweep.suggest import initial_design, suggest, sweep_space
 
 
 @activity.defn(name=SUGGEST_TRIALS)

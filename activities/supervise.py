@@ -22,15 +22,15 @@ from typing import Callable
 import structlog
 from temporalio.exceptions import ApplicationError, CancelledError
 
-from ops.errors import NON_RETRYABLE, HardwareFault
-from ops.procs import (
+from common.errors import NON_RETRYABLE, HardwareFault
+from common.procs import (
     STOP_FILE,
     allowed_env,
     request_stop,
     set_parent_death_signal,
     with_repo_on_path,
 )
-from ops.redact import redact, redact_value
+from common.redact import redact, redact_value
 
 log = structlog.get_logger(__name__)
 
@@ -41,7 +41,7 @@ def trainer_command(module: str, world_size: int, args: list[str]) -> list[str]:
 
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """A trainer child's environment: the allow-listed part of ours (ops/procs.py — never
+    """A trainer child's environment: the allow-listed part of ours (common/procs.py — never
     the Temporal credentials), the accelerator, and `extra` (the caller's own choice)."""
     env = allowed_env()
     env.setdefault("DS_ACCELERATOR", "cpu" if not _has_cuda_device() else "cuda")
@@ -85,7 +85,7 @@ def supervise(cmd: list[str], *, workdir: str, env: dict[str, str],
               poll_s: float = 1.0) -> None:
     """Run a child to completion; raise a classified error if it does not succeed.
 
-    On cancellation the child is asked to stop (ops/procs.py STOP_FILE: it commits a
+    On cancellation the child is asked to stop (common/procs.py STOP_FILE: it commits a
     checkpoint at the end of its current step and exits 0) and given `stop_grace_s` before
     it is killed; a child that stopped that way counts as success (its result says so).
     """

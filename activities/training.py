@@ -30,9 +30,9 @@ from activities.contracts import (
 from activities.errors import classified
 from activities.metrics import MetricsForwarder
 from activities.supervise import ProgressTail, child_env, supervise, trainer_command
-from ops.procs import WORKER_PID_ENV
-from ops.spec import RunSpec
-from ops.telemetry import child_trace_env
+from common.procs import WORKER_PID_ENV
+from common.telemetry import child_trace_env
+from spec import RunSpec
 from storage import fast_tier
 from storage.checkpoints import CheckpointStore
 from storage.events import EventLog

@@ -28,8 +28,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import structlog
 
-from ops.spec import DataConfig, TokenizerConfig
-from storage.dataprep import prepare_dataset
+from dataprep.pipeline import prepare_dataset
+from spec import DataConfig, TokenizerConfig
 
 
 def run_once(data: DataConfig, store: str) -> dict:

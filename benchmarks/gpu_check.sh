@@ -22,7 +22,7 @@ fi
 echo "== 1. packed attention kernels" >&2
 "$PY" - <<'PYEOF'
 import json, torch
-from ops.spec import ModelConfig
+from spec import ModelConfig
 from trainer import model as M
 cuda = torch.cuda.is_available()
 dev = torch.device("cuda" if cuda else "cpu")

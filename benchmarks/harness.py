@@ -2,7 +2,7 @@
 a worker fleet, one run through the TrainingRun workflow, and what the run left behind.
 
 Nothing here is a stand-in: the Temporal dev server and SeaweedFS are the real binaries
-(ops/services.py), workers are `mainspring worker` processes (ops/procs.py), trainers are
+(ops/services.py), workers are `mainspring worker` processes (common/procs.py), trainers are
 `trainer.segment` children under torchrun, as tests/e2e runs them.
 """
 
@@ -29,10 +29,10 @@ import structlog
 # Progress on stderr: stdout carries the one JSON line of the figure.
 structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
 
+from common.procs import WorkerFleet
 from ops.client import connect, localize, start_run
-from ops.procs import WorkerFleet
 from ops.services import SeaweedS3, TemporalDevServer, free_port
-from ops.spec import RunSpec, preset
+from spec import RunSpec, preset
 
 # The e2e run shape (tests/e2e/runs.py tiny_spec) with the sweep off: a small GPT on a
 # slice of the standard library, sized so a few hundred steps take minutes on 2 cores.

@@ -52,7 +52,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from activities.supervise import child_env, trainer_command
-from ops.spec import RunSpec
+from spec import RunSpec
 
 REPO = Path(__file__).resolve().parents[1]
 # A step of ~0.1-0.2 s on 2 CPU cores: short enough for a few hundred steps in minutes,
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
                   args.out)
         return 0
     from benchmarks.harness import Services, bench_spec, load_1m, rounded
-    from storage.dataprep import prepare_dataset
+    from dataprep.pipeline import prepare_dataset
 
     steps = 150 if args.quick else args.steps
     env = {"OMP_NUM_THREADS": str(args.threads)} if args.threads else {}

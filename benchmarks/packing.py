@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ops.spec import ModelConfig
+from spec import ModelConfig
 from trainer.data import IGNORE, PackedBatches
 from trainer.model import GPT
 

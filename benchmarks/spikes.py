@@ -4,7 +4,7 @@
                                           [--spikes '{"patience": 2}'] [--workdir DIR]
 
 Corpus: this Python's standard-library top-level sources (`stdlib:*.py`), prepared once by
-the project's own data prep (`storage.dataprep.prepare_dataset`: cleaning, dedup, a 2048-token
+the project's own data prep (`dataprep.pipeline.prepare_dataset`: cleaning, dedup, a 2048-token
 byte-level BPE) and cached under the work dir. Model: the Llama-style GPT of `trainer.model`
 (see INPUTS / the printed `inputs`). Every run is the real `trainer.segment` under torchrun
 (CPU, gloo, one process), started fresh from an empty store, with online evaluation every
@@ -73,8 +73,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import structlog
 
-from ops.spec import DataConfig, RunSpec
-from storage.dataprep import prepare_dataset
+from dataprep.pipeline import prepare_dataset
+from spec import DataConfig, RunSpec
 from storage.events import read_events
 
 REPO = Path(__file__).resolve().parents[1]

@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ops.spec import ModelConfig
+from spec import ModelConfig
 from trainer.model import GPT
 from trainer.throughput import (
     flops_per_token,

@@ -13,12 +13,12 @@ import sys
 import time
 
 from activities.contracts import WORKFLOW_TYPE
-from ops.errors import BadConfig
-from ops.metrics import PORT_ENV, TEMPORAL_PORT_ENV
+from common.errors import BadConfig
+from common.metrics import PORT_ENV, TEMPORAL_PORT_ENV
 
 
 def _load_spec(args: argparse.Namespace):
-    from ops.spec import RunSpec, deep_merge, dotted_to_nested, preset
+    from spec import RunSpec, deep_merge, dotted_to_nested, preset
 
     overrides = {}
     for item in args.set or ():
@@ -66,7 +66,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from ops import telemetry
+    from common import telemetry
     from ops.worker import run_workers
 
     telemetry.configure(f"worker-{args.role}", replay_safe=args.role in ("orchestrator", "all"))
@@ -355,7 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def _demo(args: argparse.Namespace) -> int:
-    from ops import telemetry
+    from common import telemetry
     from ops.demo import run_demo
 
     telemetry.configure_logging(os.environ.get("MAINSPRING_LOG_LEVEL", "warning"))

@@ -17,8 +17,8 @@ from temporalio.contrib.opentelemetry import OpenTelemetryPlugin
 from temporalio.service import TLSConfig
 
 from activities.contracts import ORCHESTRATOR_QUEUE, WORKFLOW_TYPE
-from ops.errors import BadConfig
-from ops.spec import RunSpec
+from common.errors import BadConfig
+from spec import RunSpec
 from storage.fs import normalize_url
 
 DEFAULT_ADDRESS = "127.0.0.1:7233"

@@ -12,11 +12,11 @@ from typing import Any
 
 from temporalio.client import WorkflowFailureError
 
+from common.procs import WorkerFleet
 from ops.client import connect, localize, start_run
-from ops.procs import WorkerFleet
 from ops.report import build_report
 from ops.services import TemporalDevServer, free_port, port_free
-from ops.spec import RunSpec, preset
+from spec import RunSpec, preset
 from storage.events import read_events
 
 

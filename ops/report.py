@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import structlog
 
-from ops.errors import BadConfig, StorageUnavailable
-from ops.redact import redact, redact_value
+from common.errors import BadConfig, StorageUnavailable
+from common.redact import redact, redact_value
 
 log = structlog.get_logger(__name__)
 
@@ -296,7 +296,7 @@ def build_report(durable_url: str, run_id: str, out_dir: str) -> dict[str, str]:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from ops import telemetry
+    from common import telemetry
 
     # Logs to stderr: stdout carries only the one JSON line with the paths.
     telemetry.configure_logging(os.environ.get("MAINSPRING_LOG_LEVEL", "warning"))

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from ops.errors import BadConfig
-from ops.procs import set_parent_death_signal
+from common.errors import BadConfig
+from common.procs import set_parent_death_signal
 
 log = structlog.get_logger(__name__)
 

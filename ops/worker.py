@@ -11,8 +11,8 @@ import structlog
 from temporalio.worker import Worker
 
 from activities.contracts import DATA_QUEUE, ORCHESTRATOR_QUEUE, TRAINER_QUEUE
+from common.metrics import serve_metrics, serve_temporal_metrics
 from ops.client import connect
-from ops.metrics import serve_metrics, serve_temporal_metrics
 
 log = structlog.get_logger(__name__)
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import structlog
 
-from ops.errors import StorageUnavailable
+from common.errors import StorageUnavailable
 from storage.fs import (
     commit_lock,
     copy_durable,

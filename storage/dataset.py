@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ops.errors import BadData
+from common.errors import BadData
 from storage.fs import join, pipe_durable, resolve, sha256_stream
 
 MANIFEST = "MANIFEST.json"

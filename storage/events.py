@@ -31,8 +31,8 @@ from typing import Any
 import structlog
 from opentelemetry import trace
 
-from ops.errors import StorageUnavailable
-from ops.redact import redact_value
+from common.errors import StorageUnavailable
+from common.redact import redact_value
 from storage.fs import is_unavailable, join, put_new, resolve, storage_errors
 
 log = structlog.get_logger(__name__)
@@ -70,7 +70,7 @@ class EventLog:
                payload: dict[str, Any]) -> dict[str, Any]:
         """emit() with the payload as a dict (its keys may be any name, `step` included).
 
-        The payload is scrubbed of secrets first (ops/redact.py): the log is kept for the
+        The payload is scrubbed of secrets first (common/redact.py): the log is kept for the
         life of the run and read by anyone who can read the bucket."""
         payload = redact_value(payload)
         event = {

@@ -29,7 +29,7 @@ from collections.abc import Iterator
 
 import structlog
 
-from ops.errors import DiskFull, StorageUnavailable
+from common.errors import DiskFull, StorageUnavailable
 from storage.checkpoints import CheckpointStore
 
 log = structlog.get_logger(__name__)

@@ -21,7 +21,7 @@ from uuid import uuid4
 import fsspec
 from fsspec.spec import AbstractFileSystem
 
-from ops.errors import BadConfig
+from common.errors import BadConfig
 
 CHUNK = 8 << 20
 

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ops.errors import BadData, MainspringError
+from common.errors import BadData, MainspringError
 from storage.fs import sha256_stream, walk_files
 
 MANIFEST = "MANIFEST.json"

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from ops.errors import BadConfig
+from common.errors import BadConfig
 
 log = structlog.get_logger(__name__)
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import structlog
 
-from ops.errors import BadConfig, BadData, StorageUnavailable
+from common.errors import BadConfig, BadData, StorageUnavailable
 from storage.events import read_events
 from storage.fs import is_unavailable, join, put_new, resolve, storage_errors
 

@@ -34,8 +34,8 @@ from typing import Any
 
 import structlog
 
-from ops.errors import BadConfig, StorageUnavailable
-from ops.procs import allowed_env, with_repo_on_path
+from common.errors import BadConfig, StorageUnavailable
+from common.procs import allowed_env, with_repo_on_path
 from storage.checkpoints import (
     CheckpointManifest,
     CheckpointStore,
@@ -61,7 +61,7 @@ class TierPolicy:
 
     @classmethod
     def from_storage(cls, cfg: Any, min_horizon: int = 0) -> TierPolicy:
-        """From ops.spec.StorageConfig (validated there); retention keeps at least
+        """From spec.StorageConfig (validated there); retention keeps at least
         `min_horizon` steps of rollback reach (the spike detector's, retention.spike_reach)."""
         return cls(max_in_flight=cfg.max_in_flight, retry_s=cfg.upload_retry_s,
                    retry_max_s=cfg.upload_retry_max_s, drain_timeout_s=cfg.drain_timeout_s,

@@ -30,7 +30,7 @@ from typing import IO, Any
 
 import structlog
 
-from ops.errors import MainspringError, StorageUnavailable
+from common.errors import MainspringError, StorageUnavailable
 from storage.checkpoints import MANIFEST, CheckpointManifest, CheckpointStore
 from storage.retention import RetentionPolicy, apply_retention
 
@@ -261,8 +261,8 @@ def protocol_stream() -> IO[str]:
 
 def main(argv: list[str]) -> int:
     out = protocol_stream()
-    from ops.procs import set_parent_death_signal
-    from ops.telemetry import configure_logging
+    from common.procs import set_parent_death_signal
+    from common.telemetry import configure_logging
 
     cfg = WriterConfig.from_json(argv[0])
     set_parent_death_signal()

@@ -19,9 +19,9 @@ import structlog
 import torch
 import torch.distributed as dist
 
-from ops.errors import BadConfig, MainspringError, StorageUnavailable
-from ops.procs import stop_requested
-from ops.spec import RunSpec
+from common.errors import BadConfig, MainspringError, StorageUnavailable
+from common.procs import stop_requested
+from spec import RunSpec
 from storage.checkpoints import (
     CheckpointManifest,
     CheckpointStore,

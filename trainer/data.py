@@ -25,7 +25,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import torch
 
-from ops.errors import BadData
+from common.errors import BadData
 
 IGNORE = -100  # == trainer.model.IGNORE; kept here so data stays torch-model free
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ops.errors import BadConfig
-from ops.spec import RunSpec, TrainConfig
+from common.errors import BadConfig
+from spec import RunSpec, TrainConfig
 
 # DeepSpeed prints a summary every `steps_per_print` steps; the progress file already has it.
 QUIET_STEPS = 1 << 30

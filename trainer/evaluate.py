@@ -29,7 +29,7 @@ import sys
 import structlog
 import torch
 
-from ops.errors import BadConfig, BadData
+from common.errors import BadConfig, BadData
 from storage.checkpoints import CheckpointStore, CorruptCheckpoint, emit_corrupt, step_dir
 from storage.dataset import load_manifest, read_split
 from storage.events import EventLog

@@ -23,8 +23,8 @@ import structlog
 import torch
 from safetensors.torch import load_file, save_file
 
-from ops.errors import BadData
-from ops.spec import ModelConfig
+from common.errors import BadData
+from spec import ModelConfig
 from storage.checkpoints import CheckpointStore, CorruptCheckpoint, step_dir
 from storage.dataset import load_manifest
 from trainer.checkpointing import load_spec, run_classified

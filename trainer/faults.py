@@ -20,8 +20,8 @@ from collections.abc import Iterable
 import structlog
 import torch
 
-from ops.procs import WORKER_PID_ENV
-from ops.spec import FaultSpec
+from common.procs import WORKER_PID_ENV
+from spec import FaultSpec
 
 log = structlog.get_logger(__name__)
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import structlog
 import torch
 
-from ops.errors import Diverged
+from common.errors import Diverged
 from storage.events import read_events
 from trainer.checkpointing import Run, rollback_to
 from trainer.data import cursor_after

@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ops.errors import BadConfig
-from ops.spec import ModelConfig
+from common.errors import BadConfig
+from spec import ModelConfig
 
 log = structlog.get_logger(__name__)
 

@@ -33,7 +33,7 @@ from typing import Any
 import structlog
 import torch
 
-from ops.errors import MainspringError
+from common.errors import MainspringError
 from storage.checkpoints import CorruptCheckpoint
 
 __all__ = ["UnsafeCheckpointFile", "as_corrupt", "install_safe_loading", "safe_torch_load"]

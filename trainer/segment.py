@@ -17,7 +17,7 @@ import os
 import signal
 import sys
 
-from ops.procs import set_parent_death_signal
+from common.procs import set_parent_death_signal
 
 
 def die_with_parent() -> None:
@@ -48,8 +48,8 @@ import structlog
 import torch
 import torch.distributed as dist
 
-from ops.errors import BadConfig, BadData
-from ops.spec import RunSpec
+from common.errors import BadConfig, BadData
+from spec import RunSpec
 from storage.checkpoints import CheckpointManifest, CheckpointStore, CorruptCheckpoint
 from storage.dataset import load_manifest, read_split
 from trainer.checkpointing import (

@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass, field, replace
 from statistics import median, pstdev
 
-from ops.spec import SpikeConfig
+from spec import SpikeConfig
 
 MAD_TO_SIGMA = 1.4826  # MAD of a normal distribution x 1.4826 = its standard deviation
 

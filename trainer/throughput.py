@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ops.spec import ModelConfig
+from spec import ModelConfig
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 

@@ -4,7 +4,7 @@ keeps. Deterministic and I/O-free; imported by workflows/training_run.py in the 
 from __future__ import annotations
 
 from activities.contracts import RunCarry
-from ops.spec import RunSpec, SpikeConfig
+from spec import RunSpec, SpikeConfig
 from workflows.operator import compose_windows
 from workflows.policy import still_counted
 

@@ -15,7 +15,7 @@ That is why this is not `[Exception]`, which would include them.
 
 from __future__ import annotations
 
-from ops.errors import MainspringError
+from common.errors import MainspringError
 
 FAILURE_EXCEPTION_TYPES: list[type[BaseException]] = [
     MainspringError,  # BadConfig / BadData raised by spec checks inside workflow code

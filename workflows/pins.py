@@ -15,7 +15,7 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from activities.contracts import PIN_ROLLBACK, PinInput
-    from ops.spec import RunSpec
+    from spec import RunSpec
 
 
 async def pin_targets(spec: RunSpec, pin_ids: list[str], to_step: int | None) -> None:

@@ -9,9 +9,8 @@ from datetime import timedelta
 
 from temporalio.common import RetryPolicy
 
-from ops.errors import NON_RETRYABLE
-from ops.spec import RunSpec, SpikeConfig, SweepConfig
-from workflows.suggest import Dim
+from common.errors import NON_RETRYABLE
+from spec import RunSpec, SpikeConfig, SweepConfig
 
 RETRYABLE_FOREVER = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
                                 maximum_interval=timedelta(seconds=30), maximum_attempts=0,
@@ -38,12 +37,6 @@ def suggest_options() -> dict:
     return {"start_to_close_timeout": timedelta(seconds=60),
             "retry_policy": RetryPolicy(maximum_attempts=3,
                                         non_retryable_error_types=list(NON_RETRYABLE))}
-
-
-def sweep_space(cfg: SweepConfig) -> list[Dim]:
-    """The swept dimensions in name order; warmup_steps moves in whole steps."""
-    return [Dim(name, d.low, d.high, d.log, integer=name == "warmup_steps")
-            for name, d in sorted(cfg.space.items())]
 
 
 def initial_trials(cfg: SweepConfig) -> int:

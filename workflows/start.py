@@ -14,13 +14,13 @@ from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from activities.contracts import CLAIM_RUN, ClaimRunInput
-    from ops.errors import NON_RETRYABLE, BadConfig
-    from ops.spec import RunSpec
+    from common.errors import NON_RETRYABLE, BadConfig
+    from spec import RunSpec
 
 
 def parse_spec(raw: object) -> RunSpec:
     """The run's spec, or the run fails at once with BadConfig naming the field (never
-    retried). Every rule a later stage relies on is checked here (ops/spec.py)."""
+    retried). Every rule a later stage relies on is checked here (spec/run.py)."""
     try:
         return RunSpec.from_dict(raw)  # not an object: BadConfig("spec", ...)
     except BadConfig as exc:

@@ -1,7 +1,7 @@
 """Sweep: the warm-up hyperparameter sweep as a child workflow.
 
 Round 0 runs a space-filling initial design; each later round runs `parallel` points the
-Bayesian suggester (workflows/suggest.py: GP + Expected Improvement, kriging believer for
+Bayesian suggester (sweep/suggest.py: GP + Expected Improvement, kriging believer for
 a batch) picks from every trial so far. The suggester runs as the `suggest_trials` local
 activity, so no CPU work happens here and each round's points are in the history.
 Each trial is a short run of its own (own run id and checkpoints) trained by the same
@@ -36,7 +36,7 @@ with workflow.unsafe.imports_passed_through():
         TrainSegmentResult,
         TrialResult,
     )
-    from ops.spec import RunSpec
+    from spec import RunSpec
     from workflows.failures import FAILURE_EXCEPTION_TYPES
     from workflows.policy import (
         segment_options,

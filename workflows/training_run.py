@@ -38,8 +38,8 @@ with workflow.unsafe.imports_passed_through():
         TrainSegmentInput,
         TrainSegmentResult,
     )
-    from ops.errors import BadConfig
-    from ops.spec import RunSpec
+    from common.errors import BadConfig
+    from spec import RunSpec
     from workflows.carry import bounded, status_view
     from workflows.failures import FAILURE_EXCEPTION_TYPES
     from workflows.operator import (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ops.procs import WorkerFleet
+from common.procs import WorkerFleet
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import time
 
 from activities.contracts import STAGES
 from ops.client import connect, localize, start_run
-from ops.spec import RunSpec, preset
+from spec import RunSpec, preset
 from storage.checkpoints import CheckpointStore
 from storage.events import read_events
 

@@ -17,8 +17,8 @@ import pytest
 from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
 
 from activities.contracts import ORCHESTRATOR_QUEUE, WORKFLOW_TYPE
+from common.procs import WorkerFleet
 from ops.client import connect
-from ops.procs import WorkerFleet
 from tests.e2e.runs import tiny_spec
 
 pytestmark = pytest.mark.e2e

@@ -2,7 +2,7 @@
 redoes only the unfinished work units and commits the same dataset as an uninterrupted run.
 
 Soak: the retry waits for prepare_data's heartbeat timeout (>= 60 s, workflows/policy.py).
-`tests/storage/test_dataprep_resume.py` covers the same resume logic in-process, fast.
+`tests/dataprep/test_resume.py` covers the same resume logic in-process, fast.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import signal
 
 import pytest
 
+from common.procs import WorkerFleet
+from dataprep.pipeline import PROVENANCE_STATS, prepare_dataset
 from ops.client import connect, start_run
-from ops.procs import WorkerFleet
-from storage.dataprep import PROVENANCE_STATS, prepare_dataset
 from storage.dataset import load_manifest
 from storage.events import read_events
 from tests.e2e.runs import tiny_spec, wait_for

@@ -39,8 +39,8 @@ from activities.contracts import (
     TrainSegmentResult,
 )
 from ops.client import start_run
-from ops.spec import preset
 from ops.worker import build_workers
+from spec import preset
 from storage.events import read_events
 from workflows.operator import MAX_LR_WINDOWS
 from workflows.training_run import TrainingRun

@@ -29,8 +29,8 @@ from activities.contracts import (
     TrainSegmentInput,
     TrainSegmentResult,
 )
-from ops.spec import preset
 from ops.worker import build_workers
+from spec import preset
 from storage.events import read_events
 from workflows.policy import trial_run_id
 from workflows.sweep import Sweep

@@ -1,7 +1,7 @@
 """A real `mainspring worker` process, configured through the environment, serves both
 Prometheus endpoints: mainspring's own and the Temporal SDK's (polling the session's
 Temporal server). The training series themselves are checked in-process in
-tests/unit/test_prometheus.py; this checks the worker start-up wiring."""
+tests/common/test_metrics.py; this checks the worker start-up wiring."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import urllib.request
 
 import pytest
 
-from ops.metrics import PORT_ENV, TEMPORAL_PORT_ENV
-from ops.procs import WorkerFleet
+from common.metrics import PORT_ENV, TEMPORAL_PORT_ENV
+from common.procs import WorkerFleet
 from ops.services import free_port
 
 pytestmark = pytest.mark.e2e

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
+from common.errors import StorageUnavailable
 from ops.chaos import flip_byte
-from ops.errors import StorageUnavailable
 from storage.checkpoints import MANIFEST, CheckpointStore
 from storage.events import EventLog, read_events
 from tests.storage.ckpt_helpers import (

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from ops.errors import ERROR_TYPES, NON_RETRYABLE, DiskFull
+from common.errors import ERROR_TYPES, NON_RETRYABLE, DiskFull
 from storage import fast_tier
 from storage.checkpoints import CheckpointStore
 from tests.storage.ckpt_helpers import payload, write_files

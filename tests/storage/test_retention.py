@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ops.errors import BadConfig
+from common.errors import BadConfig
 from storage.checkpoints import CheckpointStore
 from storage.retention import RetentionPolicy, apply_retention, spike_reach, steps_to_delete
 from tests.storage.ckpt_helpers import payload, write_files

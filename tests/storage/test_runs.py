@@ -6,9 +6,9 @@ import uuid
 
 import pytest
 
+from common.errors import BadConfig, BadData
 from ops.cli import main
-from ops.errors import BadConfig, BadData
-from ops.spec import preset
+from spec import preset
 from storage.events import EventLog
 from storage.runs import RESUME_FIX, check_claim, claim_run
 

@@ -15,7 +15,7 @@ import time
 import psutil
 import pytest
 
-from ops.errors import BadConfig
+from common.errors import BadConfig
 from storage.checkpoints import MANIFEST, CheckpointStore
 from storage.events import EventLog, read_events
 from storage.tiered import CheckpointWriterFailed

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ops.spec import RunSpec
+from spec import RunSpec
 from storage.dataset import DatasetManifest, commit_manifest, token_dtype, write_shard
 from storage.fs import resolve
 

@@ -15,7 +15,7 @@ from activities.supervise import child_env, supervise
 
 CHILD = """
 import sys
-from ops import errors
+from common import errors
 from trainer.checkpointing import run_classified
 from trainer.safe_load import UnsafeCheckpointFile
 kind, workdir = sys.argv[1], sys.argv[2]

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from ops.errors import BadData
+from common.errors import BadData
 from trainer.data import (
     IGNORE,
     PackedBatches,

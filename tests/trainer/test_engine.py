@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from ops.errors import BadConfig
-from ops.spec import RunSpec, TrainConfig
+from common.errors import BadConfig
+from spec import RunSpec, TrainConfig
 from trainer.engine import check_device, deepspeed_config, lr_at, micro_batch_size, tokens_per_step
 
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from ops.errors import BadData
-from ops.spec import ModelConfig
+from common.errors import BadData
+from spec import ModelConfig
 from tests.trainer.helpers import REPO, VOCAB, run_segment, tiny_spec, write_spec
 from trainer.export import ARCHITECTURE, load_exported, save_exported
 from trainer.model import GPT

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from ops.errors import BadConfig
-from ops.spec import ModelConfig
+from common.errors import BadConfig
+from spec import ModelConfig
 from trainer.model import (
     GPT,
     IGNORE,

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from ops.procs import request_stop
+from common.procs import request_stop
 from storage.checkpoints import CheckpointStore
 from storage.events import read_events
 from tests.trainer.helpers import REPO, run_segment, tiny_spec, write_spec

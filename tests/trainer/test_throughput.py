@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ops.spec import ModelConfig
+from spec import ModelConfig
 from trainer.model import GPT
 from trainer.throughput import (
     Meter,

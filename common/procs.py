@@ -1,0 +1,183 @@
+"""Worker processes as a local process manager would run them (demo, tests).
+
+`WorkerFleet` starts one `mainspring worker` process per role and, like systemd or a
+Kubernetes Deployment, starts a replacement when one dies — the run itself never waits
+for a human. It also holds what every child of a worker shares: the parent-death signal,
+the stop file, and the environment allow-list (`allowed_env`) trainers and writers get.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import structlog
+
+from common.redact import is_secret_name
+
+log = structlog.get_logger(__name__)
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+# The trainer worker's pid, set by the supervisor for its children (the kill_worker fault).
+WORKER_PID_ENV = "MAINSPRING_WORKER_PID"
+
+
+def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
+    """Linux: the kernel sends `sig` to this process when the thread that started it dies.
+
+    Used as `preexec_fn` for every child we start (services, workers, trainers), so a
+    killed parent — a worker, a test run — never leaves an orphan holding ports or a GPU.
+    """
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig))
+
+
+# Graceful stop of a supervised child: the supervisor writes this file in the child's workdir
+# (reason inside); the trainer checks it after every step, commits a checkpoint at that step
+# and exits 0. A file, not a signal: torchrun treats SIGTERM as a failure of the job.
+STOP_FILE = "STOP"
+
+
+def request_stop(workdir: str, reason: str) -> None:
+    with open(os.path.join(workdir, STOP_FILE), "w") as f:
+        f.write(reason)
+
+
+def stop_requested(workdir: str) -> str:
+    """The stop reason written by request_stop, or '' when none was requested."""
+    try:
+        with open(os.path.join(workdir, STOP_FILE)) as f:
+            return f.read() or "stop requested"
+    except FileNotFoundError:
+        return ""
+
+
+# What a trainer / evaluator / checkpoint-writer child may inherit from its worker (issue 11
+# item 7): the interpreter, compilers for DeepSpeed's JIT build, the accelerator and
+# collective libraries, tracing, and the storage credentials it needs to reach the durable
+# tier. Never the Temporal credentials (TEMPORAL_API_KEY, TEMPORAL_TLS_*): a child does not
+# talk to Temporal, and a crash dump of its environment must not hand them out.
+CHILD_ENV_NAMES = frozenset({
+    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TERM", "HOSTNAME",
+    "TMPDIR", "TMP", "TEMP", "VIRTUAL_ENV", "XDG_CACHE_HOME", "LOGLEVEL",
+    "LD_LIBRARY_PATH", "LD_PRELOAD",  # CUDA libraries, allocators (tcmalloc/jemalloc)
+    # torch.utils.cpp_extension (DeepSpeed's JIT-built ops): compiler, flags, include paths
+    "CC", "CXX", "CFLAGS", "CXXFLAGS", "CPPFLAGS", "LDFLAGS", "CPATH", "C_INCLUDE_PATH",
+    "CPLUS_INCLUDE_PATH", "LIBRARY_PATH", "MAX_JOBS",
+    "TOKENIZERS_PARALLELISM", "TRACEPARENT", "TRACESTATE",
+    # TLS trust and proxies on the way to S3
+    "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE",
+    "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy",
+    # the durable tier (storage/fs.py, botocore): endpoint, credentials, their sources
+    "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_PROFILE",
+    "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE", "AWS_CA_BUNDLE",
+    "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN", "AWS_ROLE_SESSION_NAME",
+    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+    "AWS_CONTAINER_AUTHORIZATION_TOKEN", "AWS_EC2_METADATA_DISABLED", "AWS_MAX_ATTEMPTS",
+    "AWS_RETRY_MODE", "AWS_STS_REGIONAL_ENDPOINTS",
+})
+# Families passed whole, except a secret-looking name among them (MAINSPRING_*_API_KEY).
+CHILD_ENV_PREFIXES = (
+    "LC_", "PYTHON", "TORCH_", "TORCHELASTIC_", "TORCHINDUCTOR_", "PYTORCH_", "TRITON_",
+    "DS_", "OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "CUDA_", "CUDNN_", "CUBLAS_",
+    "NCCL_", "GLOO_", "NVIDIA_", "MASTER_", "HIP_", "ROCM_", "HSA_", "OTEL_", "MAINSPRING_",
+)
+# OTLP exporter headers carry the collector's API key; children export no spans themselves.
+_CHILD_ENV_DENY = ("OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+                   "OTEL_EXPORTER_OTLP_METRICS_HEADERS", "OTEL_EXPORTER_OTLP_LOGS_HEADERS")
+
+
+def child_env_allowed(name: str) -> bool:
+    """True when a child process may inherit environment variable `name`."""
+    if name in CHILD_ENV_NAMES:
+        return True
+    if name in _CHILD_ENV_DENY or not name.startswith(CHILD_ENV_PREFIXES):
+        return False
+    return not is_secret_name(name)
+
+
+def allowed_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The allow-listed part of `environ` (default: this process's environment)."""
+    env = os.environ if environ is None else environ
+    return {k: v for k, v in env.items() if child_env_allowed(k)}
+
+
+def with_repo_on_path(env: dict[str, str]) -> dict[str, str]:
+    """`env` with this checkout first on PYTHONPATH, so `python -m trainer…` imports it."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != root]
+    return {**env, "PYTHONPATH": os.pathsep.join([root, *paths])}
+
+
+def worker_command(role: str, address: str, namespace: str = "default") -> list[str]:
+    return [sys.executable, "-m", "ops.cli", "worker", "--role", role, "--address", address,
+            "--namespace", namespace]
+
+
+@dataclass
+class WorkerFleet:
+    address: str
+    roles: tuple[str, ...] = ("orchestrator", "data", "trainer")
+    log_dir: str = ".mainspring/logs"
+    restart: bool = True
+    env: dict[str, str] = field(default_factory=dict)
+    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    restarts: dict[str, int] = field(default_factory=dict)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def spawn(self, role: str) -> subprocess.Popen:
+        os.makedirs(self.log_dir, exist_ok=True)
+        out = open(os.path.join(self.log_dir, f"worker-{role}.log"), "ab")
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env = {**os.environ, **self.env}
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+        proc = subprocess.Popen(worker_command(role, self.address), stdout=out,
+                                stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                preexec_fn=set_parent_death_signal)
+        self.procs[role] = proc
+        log.info("worker_spawned", role=role, pid=proc.pid)
+        return proc
+
+    def start(self) -> "WorkerFleet":
+        for role in self.roles:
+            self.spawn(role)
+        if self.restart:
+            self._thread = threading.Thread(target=self._watch, daemon=True)
+            self._thread.start()
+        return self
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.5):
+            for role, proc in list(self.procs.items()):
+                if proc.poll() is not None and not self._stop.is_set():
+                    self.restarts[role] = self.restarts.get(role, 0) + 1
+                    log.warning("worker_died_restarting", role=role, pid=proc.pid,
+                                code=proc.returncode, restarts=self.restarts[role])
+                    self.spawn(role)
+
+    def kill(self, role: str, sig: int = signal.SIGKILL) -> int:
+        proc = self.procs[role]
+        os.kill(proc.pid, sig)
+        return proc.pid
+
+    def stop(self) -> None:
+        self._stop.set()
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        for proc in self.procs.values():
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()

@@ -1,0 +1,201 @@
+"""`mainspring report` (ops/report.py): built from a durable event log alone. The log is
+written with EventLog and MetricsForwarder the way the supervisor and trainer write it: a
+killed attempt whose steps a retry replays, a spike rollback replayed in the same attempt,
+evaluations, checkpoints, escalations and an operator command."""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from activities.metrics import MetricsForwarder
+from common.errors import BadConfig
+from ops.report import (
+    build_report,
+    checkpoint_rows,
+    fault_rows,
+    loss_series,
+    val_series,
+)
+from storage.events import EventLog, read_events
+
+RUN = "r1"
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+class Clock:
+    """Event timestamps one second apart, so 'later wins' is decided by the script order."""
+
+    def __init__(self) -> None:
+        self.t = itertools.count(1_800_000_000)
+
+    def stamp(self, event: dict) -> dict:
+        event["ts"] = float(next(self.t))  # the buffered event itself: flush writes this ts
+        return event
+
+
+def steps(forwarder: MetricsForwarder, clock: Clock, span: range, loss: float,
+          verdict: str = "ok") -> None:
+    original = forwarder.events.emit
+    forwarder.events.emit = lambda *a, **kw: clock.stamp(original(*a, **kw))
+    for n in span:
+        forwarder.on_progress({"type": "step", "step": n, "loss": loss, "lr": 1e-3,
+                               "verdict": verdict, "tokens_per_s": 1000.0, "mfu": 0.4,
+                               "peak_mem_bytes": 1 << 20})
+    forwarder.events.emit = original
+
+
+def write_run(url: str) -> None:
+    clock = Clock()
+    wf = EventLog(url, RUN, "workflow")
+
+    def ev(log: EventLog, kind: str, step: int, fields: dict | None = None, **more) -> None:
+        clock.stamp(log.record(kind, step, None, {**(fields or {}), **more}))  # a fault's `kind`
+    ev(wf, "run_started", 0, spec_hash="abc")
+    # Attempt 1 of segment 0-60: commits at 20, reaches 30, is killed at 33.
+    a1 = EventLog(url, RUN, "supervisor", attempt=1)
+    fwd1 = MetricsForwarder(a1, 10, segment="0-60", attempt=1)
+    steps(fwd1, clock, range(1, 21), 3.0)
+    ev(a1, "checkpoint_committed", 20, uri=f"{url}/ckpt/20", bytes=100)
+    ev(a1, "eval", 20, val_loss=3.1)
+    steps(fwd1, clock, range(21, 34), 2.8)
+    ev(a1, "fault", 33, {"kind": "kill_worker", "injected": True, "evidence":
+                         "SIGKILL to trainer worker pid 123 after step 33; last committed 20"})
+    a1.flush()  # the kill: fwd1 never closes, its tail (31-33) is lost with the worker
+    # Attempt 2 resumes from 20 and replays 21-30 with other losses.
+    a2 = EventLog(url, RUN, "supervisor", attempt=2)
+    ev(a2, "recovered", 20, resumed_step=20, lost_steps=13, mttr_s=12.5, attempt=2)
+    fwd2 = MetricsForwarder(a2, 10, segment="0-60", attempt=2)
+    steps(fwd2, clock, range(21, 41), 2.5)
+    ev(a2, "checkpoint_committed", 40, uri=f"{url}/ckpt/40", bytes=100)
+    ev(a2, "eval", 40, val_loss=2.9)
+    # A spike at 41-44: two skips, then a rollback to 40 and a replay of 41-60.
+    steps(fwd2, clock, range(41, 45), 9.0, "skip")
+    ev(a2, "fault", 41, {"kind": "corrupt_batches", "injected": True, "cursors": [40, 44]})
+    for s in (41, 42):
+        ev(a2, "loss_spike", s, loss=9.0, baseline=2.5, threshold=4.0, reason="outlier")
+        ev(a2, "batch_skipped", s, loss=9.0, batches=[s - 1, s], reason="outlier")
+    ev(a2, "rollback", 44, at_step=44, onset=41, to_step=40, skip=[37, 53], lost_steps=4,
+       reason="sustained_spike", loss=9.0, threshold=4.0, discarded=[40])
+    steps(fwd2, clock, range(41, 61), 2.0)
+    ev(a2, "checkpoint_committed", 40, uri=f"{url}/ckpt/40", bytes=101)
+    ev(a2, "eval", 40, val_loss=2.4)  # the replay's evaluation at the same step wins
+    ev(a2, "checkpoint_committed", 60, uri=f"{url}/ckpt/60", bytes=100)
+    fwd2.close()
+    a2.flush()
+    ev(wf, "lr_adjusted", 60, scale=0.5, from_step=60, until_step=100, reason="rollbacks")
+    ev(wf, "needs_attention", 60, reason="spikes continue after the LR backoff")
+    ev(wf, "operator", 60, command="resume", args={"note": "checked <b>shards</b>"},
+       who="alice <script>")
+    ev(wf, "stage_finished", 60, stage="evaluate", val_loss={"0": 4.0, "60": 1.9})
+    ev(wf, "promoted", 60, uri=f"{url}/promoted/60", bytes=100)
+    ev(wf, "run_finished", 60, status="completed")
+    wf.flush()
+
+
+CLI = """
+import argparse, sys
+from ops.report import register
+parser = argparse.ArgumentParser()
+register(parser.add_subparsers())
+args = parser.parse_args(sys.argv[1:])
+sys.exit(args.fn(args))
+"""
+
+
+def report_cli(*argv: str) -> subprocess.CompletedProcess:
+    """`report ...` in a fresh process, as the CLI runs it (its logging setup is global)."""
+    return subprocess.run([sys.executable, "-c", CLI, "report", *argv], check=False,
+                          capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": ROOT})
+
+
+@pytest.fixture
+def url(tmp_path) -> str:
+    url = str(tmp_path / "durable")
+    write_run(url)
+    return url
+
+
+def test_replayed_steps_plot_the_latest_trajectory_and_keep_the_abandoned_one(url):
+    series = loss_series(read_events(url, RUN))
+    assert [(w.first, w.last, round(w.mean, 9)) for w in series.current] == [
+        (1, 10, 3.0), (11, 20, 3.0), (21, 30, 2.5), (31, 40, 2.5), (41, 50, 2.0),
+        (51, 60, 2.0)]
+    assert [(w.first, w.last, round(w.mean, 9), w.attempt, w.skipped)
+            for w in series.abandoned] == [
+        (21, 30, 2.8, 1, 0), (41, 44, 9.0, 2, 4)]
+
+
+def test_held_out_loss_takes_the_latest_value_per_step(url):
+    assert val_series(read_events(url, RUN)) == [(0, 4.0), (20, 3.1), (40, 2.4), (60, 1.9)]
+
+
+def test_partly_replaced_window_keeps_only_its_own_steps():
+    def win(ts, first, last, mean):
+        return {"event_id": f"w{ts}", "ts": ts, "kind": "train_metrics", "step": last,
+                "attempt": 1, "payload": {"first_step": first, "last_step": last,
+                                          "loss_mean": mean, "attempt": 1, "seq": ts}}
+    series = loss_series([win(1, 1, 10, 3.0), win(2, 6, 10, 2.0)])
+    assert [(w.first, w.last, round(w.mean, 9)) for w in series.current] == [(1, 5, 3.0), (6, 10, 2.0)]
+    assert series.abandoned == []
+
+
+def test_faults_are_paired_with_what_handled_them(url):
+    kill, corrupt = fault_rows(read_events(url, RUN))
+    assert (kill["kind"], kill["handled_by"], kill["lost_steps"], kill["mttr_s"]) == (
+        "kill_worker", ["recovered@20"], 13, 12.5)
+    assert corrupt["kind"] == "corrupt_batches"
+    assert corrupt["handled_by"][:3] == ["batch_skipped@41", "batch_skipped@42", "rollback@44"]
+    assert corrupt["lost_steps"] == 4
+
+
+def test_checkpoint_rows_mark_discarded_and_promoted(url):
+    rows = [(r["step"], r["status"]) for r in checkpoint_rows(read_events(url, RUN))]
+    assert rows == [(20, "committed"), (40, "discarded by rollback@44"), (40, "committed"),
+                    (60, "promoted")]
+
+
+def test_report_writes_png_and_escaped_html_with_rollback_and_fault_rows(url, tmp_path):
+    paths = build_report(url, RUN, str(tmp_path / "out"))
+    with open(paths["png"], "rb") as f:
+        png = f.read()
+    assert png.startswith(PNG_MAGIC) and len(png) > 10_000
+    with open(paths["html"], encoding="utf-8") as f:
+        page = f.read()
+    assert base64.b64encode(png).decode() in page  # self-contained: the plot is inline
+    assert '<tr class="rollback">' in page and "to_step=40 skip=[37, 53]" in page
+    assert "<td>kill_worker</td>" in page and "<td>recovered@20</td>" in page
+    assert "<td>12.5</td>" in page  # the recovery's MTTR
+    assert "<td>sustained_spike</td>" in page  # the rollbacks table
+    assert "<td>promoted</td>" in page and "discarded by rollback@44" in page
+    assert "alice &lt;script&gt;" in page and "<script>" not in page
+    assert "&lt;b&gt;shards&lt;/b&gt;" in page
+    assert "<td>1.9</td>" in page  # final held-out loss in the summary
+
+
+def test_missing_run_names_the_run_the_store_and_how_to_list_runs(url, tmp_path):
+    with pytest.raises(BadConfig) as err:
+        build_report(url, "no-such-run", str(tmp_path / "out"))
+    text = str(err.value)
+    assert "'no-such-run'" in text and f"file://{url}/runs/no-such-run/events" in text
+    assert f"runs with an event log there: {RUN}" in text and f"`ls {url}/runs/`" in text
+    done = report_cli("no-such-run", "--durable", url, "--out", str(tmp_path / "out"))
+    assert done.returncode == 2 and done.stdout == ""
+    assert "mainspring report: run_id: no events for run 'no-such-run'" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_prints_the_paths_as_one_json_line(url, tmp_path):
+    done = report_cli(RUN, "--durable", url, "--out", str(tmp_path / "o"))
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"run_id": RUN, "png": str(tmp_path / "o" / "loss.png"),
+                                       "html": str(tmp_path / "o" / "report.html")}
