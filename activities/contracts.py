@@ -1,13 +1,20 @@
-"""Activity names, task queues and I/O dataclasses — the workflow/activity boundary.
+"""Activity names, task queues and I/O dataclasses — the workflow/activity boundary — and
+the operator commands TrainingRun's updates take (the client/workflow boundary, shared by
+the workflow's validators and `mainspring run`).
 
-Stdlib only: the workflow sandbox imports this. Payloads stay small (DESIGN §3): URIs,
-steps and summaries, never tensors or per-step arrays. Specs travel as their JSON dict.
+Stdlib only (with common/protocol.py, stdlib too): the workflow sandbox imports this.
+Payloads stay small (DESIGN §3): URIs, steps and summaries, never tensors or per-step
+arrays. Specs travel as their JSON dict.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, Self
+
+from common.protocol import OperatorRollback
 
 ORCHESTRATOR_QUEUE = "mainspring-orchestrator"
 DATA_QUEUE = "mainspring-data"
@@ -21,6 +28,7 @@ RECORD_EVENT = "record_event"
 
 WORKFLOW_TYPE = "TrainingRun"
 SWEEP_WORKFLOW_TYPE = "Sweep"
+# TrainingRun's stages, in order (workflows/training_run.py runs them from this)
 STAGES = ("prepare_data", "warmup_sweep", "train", "evaluate", "promote")
 
 
@@ -47,9 +55,17 @@ class TrainSegmentInput:
     to_step: int
     lr_windows: list[list[float]] = field(default_factory=list)  # [start, end, factor]
     max_rollbacks: int = -1  # end the segment after more rollbacks than this (-1: no limit)
-    # an operator's `rollback` update, applied once by this segment (trainer/guard.py):
-    # {"id", "to_step", "through_step", "skip_data", "note", "who"}
+    # an operator's `rollback` update, applied once by this segment (its id's event)
+    rollback: OperatorRollback | None = None
+    # The same, as a segment scheduled before issue 12 carries it (the converter would drop
+    # an unknown key, and a retry would train without the rollback): moved into `rollback`.
+    # Remove once no run started before then is in flight.
     rewind: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.rewind and self.rollback is None:
+            self.rollback = OperatorRollback.from_json(self.rewind)
+        self.rewind = None
 
 
 @dataclass
@@ -60,7 +76,6 @@ class TrainSegmentResult:
     train_loss: float | None  # None when the segment had already finished (idempotent retry)
     resumed_from: int | None
     attempt: int
-    lost_steps: int = 0
     rollbacks: list[dict[str, Any]] = field(default_factory=list)  # trainer.guard records
     skipped_steps: list[int] = field(default_factory=list)
     # "" | rollback_budget | overfitting | interrupted (graceful stop) | rollback_refused (an
@@ -134,6 +149,126 @@ class SweepResult:
     trials: list[TrialResult]
 
 
+# ---- operator commands: TrainingRun's updates and its abort signal (DESIGN §6) ----------
+# Their input as it arrives: a JSON object, or a bare string (or nothing) as the command's
+# note. Temporal decodes it no further; `<Command>.from_json` does (docs/decisions.md).
+CommandInput = dict[str, Any] | str | None
+MAX_LR_SCALE = 10.0
+
+
+class Refused(ValueError):
+    """An operator command that cannot be accepted now; the message says why and what to do."""
+
+
+def as_object(raw: CommandInput) -> dict[str, Any]:
+    """The input as a JSON object: a bare string (or nothing) is the note."""
+    return {"note": raw or ""} if raw is None or isinstance(raw, str) else raw
+
+
+def field_means(means: str) -> Any:
+    """A required field; `means` completes "<command>: <field> is required (...)"."""
+    return field(metadata={"means": means})
+
+
+def _require(cmd: Command, ok: bool, name: str, must: str) -> None:
+    if not ok:
+        raise Refused(f"{cmd.name}: {name} must be {must}, got {getattr(cmd, name)!r}")
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Command:
+    """What every operator command has: who sent it and why (its `operator` event). Each
+    subclass is one update (or the signal) and checks its own fields in __post_init__."""
+
+    name: ClassVar[str]  # the update's (signal's) name
+    who: str = ""
+    note: str = ""  # "reason" on the wire too
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object the update takes (what `mainspring run` sends)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, raw: CommandInput, *, strict: bool = True) -> Self:
+        """The command from its input, or Refused naming the field that is wrong. The
+        validators read `strict`ly. Not strict (a command already admitted, read again;
+        the abort signal, which has no validator) a field another command takes is
+        ignored, as the one untyped parser did: histories from then replay the same."""
+        obj = as_object(raw)
+        if not isinstance(obj, dict):
+            raise Refused(f"{cls.name}: expected a JSON object, got {type(obj).__name__}")
+        own = {f.name for f in dataclasses.fields(cls)} | {"reason"}
+        if unknown := sorted(set(obj) - (own if strict else ANY_FIELD)):
+            raise Refused(f"{cls.name}: unknown field(s) {unknown}; known: {sorted(own)}")
+        for f in dataclasses.fields(cls):
+            if f.default is dataclasses.MISSING and f.name not in obj:
+                raise Refused(f"{cls.name}: {f.name} is required ({f.metadata['means']})")
+        given = {k: v for k, v in obj.items() if k in own - {"who", "note", "reason"}}
+        return cls(who=str(obj.get("who") or ""),
+                   note=str(obj.get("note") or obj.get("reason") or ""), **given)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pause(Command):
+    name: ClassVar[str] = "pause"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Resume(Command):
+    name: ClassVar[str] = "resume"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Abort(Command):
+    name: ClassVar[str] = "abort"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rollback(Command):
+    name: ClassVar[str] = "rollback"
+    to_step: int = field_means("the step to go back to")
+    skip_data: bool = True
+
+    def __post_init__(self) -> None:
+        _require(self, _is_int(self.to_step) and self.to_step >= 0, "to_step", "an integer >= 0")
+        _require(self, isinstance(self.skip_data, bool), "skip_data", "true or false")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SetLrScale(Command):
+    name: ClassVar[str] = "set_lr_scale"
+    scale: float = field_means(f"a number in (0, {MAX_LR_SCALE:g}]")
+    steps: int = 0  # 0: to the end of the run
+
+    def __post_init__(self) -> None:
+        x = self.scale
+        _require(self, isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+               and 0 < x <= MAX_LR_SCALE, "scale", f"a number in (0, {MAX_LR_SCALE:g}]")
+        _require(self, _is_int(self.steps) and self.steps >= 0, "steps",
+               "an integer >= 0 (0: to the end of the run)")
+        object.__setattr__(self, "scale", float(x))
+
+
+COMMANDS: dict[str, type[Command]] = {
+    c.name: c for c in (Pause, Resume, Rollback, SetLrScale, Abort)}
+ANY_FIELD = {f.name for c in COMMANDS.values() for f in dataclasses.fields(c)} | {"reason"}
+
+
+def command(name: str, raw: CommandInput, *, strict: bool = True) -> Command:
+    """The typed command `name` from its input (Command.from_json)."""
+    if name not in COMMANDS:
+        raise Refused(f"unknown command {name!r}; use one of {', '.join(COMMANDS)}")
+    return COMMANDS[name].from_json(raw, strict=strict)
+
+
+# RunCarry keys older code wrote, and their names now (issue 12: one name for the rollback)
+LEGACY_CARRY_KEYS = {"rewind": "pending_rollback", "rewind_pins": "rollback_pins"}
+
+
 @dataclass
 class RunCarry:
     """State carried across continue-as-new: what is done, never how it was computed."""
@@ -156,14 +291,29 @@ class RunCarry:
     budget_from: int = 0  # rollbacks before this step no longer count (set by a resume)
     pauses: int = 0
     early_stopped: str = ""
-    # operator commands (workflows/operator.py): accepted, not yet applied ({id, name, raw})
+    # operator commands (workflows/operator.py): accepted, not yet applied
+    # ({id, name, raw: the update's input as sent, accepted_at_step, pin?})
     operator_queue: list[dict[str, Any]] = field(default_factory=list)
     operator_actions: int = 0  # commands accepted so far (their ids)
-    rewind: dict[str, Any] | None = None  # an operator rollback no segment has applied yet
-    rewind_pins: list[str] = field(default_factory=list)  # its targets' pins (storage/rollback.py)
+    pending_rollback: OperatorRollback | None = None  # an operator rollback no segment has applied
+    rollback_pins: list[str] = field(default_factory=list)  # its target's pins (storage/rollback)
     # paused / needs_attention: {"stage", "reason", "who"} while the run waits for `resume`,
     # so a run continued-as-new while held goes on holding (workflows/training_run.py:_hold)
     held: dict[str, Any] | None = None
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any] | None) -> RunCarry:
+        """The carry a continued run gets, from its JSON object (None: the chain's first
+        run). A carry written by older code still reads: its legacy keys are renamed, and
+        keys this code does not know are ignored."""
+        d = dict(raw or {})
+        for old, new in LEGACY_CARRY_KEYS.items():
+            if old in d:
+                d.setdefault(new, d.pop(old))
+        if d.get("pending_rollback") is not None:
+            d["pending_rollback"] = OperatorRollback.from_json(d["pending_rollback"])
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
 
 
 @dataclass

@@ -16,7 +16,7 @@ from storage.rollback import pin, unpin
 def record_event(inp: RecordEventInput) -> None:
     attempt = activity.info().attempt
     with EventLog(inp.durable, inp.run_id, "workflow", attempt=attempt) as events:
-        events.record(inp.kind, inp.step, inp.event_id, inp.payload)
+        events.emit(inp.kind, inp.payload, step=inp.step, event_id=inp.event_id)
 
 
 @activity.defn(name=PIN_ROLLBACK)

@@ -25,6 +25,7 @@ import structlog
 
 from common.errors import StorageUnavailable
 from common.metrics import TrainingInstruments, training_instruments
+from common.protocol import CommitLine, ProgressLine, StepLine
 from storage.events import EventLog
 
 log = structlog.get_logger(__name__)
@@ -34,8 +35,8 @@ log = structlog.get_logger(__name__)
 DEFAULT_EVERY = 10
 
 
-def aggregate(lines: Iterable[dict]) -> dict:
-    """Pure: one window's summary of progress `step` lines (callers pass only those).
+def aggregate(lines: Iterable[StepLine]) -> dict:
+    """Pure: one window's summary of progress `step` lines (common/protocol.py).
 
     Losses count only when finite (the trainer writes a non-finite loss as null); the
     band is null when none is. A skipped step (verdict "skip") is counted, its loss kept:
@@ -44,22 +45,22 @@ def aggregate(lines: Iterable[dict]) -> dict:
     lines = list(lines)
     if not lines:
         raise ValueError("aggregate needs at least one step line")
-    losses = [float(x["loss"]) for x in lines if _finite(x.get("loss"))]
-    tps = [float(x["tokens_per_s"]) for x in lines if _finite(x.get("tokens_per_s"))]
-    mfu = [float(x["mfu"]) for x in lines if _finite(x.get("mfu"))]
-    mem = [int(x["peak_mem_bytes"]) for x in lines if x.get("peak_mem_bytes") is not None]
+    losses = [float(x.loss) for x in lines if _finite(x.loss)]
+    tps = [float(x.tokens_per_s) for x in lines if _finite(x.tokens_per_s)]
+    mfu = [float(x.mfu) for x in lines if _finite(x.mfu)]
+    mem = [int(x.peak_mem_bytes) for x in lines if x.peak_mem_bytes is not None]
     return {
-        "first_step": lines[0]["step"],
-        "last_step": lines[-1]["step"],
+        "first_step": lines[0].step,
+        "last_step": lines[-1].step,
         "steps": len(lines),
         "loss_mean": sum(losses) / len(losses) if losses else None,
         "loss_min": min(losses) if losses else None,
         "loss_max": max(losses) if losses else None,
         "nonfinite": len(lines) - len(losses),
-        "lr": lines[-1].get("lr"),
+        "lr": lines[-1].lr,
         "tokens_per_s": sum(tps) / len(tps) if tps else None,
         "mfu": sum(mfu) / len(mfu) if mfu else None,
-        "skipped": sum(1 for x in lines if x.get("verdict") == "skip"),
+        "skipped": sum(1 for x in lines if x.verdict == "skip"),
         "peak_mem_bytes": max(mem) if mem else None,
     }
 
@@ -74,14 +75,14 @@ class LiveMetrics:
     Gauges hold the last value reported (a null, i.e. non-finite, loss leaves the loss
     gauge at its last finite value; the skip it causes is counted). Counters count what
     the worker ran, rollback replays included, so their rate is the work done. Callers
-    pass `commit` lines and `step` lines with an int step (MetricsForwarder checks).
+    pass `commit` and `step` lines (MetricsForwarder does).
     """
 
     def __init__(self, instruments: TrainingInstruments, run_id: str) -> None:
         self.m, self.attrs = instruments, {"run_id": run_id}
         self.gauges = ((instruments.loss, "loss"), (instruments.learning_rate, "lr"),
                        (instruments.tokens_per_second, "tokens_per_s"), (instruments.mfu, "mfu"),
-                       (instruments.peak_memory, "peak_mem_bytes"))
+                       (instruments.peak_memory, "peak_mem_bytes"))  # StepLine fields
 
     @classmethod
     def for_run(cls, run_id: str) -> LiveMetrics | None:
@@ -89,27 +90,27 @@ class LiveMetrics:
         instruments = training_instruments()
         return cls(instruments, run_id) if instruments else None
 
-    def on_progress(self, line: dict) -> None:
-        if line.get("type") == "commit":
+    def on_progress(self, line: StepLine | CommitLine) -> None:
+        if isinstance(line, CommitLine):
             self.m.checkpoints_committed.add(1, self.attrs)
             return
-        self.m.step.set(line["step"], self.attrs)
+        self.m.step.set(line.step, self.attrs)
         self.m.steps.add(1, self.attrs)
         for gauge, key in self.gauges:
-            if _finite(value := line.get(key)):
+            if _finite(value := getattr(line, key)):
                 gauge.set(value, self.attrs)
         tokens = step_tokens(line)
         if tokens:
             self.m.tokens.add(tokens, self.attrs)
-        if line.get("verdict") == "skip":
+        if line.verdict == "skip":
             self.m.batches_skipped.add(1, self.attrs)
 
 
-def step_tokens(line: dict) -> int | None:
+def step_tokens(line: StepLine) -> int | None:
     """Pure: the tokens one step trained on. The line carries its rate and duration (the
     trainer's Meter divides the step's tokens by its time), so their product is exact up
     to float rounding."""
-    tps, dt = line.get("tokens_per_s"), line.get("step_time_s")
+    tps, dt = line.tokens_per_s, line.step_time_s
     return round(tps * dt) if _finite(tps) and _finite(dt) else None
 
 
@@ -129,24 +130,24 @@ class MetricsForwarder:
             raise ValueError(f"every must be >= 1, got {every}")
         self.events, self.every, self.segment, self.attempt = events, every, segment, attempt
         self.prefix = "/".join(p for p in ("train_metrics", segment, execution, str(attempt)) if p)
-        self.window: list[dict] = []
+        self.window: list[StepLine] = []
         self.seq = 0
         self.live = LiveMetrics.for_run(events.run_id)
 
-    def on_progress(self, line: dict) -> None:
-        if line.get("type") == "commit":
+    def on_progress(self, line: ProgressLine) -> None:
+        if isinstance(line, CommitLine):
             if self.live:
                 self.live.on_progress(line)
             self._flush()
             return
-        if line.get("type") != "step" or not isinstance(line.get("step"), int):
+        if not isinstance(line, StepLine) or not isinstance(line.step, int):
             return
         if self.live:
             self.live.on_progress(line)
-        if self.window and line["step"] <= self.window[-1]["step"]:
+        if self.window and line.step <= self.window[-1].step:
             self._emit()  # a rollback replays from an earlier step
         self.window.append(line)
-        if line["step"] % self.every == 0:
+        if line.step % self.every == 0:
             self._emit()
 
     def close(self) -> None:

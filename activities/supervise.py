@@ -30,6 +30,7 @@ from common.procs import (
     set_parent_death_signal,
     with_repo_on_path,
 )
+from common.protocol import ErrorReport, ProgressLine, parse_line
 from common.redact import redact, redact_value
 
 log = structlog.get_logger(__name__)
@@ -56,14 +57,15 @@ def _has_cuda_device() -> bool:
 
 
 class ProgressTail:
-    """Reads the JSONL lines appended since construction (or all of them, from_start)."""
+    """Reads the progress lines (common/protocol.py) appended since construction (or all of
+    them, from_start); a line of a kind this version does not know is passed over."""
 
     def __init__(self, path: str, from_start: bool = False) -> None:
         self.path = path
         self.offset = 0 if from_start or not os.path.exists(path) else os.path.getsize(path)
         self._partial = ""
 
-    def read(self) -> list[dict]:
+    def read(self) -> list[ProgressLine]:
         if not os.path.exists(self.path):
             return []
         with open(self.path) as f:
@@ -74,11 +76,11 @@ class ProgressTail:
         lines = text.split("\n")
         if lines and lines[-1]:
             self._partial = lines.pop()
-        return [json.loads(line) for line in lines if line.strip()]
+        return [p for p in map(parse_line, lines) if p is not None]
 
 
 def supervise(cmd: list[str], *, workdir: str, env: dict[str, str],
-              progress_file: str | None = None, on_progress: Callable[[dict], None] = lambda _: None,
+              progress_file: str | None = None, on_progress: Callable[[ProgressLine], None] = lambda _: None,
               heartbeat: Callable[[], None] = lambda: None,
               is_cancelled: Callable[[], bool] = lambda: False,
               hang_timeout_s: float = 600.0, stop_grace_s: float = 300.0,
@@ -143,10 +145,10 @@ def _classify_exit(rc: int, workdir: str, log_path: str) -> None:
     # start) is the evidence of bad input, not the exit code alone.
     if os.path.exists(error_file):
         with open(error_file) as f:
-            err = redact_value(json.load(f))  # the message may quote a URL or a config
-        raise ApplicationError(err["message"], err, type=err["type"],
-                               non_retryable=err["type"] in NON_RETRYABLE
-                               or err.get("retryable") is False)
+            # the message may quote a URL or a config
+            err = ErrorReport.from_json(redact_value(json.load(f)))
+        raise ApplicationError(err.message, err.to_dict(), type=err.type,
+                               non_retryable=err.type in NON_RETRYABLE or not err.retryable)
     how = f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"exit code {rc}"
     raise HardwareFault(f"trainer {how}; last output: {_tail(log_path)}", exit_code=rc)
 

@@ -31,6 +31,7 @@ from activities.errors import classified
 from activities.metrics import MetricsForwarder
 from activities.supervise import ProgressTail, child_env, supervise, trainer_command
 from common.procs import WORKER_PID_ENV
+from common.protocol import CommitLine, ProgressLine, SegmentResult, StartLine, StepLine
 from common.telemetry import child_trace_env
 from spec import RunSpec
 from storage import fast_tier
@@ -66,9 +67,9 @@ class DurableCommit:
     def details(self) -> dict:
         return {"step": self.step, "uri": self.uri}
 
-    def on_progress(self, line: dict) -> None:
-        if line.get("type") == "commit":
-            self.step, self.uri = line["step"], line["uri"]
+    def on_progress(self, line: ProgressLine) -> None:
+        if isinstance(line, CommitLine):
+            self.step, self.uri = line.step, line.uri
             activity.heartbeat(self.details())
 
 
@@ -83,9 +84,9 @@ class Recovery:
         self.beat_step = (heartbeat[0].get("step")
                           if heartbeat and isinstance(heartbeat[0], dict) else None)
         seen = [p for p in ProgressTail(os.path.join(workdir, "progress.jsonl"),
-                                        from_start=True).read() if p.get("type") == "step"]
-        self.last_step = seen[-1]["step"] if seen else inp.from_step
-        self.last_ts = seen[-1]["ts"] if seen else time.time()
+                                        from_start=True).read() if isinstance(p, StepLine)]
+        self.last_step = seen[-1].step if seen else inp.from_step
+        self.last_ts = seen[-1].ts if seen else time.time()
 
     def report(self, resumed: int | None) -> None:
         if self.reported:
@@ -127,11 +128,11 @@ def _train_segment(spec: RunSpec, inp: TrainSegmentInput) -> TrainSegmentResult:
                                segment=f"{inp.from_step}-{inp.to_step}", attempt=attempt,
                                execution=f"{info.workflow_run_id[:8]}.{info.activity_id}")
 
-    def on_progress(line: dict) -> None:
+    def on_progress(line: ProgressLine) -> None:
         tracker.on_progress(line)
         metrics.on_progress(line)
-        if recovery and line.get("type") == "start":
-            recovery.report(line.get("resumed_from"))
+        if recovery and isinstance(line, StartLine):
+            recovery.report(line.resumed_from)
     clear_stale_build_locks(older_than_s=spec.ops.hang_timeout_s)  # a builder that died
     spec_file = os.path.join(workdir, "spec.json")
     with open(spec_file, "w") as f:
@@ -143,8 +144,8 @@ def _train_segment(spec: RunSpec, inp: TrainSegmentInput) -> TrainSegmentResult:
             "--workdir", workdir, "--attempt", str(attempt),
             "--fast-dir", fast_tier.store_dir(spec.storage.fast, spec.run_id),
             "--lr-windows-file", windows_file, "--max-rollbacks", str(inp.max_rollbacks)]
-    if inp.rewind:
-        args += ["--rewind", json.dumps(inp.rewind)]
+    if inp.rollback:
+        args += ["--rollback", inp.rollback.to_json()]
     result_file = os.path.join(workdir, "result.json")
     try:
         # A cancel (operator pause/rollback/abort) must not interrupt this thread: the
@@ -163,25 +164,30 @@ def _train_segment(spec: RunSpec, inp: TrainSegmentInput) -> TrainSegmentResult:
             raise
         log.info("segment_stopped_on_cancel", workdir=workdir)  # report where it stopped
     with open(result_file) as f:
-        res = json.load(f)
+        res = SegmentResult.from_json(f.read())
     metrics.close()  # the tail window; flushed with segment_finished below
     if recovery:  # an already-finished segment writes no start line
-        recovery.report(res["resumed_from"])
-    events.emit("segment_finished", step=res["final_step"],
+        recovery.report(res.resumed_from)
+    events.emit("segment_finished", step=res.final_step,
                 event_id=f"segment_finished/{inp.from_step}-{inp.to_step}",
                 from_step=inp.from_step, to_step=inp.to_step, attempt=attempt,
-                train_loss=res["train_loss"], resumed_from=res["resumed_from"])
+                train_loss=res.train_loss, resumed_from=res.resumed_from)
     events.flush()
-    spikes = res.get("spikes", {})
-    oldest = store.list_committed()  # what an operator rollback can still reach
-    return TrainSegmentResult(final_step=res["final_step"],
-                              last_committed_step=res["last_committed_step"],
-                              last_committed_uri=res["last_committed_uri"],
-                              train_loss=res["train_loss"], resumed_from=res["resumed_from"],
-                              attempt=attempt, rollbacks=spikes.get("rollbacks", []),
-                              skipped_steps=spikes.get("skipped_steps", []),
-                              stopped=spikes.get("stopped", ""), evals=spikes.get("evals", []),
-                              oldest_committed_step=oldest[0] if oldest else None)
+    return segment_result(res, attempt, store.list_committed())
+
+
+def segment_result(res: SegmentResult, attempt: int, committed: list[int]) -> TrainSegmentResult:
+    """The child's result.json as the workflow's contract; `committed` (the durable tier's
+    steps after the segment) says how far back an operator rollback can still reach."""
+    out = res.outcome
+    return TrainSegmentResult(final_step=res.final_step,
+                              last_committed_step=res.last_committed_step,
+                              last_committed_uri=res.last_committed_uri,
+                              train_loss=res.train_loss, resumed_from=res.resumed_from,
+                              attempt=attempt, rollbacks=out.rollbacks,
+                              skipped_steps=out.skipped_steps, stopped=out.stopped,
+                              evals=out.evals,
+                              oldest_committed_step=committed[0] if committed else None)
 
 
 @activity.defn(name=EVALUATE)

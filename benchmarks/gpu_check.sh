@@ -100,8 +100,8 @@ wa = torch.load(root / "a" / ck, map_location="cpu", weights_only=False)["module
 wb = torch.load(root / "b" / ck, map_location="cpu", weights_only=False)["module"]
 diff = max(float((wa[k].float() - wb[k].float()).abs().max()) for k in wa)
 print(json.dumps({"figure": "gpu_kill_resume", "value": diff, "resumed_from": result["resumed_from"],
-                  "precision": over["train.precision"], "zero_stage": 2, "tokens_per_s": result.get("tokens_per_s"),
-                  "mfu": result.get("mfu"), "peak_source": result.get("peak_source")}), flush=True)
+                  "precision": over["train.precision"], "zero_stage": 2, "tokens_per_s": result["throughput"].get("tokens_per_s"),
+                  "mfu": result["throughput"].get("mfu"), "peak_source": result["throughput"].get("peak_source")}), flush=True)
 assert result["resumed_from"] is not None and result["resumed_from"] >= 4, result
 PYEOF
 

@@ -68,8 +68,9 @@ def bare_loop(spec: RunSpec, dataset: str, out: str) -> None:
     import torch
 
     from storage.dataset import load_manifest
-    from trainer.engine import build_engine, lr_at, set_lr
+    from trainer.engine import build_engine, set_lr
     from trainer.model import GPT
+    from trainer.schedule import lr_at
     from trainer.segment import make_batches
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -84,7 +85,7 @@ def bare_loop(spec: RunSpec, dataset: str, out: str) -> None:
     torch.manual_seed(spec.seed + rank)
     cfg, cursor, times = spec.train, 0, []
     first = time.time()
-    for step in range(cfg.total_steps):
+    for step in range(1, cfg.total_steps + 1):  # 1-based, as in the trainer
         t0 = time.perf_counter()
         set_lr(engine, lr_at(step, cfg))
         for _ in range(cfg.grad_accum):

@@ -171,7 +171,7 @@ def judge_fault(r: dict, clean: dict, event: dict, patience: int) -> dict:
     """Handled and returned (module docstring) for one fired fault."""
     p, s0 = event["payload"], event["step"]
     n = p.get("steps") or 1
-    rollbacks = r["result"].get("spikes", {}).get("rollbacks", [])
+    rollbacks = r["result"].get("outcome", {}).get("rollbacks", [])
     if p["kind"] == "nan_loss":
         handled = "skip" in verdict_steps(r, s0, s0)
     elif p["kind"] == "lr_burst":
@@ -221,7 +221,7 @@ def on_checkpoint_run(root: Path, steps: int) -> tuple[RunSpec, tuple[str, ...]]
 
 
 def on_checkpoint_summary(r: dict) -> dict:
-    sp = r["result"].get("spikes", {})
+    sp = r["result"].get("outcome", {})
     return {"at_step": r["spec"].faults[0].at_step, "rollbacks": len(sp.get("rollbacks", [])),
             "to_steps": sorted({rb["to_step"] for rb in sp.get("rollbacks", [])}),
             "stopped": sp.get("stopped"), "final_step": r["result"].get("final_step"),
@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     fp = sum(1 for r in clean for s in r["steps"] if s["verdict"] != "ok")
     clean_steps = sum(len(r["steps"]) for r in clean)
     kept_ok = sum(1 for s in final(on).values() if s["verdict"] == "ok")
-    rbs = on["result"].get("spikes", {}).get("rollbacks", [])
+    rbs = on["result"].get("outcome", {}).get("rollbacks", [])
     finals = [num(r["evals"].get(steps)) for r in clean]
     print(json.dumps({
         "figure": "spike_handling",
@@ -280,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
                          "without_nan_faults": off_summary(runs["injected-off-no-nan"], base)},
         "lr_burst_on_checkpoint": on_checkpoint_summary(runs["lr-burst-on-checkpoint"]),
         "faults": faults, "rollbacks": rbs,
-        "skipped_steps": on["result"].get("spikes", {}).get("skipped_steps", []),
+        "skipped_steps": on["result"].get("outcome", {}).get("skipped_steps", []),
         "skipped_data_batches": sum(b - a for a, b in (rb["skip"] for rb in rbs)),
         "false_positive_verdicts": fp, "clean_steps": clean_steps,
         "clean_final_val_loss": [round(x, 4) for x in finals],

@@ -102,7 +102,7 @@ class ErrorReport(_Json):
 
     type: str
     message: str
-    retryable: bool
+    retryable: bool = True  # the type's own class decides too (common/errors.NON_RETRYABLE)
 
 
 # ---- progress.jsonl ----------------------------------------------------------------------------

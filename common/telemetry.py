@@ -1,10 +1,15 @@
-"""Observability set-up: structlog JSON logs with trace ids, OTel spans to a local JSONL file.
+"""Observability set-up: structlog JSON logs with trace ids, OTel spans to a local JSONL file
+and, when an endpoint is set, to an OpenTelemetry collector over OTLP/HTTP.
 
-Every process (worker, CLI, trainer child) calls `configure(service, spans_dir)` once.
-Spans always go to `<spans_dir>/<service>-<pid>.jsonl` for offline review; an OTLP
-endpoint is added when configured and its exporter package is installed. Both exporters,
-and every log line, are scrubbed of secrets first (common/redact.py). Trainer children
-join the supervisor's trace through the W3C `TRACEPARENT` environment variable.
+A process that traces calls `configure(service, spans_dir, otlp_endpoint)` once. Spans
+always go to `<spans_dir>/<service>-<pid>.jsonl` for offline review. They also go over
+OTLP/HTTP (protobuf) when the process is given an endpoint — a process of one run passes
+its spec's `ops.otlp_endpoint` (`mainspring run start` does) — or has the standard
+`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` / `OTEL_EXPORTER_OTLP_ENDPOINT` set, which is how a
+worker (shared by many runs) is pointed at one; the exporter reads `OTEL_EXPORTER_OTLP_HEADERS` (a collector's auth) from
+the environment, never from the spec. Both exporters, and every log line, are scrubbed of
+secrets first (common/redact.py). Trainer children join the supervisor's trace through
+the W3C `TRACEPARENT` environment variable.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 import structlog
 from opentelemetry import context, trace
@@ -108,10 +114,12 @@ def configure_logging(level: str = "") -> None:
 
 
 def configure(service: str, spans_dir: str = "", otlp_endpoint: str = "",
-              replay_safe: bool = False) -> TracerProvider:
-    """Logs + tracing for this process. `replay_safe` for processes that run workflows."""
+              replay_safe: bool = False, log_level: str = "") -> TracerProvider:
+    """Logs + tracing for this process. `otlp_endpoint` (a run's `ops.otlp_endpoint`) wins
+    over the OTEL_EXPORTER_OTLP_* environment; `replay_safe` for processes that run
+    workflows."""
     global _configured
-    configure_logging()
+    configure_logging(log_level)
     resource = Resource.create({"service.name": f"mainspring-{service}"})
     if replay_safe:
         from temporalio.contrib.opentelemetry import create_tracer_provider
@@ -122,21 +130,35 @@ def configure(service: str, spans_dir: str = "", otlp_endpoint: str = "",
     spans_dir = spans_dir or os.environ.get("MAINSPRING_SPANS_DIR", ".mainspring/spans")
     provider.add_span_processor(BatchSpanProcessor(RedactingSpanExporter(
         JsonlSpanExporter(os.path.join(spans_dir, f"{service}-{os.getpid()}.jsonl")))))
-    endpoint = otlp_endpoint or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "")
-    if endpoint:
-        try:
-            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-        except ImportError:
-            structlog.get_logger(__name__).warning(
-                "otlp_exporter_missing", endpoint=endpoint,
-                fix="pip install opentelemetry-exporter-otlp")
-        else:
-            provider.add_span_processor(BatchSpanProcessor(
-                RedactingSpanExporter(OTLPSpanExporter(endpoint=endpoint))))
+    otlp = otlp_exporter(otlp_endpoint)
+    if otlp is not None:
+        provider.add_span_processor(BatchSpanProcessor(RedactingSpanExporter(otlp)))
     if not _configured:
         trace.set_tracer_provider(provider)
         _configured = True
     return provider
+
+
+def otlp_exporter(endpoint: str = "") -> SpanExporter | None:
+    """The OTLP/HTTP span exporter for `endpoint`, else for the OTEL_EXPORTER_OTLP_* variables;
+    None when neither names a collector (the SDK would otherwise assume localhost:4318).
+    Imported here: only a process that exports pays for requests and protobuf."""
+    if not (endpoint or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+            or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")):
+        return None
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    # without an endpoint argument the exporter reads the variables as the OTel spec says
+    return OTLPSpanExporter(endpoint=traces_url(endpoint) if endpoint else None)
+
+
+def traces_url(endpoint: str) -> str:
+    """Pure: `host:port` or `http(s)://host:port[/path]` (common/urls.py:check_endpoint) as
+    the URL spans are POSTed to: http:// when no scheme is given; a bare address gets the
+    OTLP/HTTP traces path `/v1/traces` (as OTEL_EXPORTER_OTLP_ENDPOINT does), a path is
+    kept as written."""
+    url = endpoint if "://" in endpoint else f"http://{endpoint}"
+    return url.rstrip("/") + "/v1/traces" if urlsplit(url).path in ("", "/") else url
 
 
 def child_trace_env() -> dict[str, str]:

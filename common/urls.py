@@ -9,6 +9,7 @@ local directory `./s3:`; `nosuch://x` was retried as an outage). Accepted:
 - `storage.fast`: a local path;
 - `data.corpus`: `stdlib:<glob>`, or a local path / glob, `file://`, `s3://bucket/...`,
   `memory://` (globs allowed in the path); `data.tokenizer.path`: the same without stdlib;
+- `ops.otlp_endpoint`: empty, `host:port` or `http(s)://host:port[/path]`;
 - no URL carries credentials: `user:pass@` or a secret-looking query parameter
   (`?token=`, `X-Amz-Signature=`, ...) is refused, never echoed in the message.
 """
@@ -16,6 +17,7 @@ local directory `./s3:`; `nosuch://x` was retried as an outage). Accepted:
 from __future__ import annotations
 
 import re
+from urllib.parse import urlsplit
 
 from common.errors import BadConfig
 
@@ -42,14 +44,13 @@ def split(value: str) -> tuple[str, str, str] | None:
     return scheme.lower(), authority, slash + path
 
 
-def check_credentials(value: str, name: str) -> None:
+def check_credentials(value: str, name: str, fix: str = CREDENTIALS_FIX) -> None:
     """No `user:pass@` and no secret-looking query parameter (the value is not echoed)."""
     parts = split(value)
     if parts and "@" in parts[1]:
-        raise BadConfig(name, "the URL carries credentials (user:password@)", CREDENTIALS_FIX)
+        raise BadConfig(name, "the URL carries credentials (user:password@)", fix)
     if "://" in value and SECRET_PARAM_RE.search(value):
-        raise BadConfig(name, "the URL carries a secret-looking query parameter",
-                        CREDENTIALS_FIX)
+        raise BadConfig(name, "the URL carries a secret-looking query parameter", fix)
 
 
 def check_durable(value: str, name: str) -> None:
@@ -80,10 +81,21 @@ def check_local_dir(value: str, name: str) -> None:
 
 
 def check_endpoint(value: str, name: str) -> None:
-    """ops.otlp_endpoint: empty, host:port or http(s)://host:port, without credentials."""
+    """ops.otlp_endpoint: empty, host:port or http(s)://host:port[/path], without credentials
+    (spans go over OTLP/HTTP, common/telemetry.py; a collector listens on port 4318)."""
     if value:
         _check_text(value, name)
-        check_credentials(value, name)
+        check_credentials(value, name, "put the collector's auth header in "
+                          "OTEL_EXPORTER_OTLP_HEADERS on the workers, not in the URL")
+        fix = "write host:port or http(s)://host:port (an OTLP/HTTP collector, usually port 4318)"
+        try:  # what common/telemetry.py:traces_url will parse; .port checks the port
+            parts = urlsplit(value if "://" in value else f"http://{value}")
+            host, _ = parts.hostname, parts.port
+        except ValueError as exc:
+            raise BadConfig(name, f"is not a host:port address ({exc})", fix) from None
+        _require(parts.scheme in ("http", "https"), name,
+                 f"{parts.scheme}:// is not OTLP/HTTP", fix)
+        _require(bool(host), name, "names no host", fix)
 
 
 def _check_location(value: str, name: str, schemes: tuple[str, ...], fix: str) -> None:

@@ -11,10 +11,14 @@ import signal
 import socket
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from activities.contracts import WORKFLOW_TYPE
 from common.errors import BadConfig
 from common.metrics import PORT_ENV, TEMPORAL_PORT_ENV
+
+if TYPE_CHECKING:
+    from spec import RunSpec
 
 
 def _load_spec(args: argparse.Namespace):
@@ -79,15 +83,31 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 async def _run_start(args: argparse.Namespace) -> int:
-    from temporalio.exceptions import WorkflowAlreadyStartedError
-
-    from ops.client import connect, localize, start_run
-    from ops.demo import watch
+    from common import telemetry
+    from ops.client import localize
     from storage.runs import check_claim
 
     spec = localize(_load_spec(args))
     # the run's own claim refuses it too; saying so here saves starting a doomed workflow
     check_claim(spec.storage.durable, spec.run_id, spec.spec_hash())
+    # The client's StartWorkflow span is the root of the run's trace: it goes where the
+    # run's own processes send theirs (ops.otlp_endpoint). Logs to stderr, JSON to stdout.
+    telemetry.configure("cli", otlp_endpoint=spec.ops.otlp_endpoint,
+                        log_level=os.environ.get("MAINSPRING_LOG_LEVEL", "warning"))
+    try:
+        return await _start_and_watch(args, spec)
+    finally:
+        # an unreachable collector delays the exit by the exporter's timeout (10 s unless
+        # OTEL_EXPORTER_OTLP_TRACES_TIMEOUT says otherwise); the span file has the span
+        telemetry.flush()
+
+
+async def _start_and_watch(args: argparse.Namespace, spec: RunSpec) -> int:
+    from temporalio.exceptions import WorkflowAlreadyStartedError
+
+    from ops.client import connect, start_run
+    from ops.demo import watch
+
     client = await connect(args.address, args.namespace)
     try:
         handle = await start_run(client, spec)
@@ -154,13 +174,19 @@ def operator_identity() -> str:
 
 
 def operator_payload(args: argparse.Namespace) -> dict:
-    """The JSON object a TrainingRun operator update/signal takes (workflows/operator.py)."""
-    payload = {"who": args.who or operator_identity(), "note": args.note}
+    """The JSON object a TrainingRun operator update/signal takes: the typed command
+    (activities/contracts.py) as sent. Its own fields are checked here (Refused)."""
+    from activities.contracts import Abort, Pause, Resume, Rollback, SetLrScale
+
+    who, note = args.who or operator_identity(), args.note
     if args.run_command == "rollback":
-        payload.update(to_step=args.to_step, skip_data=not args.keep_data)
+        cmd = Rollback(to_step=args.to_step, skip_data=not args.keep_data, who=who, note=note)
     elif args.run_command == "set-lr":
-        payload.update(scale=args.scale, steps=args.steps)
-    return payload
+        cmd = SetLrScale(scale=args.scale, steps=args.steps, who=who, note=note)
+    else:
+        cmd = {"pause": Pause, "resume": Resume, "abort": Abort}[args.run_command](
+            who=who, note=note)
+    return cmd.to_dict()
 
 
 async def _run_operator(args: argparse.Namespace) -> int:
@@ -169,17 +195,24 @@ async def _run_operator(args: argparse.Namespace) -> int:
     from temporalio.client import WorkflowUpdateFailedError
     from temporalio.service import RPCError
 
+    from activities.contracts import Refused
     from ops.client import connect
+
+    try:
+        payload = operator_payload(args)
+    except Refused as exc:  # the command's own fields: refused before it is sent
+        print(f"mainspring: cannot {args.run_command} {args.run_id}: {exc}", file=sys.stderr)
+        return 1
 
     client = await connect(args.address, args.namespace)
     handle = client.get_workflow_handle(args.run_id)
     name = args.run_command.replace("-", "_").replace("set_lr", "set_lr_scale")
     try:
         if name == "abort":
-            await handle.signal("abort", operator_payload(args))
+            await handle.signal("abort", payload)
             out = {"run_id": args.run_id, "signalled": "abort"}
         else:
-            out = await handle.execute_update(name, operator_payload(args))
+            out = await handle.execute_update(name, payload)
     except (WorkflowUpdateFailedError, RPCError) as exc:  # refused / run closed / unknown id
         cause = getattr(getattr(exc, "cause", None), "message", None) or str(exc)
         print(f"mainspring: cannot {args.run_command} {args.run_id}: {cause}", file=sys.stderr)

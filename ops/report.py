@@ -8,7 +8,8 @@ checkpoint) is marked on the plot and listed with its evidence.
 
 Replayed steps (after a rollback or a retry) keep the *latest* trajectory: for each step
 the window emitted last speaks for it; windows left with no step are the abandoned branch,
-drawn faintly. The extraction below is pure (events in, rows out) and tested that way.
+drawn faintly. The extraction below is pure (events in, rows out) and tested that way;
+ops/report_render.py draws the rows (and defines the shapes it draws), never the reverse.
 """
 
 from __future__ import annotations
@@ -19,12 +20,12 @@ import math
 import os
 import sys
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 import structlog
 
 from common.errors import BadConfig, StorageUnavailable
 from common.redact import redact, redact_value
+from ops.report_render import LossSeries, Window, fmt, plot_losses, render_html
 
 log = structlog.get_logger(__name__)
 
@@ -50,26 +51,6 @@ KEY_FIELDS: dict[str, tuple[str, ...]] = {
     "segment_finished": ("from_step", "to_step", "attempt", "train_loss", "resumed_from"),
     "promoted": ("uri", "bytes"),
 }
-
-
-@dataclass(frozen=True)
-class Window:
-    """One train_metrics window, clipped to the steps it still speaks for."""
-
-    first: int
-    last: int
-    mean: float | None
-    lo: float | None
-    hi: float | None
-    skipped: int
-    ts: float
-    attempt: int
-
-
-@dataclass(frozen=True)
-class LossSeries:
-    current: list[Window]  # the latest trajectory, by step
-    abandoned: list[Window]  # replaced by a replay, in emission order
 
 
 def ordered(events: Iterable[dict]) -> list[dict]:
@@ -128,14 +109,6 @@ def val_series(events: Iterable[dict]) -> list[tuple[int, float]]:
 
 def finite(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
-def fmt(v: object) -> str:
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    if isinstance(v, (list, dict)):
-        return json.dumps(v, default=str)
-    return str(v)
 
 
 def evidence(e: dict, limit: int = 300) -> str:
@@ -269,7 +242,6 @@ def missing_run(durable_url: str, run_id: str) -> BadConfig:
 
 def build_report(durable_url: str, run_id: str, out_dir: str) -> dict[str, str]:
     """Write loss.png and report.html for `run_id` into out_dir; return their paths."""
-    from ops.report_render import plot_losses, render_html
     from storage.events import read_events
     from storage.fs import normalize_url
 

@@ -1,16 +1,47 @@
 """Drawing for `mainspring report`: the loss curve (matplotlib, Agg) and the HTML page.
 
-Everything here takes the rows ops/report.py extracted; nothing reads storage. matplotlib
-is imported inside plot_losses so `mainspring --help` and the other commands stay fast.
+Everything here takes the rows ops/report.py extracted, in the shapes defined here
+(`Window`, `LossSeries`); it imports nothing of the project and reads no storage — the
+report builds the data, this draws it. matplotlib is imported inside plot_losses so
+`mainspring --help` and the other commands stay fast.
 """
 
 from __future__ import annotations
 
 import base64
 import html
+import json
 import time
+from dataclasses import dataclass
 
-from ops.report import LossSeries, Window, fmt
+
+@dataclass(frozen=True)
+class Window:
+    """One train_metrics window, clipped to the steps it still speaks for."""
+
+    first: int
+    last: int
+    mean: float | None
+    lo: float | None
+    hi: float | None
+    skipped: int
+    ts: float
+    attempt: int
+
+
+@dataclass(frozen=True)
+class LossSeries:
+    current: list[Window]  # the latest trajectory, by step
+    abandoned: list[Window]  # replaced by a replay, in emission order
+
+
+def fmt(v: object) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, (list, dict)):
+        return json.dumps(v, default=str)
+    return str(v)
+
 
 # kind -> (colour, line style, legend label) for events drawn as a vertical line.
 VLINES = {

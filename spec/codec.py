@@ -21,6 +21,7 @@ from common.errors import BadConfig
 
 MAX_STR = 4096  # characters in any string field (paths, URLs, names)
 STEPS = 10**12  # the most steps any step count or step field may name
+DAY = 86400.0  # seconds, for the bounds of durations
 
 
 def num(default: Any = MISSING, lo: float = 0, hi: float = 0) -> Any:
@@ -117,6 +118,8 @@ def _build_section(tp: Any, raw: Any, path: str) -> Any:
                         "write it as a JSON object")
     prefix = f"{path}." if path else ""
     hints, fields = _schema(tp)
+    retired = getattr(tp, "RETIRED", {})  # removed fields: accepted, ignored
+    raw = {k: v for k, v in raw.items() if k not in retired}
     unknown = sorted((k for k in raw if k not in fields), key=str)
     if unknown:
         raise BadConfig(f"{prefix}{unknown[0]}", "unknown field",
@@ -139,7 +142,8 @@ def _schema(tp: Any) -> tuple[dict[str, Any], dict[str, dataclasses.Field]]:
 
     The hints resolve in the section's own module namespace, taken from its __post_init__:
     inside the workflow sandbox `sys.modules` lacks the modules a passed-through module
-    imported (spec.data), which is where get_type_hints would look by default.
+    imported (spec.data, spec.model, … one per section), which is where get_type_hints
+    would look by default.
     """
     post_init = getattr(tp, "__post_init__", None)
     namespace = getattr(post_init, "__globals__", None)

@@ -134,19 +134,6 @@ class CheckpointStore:
                 problems.append(CorruptCheckpoint(step, name, entry.sha256, digest))
         return problems
 
-    def latest_verified(self, at_or_before: int | None = None,
-                        on_corrupt: Callable[[CorruptCheckpoint], None] | None = None,
-                        ) -> int | None:
-        """Newest committed step whose every file verifies; corrupt ones are reported, skipped."""
-        for step in reversed(self.list_committed()):
-            if at_or_before is not None and step > at_or_before:
-                continue
-            problems = self.verify(step)
-            if not problems:
-                return step
-            _report(problems[0], on_corrupt)
-        return None
-
     def fetch(self, step: int, local_dir: str) -> CheckpointManifest:
         """Download a committed checkpoint into local_dir, verifying each file while copying."""
         man = self.manifest(step)  # every name checked before any I/O below

@@ -25,7 +25,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import structlog
@@ -62,17 +62,18 @@ class EventLog:
         self._seq = 0
         self._lock = threading.Lock()
 
-    def emit(self, kind: str, *, step: int | None = None, event_id: str | None = None,
-             **payload: Any) -> dict[str, Any]:
-        return self.record(kind, step, event_id, payload)
+    def emit(self, kind: str, payload: Mapping[str, Any] | None = None, /, *,
+             step: int | None = None, event_id: str | None = None,
+             **fields: Any) -> dict[str, Any]:
+        """Buffer one event of `kind` at `step`; `event_id` makes it idempotent (module doc).
 
-    def record(self, kind: str, step: int | None, event_id: str | None,
-               payload: dict[str, Any]) -> dict[str, Any]:
-        """emit() with the payload as a dict (its keys may be any name, `step` included).
-
-        The payload is scrubbed of secrets first (common/redact.py): the log is kept for the
-        life of the run and read by anyone who can read the bucket."""
-        payload = redact_value(payload)
+        The payload is `fields` over `payload`, as `dict(payload, **fields)` merges them:
+        `kind` and `payload` are positional-only, so a fault's payload may carry a `kind`
+        of its own; a payload handed on whole (a workflow's record_event) goes in the
+        mapping, where `step` and `event_id` are payload keys like any other. It is
+        scrubbed of secrets first (common/redact.py): the log is kept for the life of the
+        run and read by anyone who can read the bucket."""
+        payload = redact_value({**(payload or {}), **fields})
         event = {
             "event_id": event_id or uuid.uuid4().hex,
             "run_id": self.run_id,

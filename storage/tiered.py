@@ -391,7 +391,7 @@ class TieredCheckpointer:
     def _emit(self, kind: str, *, step: int | None, event_id: str | None = None,
               **payload: Any) -> None:
         if self.events is not None:
-            self.events.record(kind, step, event_id, payload)
+            self.events.emit(kind, payload, step=step, event_id=event_id)
 
     def _flush(self) -> None:
         if self.events is None:

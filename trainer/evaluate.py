@@ -33,7 +33,7 @@ from common.errors import BadConfig, BadData
 from storage.checkpoints import CheckpointStore, CorruptCheckpoint, emit_corrupt, step_dir
 from storage.dataset import load_manifest, read_split
 from storage.events import EventLog
-from trainer.checkpointing import load_spec, run_classified, write_json
+from trainer.child import load_spec, run_classified, write_json
 from trainer.data import val_batches
 from trainer.engine import micro_batch_size
 from trainer.model import GPT

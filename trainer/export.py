@@ -27,7 +27,7 @@ from common.errors import BadData
 from spec import ModelConfig
 from storage.checkpoints import CheckpointStore, CorruptCheckpoint, step_dir
 from storage.dataset import load_manifest
-from trainer.checkpointing import load_spec, run_classified
+from trainer.child import load_spec, run_classified
 from trainer.evaluate import read_state_dict
 from trainer.model import GPT, ffn_hidden
 from trainer.safe_load import UnsafeCheckpointFile

@@ -46,20 +46,30 @@ def random_tokens(cursor: int, shape: torch.Size, vocab_size: int, seed: int) ->
     return torch.randint(0, vocab_size, tuple(shape), generator=g)
 
 
-class Injector:
-    """Per-process fault state. One-shot faults (lr_burst, nan_loss) remember that they
-    fired: a rollback inside the segment replays their steps and they stay quiet, as a
-    transient fault would. Each fault's first firing is recorded as a `fault` event."""
+class FaultInjector:
+    """Per-process fault state, wired into the segment once, outside the step loop:
+
+    - `batches(source)` wraps the batch source: corrupted batches come back as random
+      tokens, and the first batch of a `nan_loss` step arms the model's forward hook
+      (`attach`) so that step's loss, and so its gradients, is NaN;
+    - `lr_windows()` are the `lr_burst` windows, one-shot in the LR schedule
+      (trainer/schedule.py: a replay after a rollback runs at the planned LR);
+    - `after_step(step, ...)` is the loop's one touch: `kill_worker` after a completed step.
+
+    One-shot faults (lr_burst, nan_loss) remember that they fired, so a rollback inside the
+    segment replays their steps quietly, as a transient fault would. Each fault's first
+    firing is recorded as a `fault` event."""
 
     def __init__(self, faults: Iterable[FaultSpec], *, batches_per_step: int, vocab_size: int,
-                 seed: int, events=None) -> None:
+                 seed: int, attempt: int = 1, events=None) -> None:
+        self.kills = tuple(f for f in faults if f.kind == "kill_worker")
         self.faults = tuple(f for f in faults if f.kind != "kill_worker")
-        self.batches_per_step = batches_per_step
+        self.batches_per_step, self.attempt = batches_per_step, attempt
         self.corrupt = corrupt_cursors(self.faults, batches_per_step)
         self._corrupting = [f for f in self.faults if f.kind == "corrupt_batches"]  # same order
         self.vocab_size, self.seed, self.events = vocab_size, seed, events
         self.fired: set[tuple[str, int]] = set()
-        self.burning: dict[int, bool] = {}
+        self.poisoned = False  # the forward hook's flag: this micro-batch's loss is NaN
 
     def _announce(self, fault: FaultSpec, step: int, **evidence) -> None:
         key = (fault.kind, fault.at_step)
@@ -68,9 +78,14 @@ class Injector:
         self.fired.add(key)
         log.warning("injecting_fault", kind=fault.kind, step=step, **evidence)
         if self.events is not None:
-            self.events.record("fault", step, f"fault/{fault.kind}/{fault.at_step}",
-                               {"kind": fault.kind, "injected": True, "at_step": fault.at_step,
-                                "steps": fault.steps, **evidence})
+            self.events.emit("fault", step=step, event_id=f"fault/{fault.kind}/{fault.at_step}",
+                             kind=fault.kind, injected=True, at_step=fault.at_step,
+                             steps=fault.steps, **evidence)
+
+    # ---- the batch source ----------------------------------------------------------------
+    def batches(self, source) -> FaultyBatches:
+        """`source` as the step loop reads it: with this process's data faults applied."""
+        return FaultyBatches(source, self)
 
     def batch(self, cursor: int, step: int,
               tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
@@ -84,38 +99,70 @@ class Injector:
                 return (random_tokens(cursor, x.shape, self.vocab_size, self.seed), bad_y, *rest)
         return tensors
 
-    def lr_factor(self, step: int) -> float:
-        """LR multiplier for step `step` (1-based: the step about to run). Call once per step."""
-        factor = 1.0
+    def starting(self, step: int) -> None:
+        """The first batch of `step` is being read: announce a burst that begins here (its
+        first time: the schedule applies it then only) and arm a NaN due at this step."""
         for f in self.faults:
-            if f.kind != "lr_burst" or not f.at_step <= step < f.at_step + f.steps:
-                continue
-            if step == f.at_step:
-                self.burning[f.at_step] = (f.kind, f.at_step) not in self.fired
+            if f.kind == "lr_burst" and f.at_step == step:
                 self._announce(f, step, factor=f.factor)
-            if self.burning.get(f.at_step):
-                factor *= f.factor
-        return factor
-
-    def poison(self, step: int) -> bool:
-        """True, once, for the step whose loss an injected NaN replaces."""
-        for f in self.faults:
-            if f.kind == "nan_loss" and f.at_step == step and (f.kind, step) not in self.fired:
+            elif f.kind == "nan_loss" and f.at_step == step and (f.kind, step) not in self.fired:
                 self._announce(f, step)
-                return True
-        return False
+                self.poisoned = True
 
+    # ---- the LR --------------------------------------------------------------------------
+    def lr_windows(self) -> list[list[float]]:
+        """lr_burst as one-shot LR windows [start, end, factor]: steps at_step .. at_step +
+        steps - 1 (1-based) run at LR x factor the first time they run."""
+        return [[f.at_step - 1, f.at_step - 1 + f.steps, f.factor]
+                for f in self.faults if f.kind == "lr_burst"]
 
-def inject(fault: FaultSpec, events, step: int, last_committed: int | None) -> None:
-    if fault.kind == "kill_worker":
-        pid = int(os.environ.get(WORKER_PID_ENV, "0"))
-        if pid <= 1:
-            log.warning("fault_skipped", kind=fault.kind, reason=f"{WORKER_PID_ENV} not set")
+    # ---- the model -----------------------------------------------------------------------
+    def attach(self, module: torch.nn.Module) -> None:
+        """A forward hook that turns the loss of an armed micro-batch into NaN (a real NaN:
+        the backward pass of that loss makes every gradient NaN). Only with nan_loss faults."""
+        if not any(f.kind == "nan_loss" for f in self.faults):
             return
-        events.record("fault", step, f"fault/kill_worker/{fault.at_step}/{fault.attempt}",
-                      {"kind": "kill_worker", "injected": True,
-                       "evidence": f"SIGKILL to trainer worker pid {pid} after step {step}; "
-                                   f"last committed step {last_committed}"})
-        events.flush()
-        log.warning("injecting_fault", kind=fault.kind, step=step, worker_pid=pid)
-        os.kill(pid, signal.SIGKILL)
+
+        def poison(_module, _inputs, output):
+            if not self.poisoned:
+                return output
+            self.poisoned = False
+            logits, loss = output
+            return logits, loss * float("nan")
+
+        module.register_forward_hook(poison)
+
+    # ---- after a step --------------------------------------------------------------------
+    def after_step(self, step: int, last_committed: int | None) -> None:
+        """kill_worker faults due right after `step` on this activity attempt (rank 0)."""
+        for fault in due_faults(self.kills, step, self.attempt):
+            kill_worker(fault, self.events, step, last_committed)
+
+
+class FaultyBatches:
+    """The batch source as the step loop reads it, `get(cursor, step)`: the source's batch,
+    or what the injector's faults make of it (nothing, without faults in the spec)."""
+
+    def __init__(self, source, injector: FaultInjector) -> None:
+        self.source, self.injector, self.step = source, injector, 0
+
+    def get(self, cursor: int, step: int) -> tuple[torch.Tensor, ...]:
+        if step != self.step:  # the step's first micro-batch
+            self.step = step
+            self.injector.starting(step)
+        return self.injector.batch(cursor, step, self.source.get(cursor))
+
+
+def kill_worker(fault: FaultSpec, events, step: int, last_committed: int | None) -> None:
+    """SIGKILL the supervising worker (what a lost node produces), its event flushed first."""
+    pid = int(os.environ.get(WORKER_PID_ENV, "0"))
+    if pid <= 1:
+        log.warning("fault_skipped", kind=fault.kind, reason=f"{WORKER_PID_ENV} not set")
+        return
+    events.emit("fault", step=step, event_id=f"fault/kill_worker/{fault.at_step}/{fault.attempt}",
+                kind="kill_worker", injected=True,
+                evidence=f"SIGKILL to trainer worker pid {pid} after step {step}; "
+                         f"last committed step {last_committed}")
+    events.flush()
+    log.warning("injecting_fault", kind=fault.kind, step=step, worker_pid=pid)
+    os.kill(pid, signal.SIGKILL)

@@ -5,10 +5,11 @@ Launched by the train_segment supervisor (one process per rank):
     python -m torch.distributed.run --standalone --nproc_per_node W -m trainer.segment \
         --spec SPEC.json --dataset MANIFEST_URI --to-step B --workdir DIR --attempt N
 
-Files in DIR: `progress.jsonl` (rank 0; a `start` line, a `step` line per optimizer step,
-a `commit` line per committed checkpoint), `result.json` on success, `error.json` on a
-classified failure. Exit codes: 0 done; 3 BadConfig/BadData (non-retryable, error.json);
-4 StorageUnavailable (retryable, error.json); anything else is a crash (retryable).
+Files in DIR (typed in common/protocol.py): `progress.jsonl` (rank 0; a `start` line, a
+`step` line per optimizer step, a `commit` line per committed checkpoint, an `eval` line per
+online evaluation), `result.json` on success, `error.json` on a classified failure.
+Exit codes: 0 done; 3 BadConfig/BadData/Diverged (non-retryable, error.json); 4
+StorageUnavailable (retryable, error.json); anything else is a crash (retryable).
 """
 
 from __future__ import annotations
@@ -36,12 +37,10 @@ if __name__ == "__main__":
 
 
 import argparse
-import dataclasses
 import json
 import random
 import socket
 import time
-from typing import Any
 
 import numpy as np
 import structlog
@@ -49,32 +48,21 @@ import torch
 import torch.distributed as dist
 
 from common.errors import BadConfig, BadData
+from common.protocol import OperatorRollback, SegmentOutcome, SegmentResult, StartLine, StepLine
 from spec import RunSpec
 from storage.checkpoints import CheckpointManifest, CheckpointStore, CorruptCheckpoint
 from storage.dataset import load_manifest, read_split
-from trainer.checkpointing import (
-    Run,
-    commit_checkpoint,
-    finish_uploads,
-    load_spec,
-    on_sigterm,
-    restore,
-    rollback_to,
-    run_classified,
-    write_json,
-)
+from trainer import operator_rollback
+from trainer.checkpointing import commit_checkpoint, finish_uploads, restore, rollback_to
+from trainer.child import load_spec, run_classified, write_json
+from trainer.context import SegmentArgs, SegmentContext, on_sigterm
 from trainer.data import PackedBatches, TrainBatches, skip_past, val_batches
-from trainer.engine import build_engine, lr_at, micro_batch_size, set_lr, tokens_per_step
-from trainer.faults import Injector, due_faults, inject
-from trainer.guard import (
-    SpikeGuard,
-    apply_rewind,
-    finite_or_none,
-    pending_rewind,
-    recorded_skip_ranges,
-    refuse_rewind,
-)
+from trainer.engine import build_engine, micro_batch_size, set_lr, tokens_per_step, veto_next_update
+from trainer.faults import FaultInjector, FaultyBatches
+from trainer.guard import SpikeGuard, finite_or_none, recorded_skip_ranges
 from trainer.model import GPT
+from trainer.online_eval import OnlineEval
+from trainer.schedule import LRSchedule
 from trainer.spikes import merge_ranges
 from trainer.state import TrainState
 from trainer.throughput import (
@@ -89,69 +77,68 @@ from trainer.throughput import (
 log = structlog.get_logger(__name__)
 
 
-
 # ---- the step loop ---------------------------------------------------------------------
-def train(run: Run, engine, batches: TrainBatches | PackedBatches, state: TrainState,
-          meter: Meter, guard: SpikeGuard, inject_faults: Injector) -> TrainState:
-    """Optimizer steps from state.step to run.target: judge every loss before its update
-    (skip / roll back, trainer/guard.py), commit on schedule, evaluate online. Returns the
-    final state (a rollback replaces it with the restored one)."""
-    cfg = run.spec.train
-    step_tokens = tokens_per_step(run.spec)
-    while state.step < run.target and not guard.outcome.stopped:
+def train(ctx: SegmentContext, engine, batches: FaultyBatches, state: TrainState,
+          lr: LRSchedule, meter: Meter, spikes: SpikeGuard, evals: OnlineEval,
+          faults: FaultInjector) -> TrainState:
+    """Optimizer steps from state.step to ctx.target. Each step: fetch and forward/backward
+    its micro-batches → the verdict on its loss (trainer/guard.py) → skip | step, then a
+    rollback if asked → maybe commit a checkpoint → progress, online evaluation. Returns
+    the final state (a rollback replaces it with the restored one)."""
+    cfg, outcome = ctx.spec.train, spikes.outcome
+    step_tokens = tokens_per_step(ctx.spec)
+    while state.step < ctx.target and not outcome.stopped:
         t0 = time.perf_counter()
         step = state.step + 1  # the step being run, 1-based
-        lr = lr_at(state.step, cfg) * lr_scale(run.args.lr_windows, step) \
-            * inject_faults.lr_factor(step)
-        set_lr(engine, lr)
+        set_lr(engine, step_lr := lr(step))
         first_cursor = skip_past(state.data_cursor, state.skip_ranges)
-        loss_sum = torch.zeros((), dtype=torch.float32)
-        for micro in range(cfg.grad_accum):  # engine.step() updates on the last micro-batch only
-            state.data_cursor = skip_past(state.data_cursor, state.skip_ranges)
-            x, y, *packed = (t.to(engine.device) for t in inject_faults.batch(
-                state.data_cursor, step, batches.get(state.data_cursor)))
-            # Packed rows also carry (position_ids, doc_ids): attention stays per document.
-            _, loss = engine(x, y, **dict(zip(("position_ids", "doc_ids"), packed)))
-            if micro == 0 and inject_faults.poison(step):
-                loss = loss * float("nan")
-            engine.backward(loss)
-            loss_sum += loss.detach().float().cpu()
-            if micro == cfg.grad_accum - 1:  # judged before the update: a bad one is vetoed
-                loss_value, stop = run.loss_and_stop(loss_sum / cfg.grad_accum)
-                verdict = guard.judge(state, step, loss_value, first_cursor)
-            engine.step()
-            state.data_cursor += 1
+        loss_sum = forward_backward(engine, batches, state, step, cfg.grad_accum)
+        loss, stop = ctx.loss_and_stop(loss_sum / cfg.grad_accum)  # sync point (one per step)
+        verdict = spikes.judge(state, step, loss, first_cursor)
+        if verdict.action != "ok":  # skip | rollback: this batch's update is vetoed
+            veto_next_update(engine)
+        engine.step()  # the update (a no-op when vetoed; DeepSpeed's bookkeeping still runs)
         state.step, state.tokens_seen = step, state.tokens_seen + step_tokens
-        dt = time.perf_counter() - t0
-        run.progress.write("step", step=step, loss=finite_or_none(loss_value), lr=lr,
-                           verdict=verdict.action, **meter.add(step_tokens, dt),
-                           peak_mem_bytes=peak_memory_bytes(torch.device(engine.device)))
-        verdict = guard.after_step(step, loss_value, verdict)
+        ctx.progress.write(StepLine(step=step, loss=finite_or_none(loss), lr=step_lr,
+                                    verdict=verdict.action,
+                                    **meter.add(step_tokens, time.perf_counter() - t0),
+                                    peak_mem_bytes=peak_memory_bytes(torch.device(engine.device))))
+        verdict = spikes.after_step(step, loss, verdict)  # fp16: overflow at the minimum scale
         if verdict.action == "rollback":
-            state = guard.rollback(state, verdict)
+            state = spikes.rollback(state, verdict)
             continue
-        if state.step % cfg.checkpoint_every == 0 or state.step == run.target:
-            commit_checkpoint(run, engine, state)
-        if run.rank == 0:
-            for fault in due_faults(run.spec.faults, state.step, run.args.attempt):
-                inject(fault, run.events, state.step, run.last_commit and run.last_commit[0])
-        guard.maybe_evaluate(state)
+        if state.step % cfg.checkpoint_every == 0 or state.step == ctx.target:
+            commit_checkpoint(ctx, engine, state)
+        if ctx.rank == 0:
+            faults.after_step(state.step, ctx.last_commit and ctx.last_commit[0])
+        evals.maybe_evaluate(state)
         if stop:  # the supervisor's stop file, or a SIGTERM: stop after this step
-            guard.outcome.stopped = "interrupted"
+            outcome.stopped = "interrupted"
             log.warning("segment_interrupted", step=state.step, reason=stop)
-    if guard.outcome.stopped in ("overfitting", "interrupted") \
-            and state.step % cfg.checkpoint_every and state.step != run.target:
-        commit_checkpoint(run, engine, state)  # an early stop ends on a committed step
+    if outcome.stopped in ("overfitting", "interrupted") \
+            and state.step % cfg.checkpoint_every and state.step != ctx.target:
+        commit_checkpoint(ctx, engine, state)  # an early stop ends on a committed step
     return state
 
 
-def lr_scale(windows: list[list[float]], step: int) -> float:
-    """Product of the workflow's LR factors [start, end, factor] whose window holds `step`."""
-    scale = 1.0
-    for start, end, factor in windows:
-        if start < step <= end:
-            scale *= factor
-    return scale
+def forward_backward(engine, batches: FaultyBatches, state: TrainState, step: int,
+                     micro_batches: int) -> torch.Tensor:
+    """Forward and backward every micro-batch of `step`, advancing the data cursor past
+    skipped ranges; the summed loss stays on the device (no host sync here). DeepSpeed
+    wants engine.step() after each micro-batch; it updates only on the last one, which the
+    loop does itself once it has judged the loss."""
+    loss_sum = torch.zeros((), dtype=torch.float32, device=engine.device)
+    for micro in range(micro_batches):
+        if micro:
+            engine.step()  # a gradient-accumulation boundary is not reached: no update
+        state.data_cursor = skip_past(state.data_cursor, state.skip_ranges)
+        x, y, *packed = (t.to(engine.device) for t in batches.get(state.data_cursor, step))
+        # Packed rows also carry (position_ids, doc_ids): attention stays per document.
+        _, loss = engine(x, y, **dict(zip(("position_ids", "doc_ids"), packed)))
+        engine.backward(loss)
+        loss_sum += loss.detach().float()
+        state.data_cursor += 1
+    return loss_sum
 
 
 # ---- the segment -----------------------------------------------------------------------
@@ -184,7 +171,7 @@ def make_meter(spec: RunSpec, model: GPT, vocab_size: int, device: torch.device,
     return Meter(flops_token=fpt, peak=peak, peak_source=source, devices=world)
 
 
-def run_segment(args: argparse.Namespace, rank: int, world: int) -> None:
+def run_segment(args: SegmentArgs, rank: int, world: int) -> None:
     spec = load_spec(args.spec)
     if world != spec.train.world_size:
         raise BadConfig("train.procs_per_node", f"spec wants world size {spec.train.world_size} "
@@ -192,15 +179,15 @@ def run_segment(args: argparse.Namespace, rank: int, world: int) -> None:
                         "launch nproc_per_node x nnodes processes matching the spec")
     if args.to_step < 1:
         raise BadConfig("--to-step", f"must be >= 1, got {args.to_step}", "pass a positive step")
-    run = Run(args, spec, rank, world)
+    ctx = SegmentContext(args, spec, rank, world)
     # (an operator rollback must first uncommit the abandoned trajectory's checkpoints)
-    done = None if args.rewind else finished_manifest(run.store, args.to_step)
+    done = None if args.rollback else finished_manifest(ctx.store, args.to_step)
     if done is not None:
         if rank == 0:  # idempotent retry: the segment already finished
-            man = done
-            write_result(run, final_step=args.to_step, train_loss=None,
-                         tokens_seen=man.tokens_seen, steps_run=0, resumed_from=args.to_step,
-                         last=(args.to_step, run.store.uri(args.to_step)))
+            write_result(ctx, SegmentResult(
+                final_step=args.to_step, last_committed_step=args.to_step,
+                last_committed_uri=ctx.store.uri(args.to_step), train_loss=None,
+                tokens_seen=done.tokens_seen, steps_run=0, resumed_from=args.to_step))
         log.info("segment_already_done", to_step=args.to_step)
         return
 
@@ -214,54 +201,65 @@ def run_segment(args: argparse.Namespace, rank: int, world: int) -> None:
     manifest = load_manifest(args.dataset)
     model = GPT(spec.model, manifest.vocab_size, seed=spec.seed)
     engine = build_engine(spec, model)
-    batches = make_batches(spec, args.dataset, rank, world)
+    source = make_batches(spec, args.dataset, rank, world)
     meter = make_meter(spec, model, manifest.vocab_size, torch.device(engine.device), world)
 
-    rewind = pending_rewind(run, args.rewind)  # an operator's rollback, applied once
-    if rewind:
-        state, discarded = rollback_to(run, engine, int(rewind["to_step"]))
+    rollback = operator_rollback.pending(ctx, args.rollback)  # applied once per command id
+    if rollback:
+        state, discarded = rollback_to(ctx, engine, rollback.to_step)
         if state is None:  # retention removed the target after the command was admitted
-            refuse_rewind(run, rewind, run.from_rank0(run.store.latest_committed))
-            return end_at_newest(run)
+            operator_rollback.refuse(ctx, rollback, ctx.from_rank0(ctx.store.latest_committed))
+            return end_at_newest(ctx)
     else:
-        state, discarded = restore(run, engine), []
+        state, discarded = restore(ctx, engine), []
     if state is None:
-        refuse_fresh_start(run)
+        refuse_fresh_start(ctx)
     resumed_from = state.step if state else None
     if state is not None:  # windows decided by rollbacks after this checkpoint was written
-        state.skip_ranges = merge_ranges(state.skip_ranges + recorded_skip_ranges(run))
-        if rewind:
-            apply_rewind(run, state, rewind, discarded)
+        state.skip_ranges = merge_ranges(state.skip_ranges + recorded_skip_ranges(ctx))
+        if rollback:
+            operator_rollback.apply(ctx, state, rollback, discarded)
     if state is None:  # fresh run: seed every RNG, then commit step 0 as the rollback base
         random.seed(spec.seed + rank)
         np.random.seed(spec.seed + rank)
         torch.manual_seed(spec.seed + rank)
         state = TrainState()
-    run.progress.write("start", resumed_from=resumed_from, world_size=world,
-                       params=model.param_count(), to_step=args.to_step, attempt=args.attempt,
-                       packing=spec.train.packing, flops_per_token=meter.flops_token,
-                       peak_tflops=meter.peak / 1e12, peak_source=meter.peak_source)
+    ctx.progress.write(StartLine(
+        resumed_from=resumed_from, world_size=world, params=model.param_count(),
+        to_step=args.to_step, attempt=args.attempt, packing=spec.train.packing,
+        flops_per_token=meter.flops_token, peak_tflops=meter.peak / 1e12,
+        peak_source=meter.peak_source))
     log.info("segment_started", resumed_from=resumed_from, to_step=args.to_step,
              world_size=world, params=model.param_count())
     if resumed_from is None:
-        commit_checkpoint(run, engine, state)
+        commit_checkpoint(ctx, engine, state)
 
     first = state.step
-    guard = SpikeGuard(run, engine, make_val(spec, args.dataset), args.max_rollbacks)
-    faults = Injector(spec.faults, batches_per_step=spec.train.grad_accum,
-                      vocab_size=manifest.vocab_size, seed=spec.seed, events=run.events)
-    state = train(run, engine, batches, state, meter, guard, faults)
-    finish_uploads(run)  # every checkpoint durable before the segment reports success
-    if run.events is not None:
-        run.events.flush()  # decisions after the last checkpoint (evaluations) too
-    loss = guard.recent_loss()
+    # Fault injection is wired here, once: the batch source, the LR windows, a model hook.
+    faults = FaultInjector(spec.faults, batches_per_step=spec.train.grad_accum,
+                           vocab_size=manifest.vocab_size, seed=spec.seed,
+                           attempt=args.attempt, events=ctx.events)
+    faults.attach(engine.module)
+    batches = faults.batches(source)
+    lr = LRSchedule(spec.train, args.lr_windows, one_shot=faults.lr_windows())
+    outcome = SegmentOutcome()
+    spikes = SpikeGuard(ctx, engine, outcome, args.max_rollbacks)
+    evals = OnlineEval(ctx, engine, make_val(spec, args.dataset), spikes, outcome)
+    state = train(ctx, engine, batches, state, lr, meter, spikes, evals, faults)
+    finish_uploads(ctx)  # every checkpoint durable before the segment reports success
+    if ctx.events is not None:
+        ctx.events.flush()  # decisions after the last checkpoint (evaluations) too
+    loss = spikes.recent_loss()
     if rank == 0:
-        write_result(run, final_step=state.step, train_loss=loss, tokens_seen=state.tokens_seen,
-                     steps_run=state.step - first, resumed_from=resumed_from, last=run.last_commit,
-                     throughput=meter.summary(torch.device(engine.device)),
-                     spikes=dataclasses.asdict(guard.outcome))
+        last = ctx.last_commit
+        write_result(ctx, SegmentResult(
+            final_step=state.step, last_committed_step=last[0] if last else None,
+            last_committed_uri=last[1] if last else None, train_loss=finite_or_none(loss),
+            tokens_seen=state.tokens_seen, steps_run=state.step - first,
+            resumed_from=resumed_from, outcome=outcome,
+            throughput=meter.summary(torch.device(engine.device))))
     log.info("segment_finished", final_step=state.step, train_loss=loss,
-             stopped=guard.outcome.stopped, rollbacks=len(guard.outcome.rollbacks))
+             stopped=outcome.stopped, rollbacks=len(outcome.rollbacks))
 
 
 def finished_manifest(store: CheckpointStore, step: int) -> CheckpointManifest | None:
@@ -276,43 +274,33 @@ def finished_manifest(store: CheckpointStore, step: int) -> CheckpointManifest |
         return None
 
 
-def refuse_fresh_start(run: Run) -> None:
+def refuse_fresh_start(ctx: SegmentContext) -> None:
     """No loadable checkpoint at or before the target: a fresh start is right only when the
     run has no newer one either — otherwise starting over at step 0 would bury committed
     work (issue 11: an operator rollback to a step retention had removed did exactly that)."""
-    newer = run.from_rank0(lambda: [s for s in run.store.list_committed() if s > run.target])
+    newer = ctx.from_rank0(lambda: [s for s in ctx.store.list_committed() if s > ctx.target])
     if newer:
-        raise BadData(run.store.uri(newer[0]), f"no loadable checkpoint at or before step "
-                      f"{run.target}, but steps {newer[:5]} are committed after it",
+        raise BadData(ctx.store.uri(newer[0]), f"no loadable checkpoint at or before step "
+                      f"{ctx.target}, but steps {newer[:5]} are committed after it",
                       "see the checkpoint_corrupt events; schedule the segment from a "
                       "committed step (the run's status shows it)")
 
 
-def end_at_newest(run: Run) -> None:
+def end_at_newest(ctx: SegmentContext) -> None:
     """Report the run's real position (its newest commit) without training: the workflow
     moved its step back to a rollback target that turned out to be gone."""
-    if run.rank != 0:
+    if ctx.rank != 0:
         return
-    newest = run.store.latest_committed()
-    man = run.store.manifest(newest)
-    write_result(run, final_step=newest, train_loss=None, tokens_seen=man.tokens_seen,
-                 steps_run=0, resumed_from=newest, last=(newest, run.store.uri(newest)),
-                 spikes={"stopped": "rollback_refused"})
+    newest = ctx.store.latest_committed()
+    man = ctx.store.manifest(newest)
+    write_result(ctx, SegmentResult(
+        final_step=newest, last_committed_step=newest, last_committed_uri=ctx.store.uri(newest),
+        train_loss=None, tokens_seen=man.tokens_seen, steps_run=0, resumed_from=newest,
+        outcome=SegmentOutcome(stopped="rollback_refused")))
 
 
-def write_result(run: Run, *, final_step: int, train_loss: float | None, tokens_seen: int,
-                 steps_run: int, resumed_from: int | None, last: tuple[int, str] | None,
-                 throughput: dict[str, Any] | None = None,
-                 spikes: dict[str, Any] | None = None) -> None:
-    write_json(os.path.join(run.workdir, "result.json"), {
-        "final_step": final_step,
-        "last_committed_step": last[0] if last else None,
-        "last_committed_uri": last[1] if last else None,
-        "train_loss": finite_or_none(train_loss),
-        "tokens_seen": tokens_seen, "steps_run": steps_run, "resumed_from": resumed_from,
-        **(throughput or {}),
-        "spikes": spikes or {},
-    })
+def write_result(ctx: SegmentContext, result: SegmentResult) -> None:
+    write_json(os.path.join(ctx.workdir, "result.json"), result)
 
 
 def single_process_env() -> None:
@@ -326,7 +314,7 @@ def single_process_env() -> None:
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> SegmentArgs:
     p = argparse.ArgumentParser(prog="python -m trainer.segment", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--spec", required=True, help="RunSpec JSON file")
@@ -344,16 +332,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help='JSON [[start, end, factor], ...]: LR x factor for steps in (start, end]')
     lr.add_argument("--lr-windows-file", default=None,
                     help="a JSON file holding the --lr-windows list (what the supervisor passes)")
-    p.add_argument("--rewind", type=json.loads, default=None,
-                   help='JSON {"id", "to_step", "through_step", "skip_data"}: an operator '
-                        "rollback to apply before training (once per id)")
+    p.add_argument("--rollback", type=OperatorRollback.from_json, default=None,
+                   help='JSON {"id", "to_step", "through_step", "skip_data", "note", "who"}: '
+                        "an operator rollback to apply before training (once per id)")
     p.add_argument("--max-rollbacks", type=int, default=-1,
                    help="end the segment early after this many rollbacks (-1: no limit)")
-    args = p.parse_args(argv)
-    if args.lr_windows_file:
-        with open(args.lr_windows_file) as f:
-            args.lr_windows = json.load(f)
-    return args
+    ns = p.parse_args(argv)
+    windows = ns.lr_windows
+    if ns.lr_windows_file:
+        with open(ns.lr_windows_file) as f:
+            windows = json.load(f)
+    return SegmentArgs(spec=ns.spec, dataset=ns.dataset, to_step=ns.to_step, workdir=ns.workdir,
+                       fast_dir=ns.fast_dir, attempt=ns.attempt,
+                       lr_windows=tuple(tuple(w) for w in windows), rollback=ns.rollback,
+                       max_rollbacks=ns.max_rollbacks)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -367,8 +359,8 @@ def main(argv: list[str] | None = None) -> int:
         for name in ("result.json", "error.json"):  # stale files from an earlier attempt
             if os.path.exists(os.path.join(args.workdir, name)):
                 os.unlink(os.path.join(args.workdir, name))
-    # Diverged (no checkpoint to roll back to) used to exit 1 with no error.json here, and
-    # the supervisor retried it as a HardwareFault: one classification path for every child.
+    # One classification path for every child (trainer/child.py): a Diverged segment
+    # writes error.json and exits 3, so the supervisor does not retry it.
     code = run_classified("segment", args.workdir, lambda: run_segment(args, rank, world))
     if code == 0 and dist.is_initialized():
         # All ranks leave together: a rank tearing down its process group while another

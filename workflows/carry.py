@@ -1,12 +1,13 @@
-"""Pure views of a TrainingRun's RunCarry: what the `status` query shows and what the carry
-keeps. Deterministic and I/O-free; imported by workflows/training_run.py in the sandbox."""
+"""Pure views and updates of a TrainingRun's RunCarry: what the `status` query shows, what
+the carry keeps, what a returned segment and an applied rollback change in it.
+Deterministic and I/O-free; imported by workflows/training_run.py in the sandbox."""
 
 from __future__ import annotations
 
-from activities.contracts import RunCarry
+from activities.contracts import Rollback, RunCarry, TrainSegmentResult
 from spec import RunSpec, SpikeConfig
-from workflows.operator import compose_windows
-from workflows.policy import still_counted
+from workflows.operator import compose_windows, operator_rollback
+from workflows.policy import ESCALATE_LOWER_LR, escalate, lower_lr_window, still_counted
 
 
 def status_view(spec: RunSpec | None, c: RunCarry, *, stage: str, evals: dict[int, float],
@@ -23,7 +24,7 @@ def status_view(spec: RunSpec | None, c: RunCarry, *, stage: str, evals: dict[in
             "lr_windows": c.lr_windows, "oldest_step": c.oldest_step,
             "early_stopped": c.early_stopped or None,
             "operator_queue": [q["name"] for q in c.operator_queue],
-            "pending_rollback": c.rewind,
+            "pending_rollback": c.pending_rollback.to_dict() if c.pending_rollback else None,
             "segment_running": list(running) if running else None}
 
 
@@ -37,3 +38,41 @@ def bounded(c: RunCarry, cfg: SpikeConfig) -> tuple[list[int], list[int], list[l
     return (still_counted(c.rollback_steps, c.budget_from, floor, cfg),
             still_counted(c.lowered_at, c.budget_from, floor, cfg),
             compose_windows(c.lr_windows, floor))
+
+
+def bound(c: RunCarry, cfg: SpikeConfig) -> None:
+    """Drop from the carry what can no longer matter (bounded), so it stays small."""
+    c.rollback_steps, c.lowered_at, c.lr_windows = bounded(c, cfg)
+
+
+def record_segment(c: RunCarry, seg: TrainSegmentResult) -> None:
+    """A returned segment: where the run is now, what retention left, what it rolled back."""
+    c.next_step, c.train_loss = seg.final_step, seg.train_loss
+    c.segments_total += 1
+    if seg.oldest_committed_step is not None:
+        c.oldest_step = seg.oldest_committed_step
+    if seg.stopped == "overfitting":
+        c.early_stopped = "overfitting"  # the run ends after the escalation (it may hold)
+    c.rollback_steps += [r["at_step"] for r in seg.rollbacks]
+    c.rollbacks_total += len(seg.rollbacks)
+
+
+def apply_rollback(c: RunCarry, cmd: Rollback, command_id: str, pin: str) -> None:
+    """An operator rollback applied at the step the run is at: the next segment starts at
+    its target and applies it (operator_rollback), its pin released after that segment."""
+    c.pending_rollback = operator_rollback(cmd, command_id, c.next_step, c.pending_rollback)
+    c.rollback_pins += [pin] if pin else []
+    c.next_step = min(c.next_step, cmd.to_step)
+
+
+def escalation(c: RunCarry, cfg: SpikeConfig) -> tuple[str, str, list[int]]:
+    """What the trainer's rollbacks since the last resume call for (policy.escalate):
+    (action, reason, the rollback steps counted). Lowering the LR goes into the carry."""
+    counted = [x for x in c.rollback_steps if x >= c.budget_from]
+    action, reason = escalate(tuple(counted), c.next_step,
+                              tuple(x for x in c.lowered_at if x >= c.budget_from), cfg)
+    if action == ESCALATE_LOWER_LR:
+        c.lowered_at.append(c.next_step)
+        c.lr_windows.append(lower_lr_window(c.next_step, cfg))
+    return action, reason, counted
+

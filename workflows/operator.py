@@ -1,7 +1,6 @@
-"""Operator commands on a TrainingRun (DESIGN §6): parsing and admission, pure and I/O-free.
-
-The workflow's updates (`pause`, `resume`, `rollback`, `set_lr_scale`) and its `abort` signal
-take one JSON object, so the Temporal CLI and UI can send them as well as `mainspring run`:
+"""Operator commands on a TrainingRun (DESIGN §6): admission, the queue and flood bounds,
+pure and I/O-free. The commands themselves (their JSON input and typed, frozen form) are
+in activities/contracts.py, shared with `mainspring run`:
 
     pause         {"reason"}                              stop the segment at its next step
                                                           (checkpoint), wait for `resume`
@@ -14,8 +13,10 @@ take one JSON object, so the Temporal CLI and UI can send them as well as `mains
                                                           the end)
     abort         {"reason"}                              stop at a checkpoint and end the run
 
-Every object may carry "who" (recorded in the `operator` event). A refused command raises in
-the update's validator, so it leaves no trace in the workflow history.
+Every object may carry "who" (recorded in the `operator` event) and "note" or "reason"; a
+bare string is the note. A field the command does not take, or a value of the wrong type
+or range, is refused in the update's validator naming the field (Command.from_json), so it
+leaves no trace in the workflow history; so is a command the run's state refuses (admit).
 
 Floods coalesce and stay bounded (issue 11, item 12):
 - Commands accepted while a segment runs wait in one queue and all apply at the step the
@@ -31,9 +32,9 @@ Floods coalesce and stay bounded (issue 11, item 12):
   overlapping windows multiplied (compose_windows); a command adds at most two pieces, and
   one that could take the schedule past MAX_LR_WINDOWS pieces is refused.
 - rollback: several at one boundary go to the earliest target and skip the data through the
-  furthest step reached (rewind); the later ones with a target at or after the step the
-  first one went to are recorded as not applied. A target before the oldest checkpoint
-  retention left (oldest_step) is refused.
+  furthest step reached (operator_rollback); the later ones with a target at or after the
+  step the first one went to are recorded as not applied. A target before the oldest
+  checkpoint retention left (oldest_step) is refused.
 - A held run continues as new after UPDATES_PER_RUN accepted updates (or when Temporal
   suggests it), so `resume` is never refused for Temporal's per-run limits.
 """
@@ -41,15 +42,29 @@ Floods coalesce and stay bounded (issue 11, item 12):
 from __future__ import annotations
 
 import itertools
-import math
-from dataclasses import dataclass, field
 from typing import Any
 
-COMMANDS = ("pause", "resume", "rollback", "set_lr_scale", "abort")
-TRAINING_STAGES = ("starting", "prepare_data", "warmup_sweep", "train", "paused",
-                   "needs_attention")
+from temporalio.exceptions import ApplicationError
+
+from activities.contracts import (
+    STAGES,
+    Abort,
+    Command,
+    CommandInput,
+    OperatorRollback,
+    Pause,
+    Refused,
+    Resume,
+    Rollback,
+    RunCarry,
+    SetLrScale,
+    as_object,
+    command,
+)
+
 HELD_STAGES = ("paused", "needs_attention")
-MAX_LR_SCALE = 10.0
+# where commands are admitted: before and during training (contracts.STAGES up to train)
+TRAINING_STAGES = ("starting", *STAGES[:STAGES.index("train") + 1], *HELD_STAGES)
 # Bounds for a command flood. Temporal refuses updates beyond 10 in flight and 2000 per
 # workflow run (server dynamic config history.maxInFlightUpdates / history.maxTotalUpdates)
 # and suggests continue-as-new at 4 Ki history events; one held-run command costs about six
@@ -57,62 +72,6 @@ MAX_LR_SCALE = 10.0
 MAX_QUEUED = 32  # accepted, not yet applied: far more than a human sends in one stop
 MAX_LR_WINDOWS = 256  # LR pieces in the carry and the trainer's --lr-windows-file
 UPDATES_PER_RUN = 200  # a held run continues as new after accepting this many updates
-
-
-class Refused(ValueError):
-    """An operator command that cannot be accepted now; the message says why and what to do."""
-
-
-@dataclass(frozen=True)
-class Command:
-    name: str
-    who: str = ""
-    note: str = ""
-    to_step: int = 0
-    skip_data: bool = True
-    scale: float = 1.0
-    steps: int = 0
-    args: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "who": self.who, "note": self.note, "args": self.args}
-
-
-def parse_command(name: str, raw: Any) -> Command:
-    """A command from its update/signal input: a JSON object, or a bare string as the
-    reason/note. Raises Refused naming the bad field."""
-    if name not in COMMANDS:
-        raise Refused(f"unknown command {name!r}; use one of {', '.join(COMMANDS)}")
-    if raw is None or isinstance(raw, str):
-        raw = {"note": raw or ""}
-    if not isinstance(raw, dict):
-        raise Refused(f"{name}: expected a JSON object, got {type(raw).__name__}")
-    known = {"who", "note", "reason", "to_step", "skip_data", "scale", "steps"}
-    if unknown := sorted(set(raw) - known):
-        raise Refused(f"{name}: unknown field(s) {unknown}; known: {sorted(known)}")
-    note = str(raw.get("note") or raw.get("reason") or "")
-    cmd = Command(name=name, who=str(raw.get("who") or ""), note=note, args=dict(raw))
-    if name == "rollback":
-        if "to_step" not in raw:
-            raise Refused("rollback: to_step is required (the step to go back to)")
-        to_step = raw["to_step"]
-        if isinstance(to_step, bool) or not isinstance(to_step, int) or to_step < 0:
-            raise Refused(f"rollback: to_step must be an integer >= 0, got {to_step!r}")
-        skip = raw.get("skip_data", True)
-        if not isinstance(skip, bool):
-            raise Refused(f"rollback: skip_data must be true or false, got {skip!r}")
-        return Command(**{**cmd.__dict__, "to_step": to_step, "skip_data": skip})
-    if name == "set_lr_scale":
-        scale, steps = raw.get("scale"), raw.get("steps", 0)
-        if isinstance(scale, bool) or not isinstance(scale, int | float) \
-                or not math.isfinite(scale) or not 0 < scale <= MAX_LR_SCALE:
-            raise Refused(f"set_lr_scale: scale must be a number in (0, {MAX_LR_SCALE:g}], "
-                          f"got {scale!r}")
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-            raise Refused(f"set_lr_scale: steps must be an integer >= 0 (0: to the end of "
-                          f"the run), got {steps!r}")
-        return Command(**{**cmd.__dict__, "scale": float(scale), "steps": steps})
-    return cmd
 
 
 def admit(cmd: Command, *, stage: str, step: int, total_steps: int,
@@ -124,28 +83,28 @@ def admit(cmd: Command, *, stage: str, step: int, total_steps: int,
         return f"the run has ended (stage {stage!r})"
     if "abort" in queued:
         return "the run is being aborted"
-    if cmd.name == "abort":
+    if isinstance(cmd, Abort):
         return ""
     if stage not in TRAINING_STAGES or step >= total_steps:
         return f"training is over (stage {stage!r}, step {step}); only abort applies now"
-    if cmd.name == "resume":
+    if isinstance(cmd, Resume):
         if stage not in HELD_STAGES:
             return f"run is not paused (stage {stage!r}); nothing to resume"
         return ""
-    if cmd.name == "pause" and (stage in HELD_STAGES or "pause" in queued):
+    if isinstance(cmd, Pause) and (stage in HELD_STAGES or "pause" in queued):
         return f"run is already paused (stage {stage!r})" if stage in HELD_STAGES \
             else "a pause is already on its way"
     if len(queued) >= MAX_QUEUED:
         return f"{len(queued)} commands already waiting; wait until they apply"
-    if cmd.name == "rollback" and cmd.to_step >= step:
+    if isinstance(cmd, Rollback) and cmd.to_step >= step:
         return (f"rollback to step {cmd.to_step} is not before the run's step {step}; "
                 f"pick a step < {step}" if step else "nothing has been trained yet")
-    if cmd.name == "rollback" and cmd.to_step < oldest_step:
+    if isinstance(cmd, Rollback) and cmd.to_step < oldest_step:
         return (f"rollback to step {cmd.to_step}: no checkpoint at or before it is left "
                 f"(retention keeps steps >= {oldest_step}); the oldest step you can roll "
                 f"back to is {oldest_step}")
     waiting = queued.count("set_lr_scale")
-    if cmd.name == "set_lr_scale" and lr_windows + 2 * (waiting + 1) > MAX_LR_WINDOWS:
+    if isinstance(cmd, SetLrScale) and lr_windows + 2 * (waiting + 1) > MAX_LR_WINDOWS:
         return (f"set_lr_scale: the LR schedule has {lr_windows} windows"
                 + (f" and {waiting} set_lr_scale command(s) waiting" if waiting else "")
                 + f"; it holds at most {MAX_LR_WINDOWS} (a command adds up to 2). A window "
@@ -154,15 +113,66 @@ def admit(cmd: Command, *, stage: str, step: int, total_steps: int,
     return ""
 
 
+def refusal(kind: type[Command], args: CommandInput, c: RunCarry, *, stage: str, step: int,
+            total_steps: int, strict: bool = True) -> str:
+    """Why the command `kind` with input `args` is refused now for a run with carry `c`
+    ('' when admitted): its input, then admit()."""
+    try:
+        cmd = kind.from_json(args, strict=strict)
+    except Refused as exc:
+        return str(exc)
+    return admit(cmd, stage=stage, step=step, total_steps=total_steps,
+                 queued=tuple(q["name"] for q in c.operator_queue), oldest_step=c.oldest_step,
+                 lr_windows=len(c.lr_windows))
+
+
+def enqueue(c: RunCarry, kind: type[Command], args: CommandInput, pin: str) -> dict[str, Any]:
+    """An admitted command into the carry's queue; its entry: id, name, the input as sent
+    (read again when it applies), the step it was accepted at, its rollback pin."""
+    c.operator_actions += 1
+    entry = {"id": f"op{c.operator_actions}", "name": kind.name, "raw": args,
+             "accepted_at_step": c.next_step, **({"pin": pin} if pin else {})}
+    c.operator_queue.append(entry)
+    return entry
+
+
 def not_applied(cmd: Command, step: int) -> str:
     """Why an accepted command does nothing at the boundary ('' when it applies): a rollback
     was admitted against the running segment's end, and the run stopped before its target."""
-    if cmd.name == "rollback" and cmd.to_step >= step:
+    if isinstance(cmd, Rollback) and cmd.to_step >= step:
         return f"the run stopped at step {step}, not after step {cmd.to_step}"
     return ""
 
 
-def lr_window(cmd: Command, step: int, total_steps: int) -> list[float]:
+def next_command(c: RunCarry) -> tuple[dict[str, Any], Command, str]:
+    """The queued command to apply next, taken off the queue: an abort goes first (nothing
+    queued before it, a pause, should hold it up). (entry, command, why it does nothing)."""
+    aborts = [i for i, q in enumerate(c.operator_queue) if q["name"] == "abort"]
+    entry = c.operator_queue.pop(aborts[0] if aborts else 0)
+    cmd = command(entry["name"], entry["raw"], strict=False)  # admitted already
+    return entry, cmd, not_applied(cmd, c.next_step)
+
+
+def operator_event(entry: dict[str, Any], cmd: Command, why_not: str) -> dict[str, Any]:
+    """The `operator` event's payload: the command as sent, whether it applied."""
+    return {"command": cmd.name, "args": as_object(entry["raw"]), "who": cmd.who,
+            "note": cmd.note, "id": entry["id"], "accepted_at_step": entry["accepted_at_step"],
+            "applied": not why_not, **({"why_not": why_not} if why_not else {})}
+
+
+def aborting(c: RunCarry) -> bool:
+    """Whether an abort waits in the queue (it interrupts any stage, not only training)."""
+    return any(q["name"] == "abort" for q in c.operator_queue)
+
+
+def run_aborted(run_id: str, who: str, step: int, reason: str) -> ApplicationError:
+    """How an applied abort ends the run: it fails with type RunAborted (a workflow cannot
+    meaningfully cancel itself, DESIGN §5)."""
+    return ApplicationError(f"run {run_id} aborted by {who or 'operator'} at step {step}: "
+                            f"{reason}", {"step": step}, type="RunAborted", non_retryable=True)
+
+
+def lr_window(cmd: SetLrScale, step: int, total_steps: int) -> list[float]:
     """set_lr_scale as an LR window [start, end, factor] (steps in (start, end])."""
     end = min(step + cmd.steps, total_steps) if cmd.steps else total_steps
     return [step, end, cmd.scale]
@@ -170,7 +180,7 @@ def lr_window(cmd: Command, step: int, total_steps: int) -> list[float]:
 
 def compose_windows(windows: list[list[float]], floor: int = 0) -> list[list[float]]:
     """The LR multipliers of `windows` ([start, end, factor]: steps in (start, end], the
-    factors of overlapping windows multiply — trainer/segment.py:lr_scale) as contiguous
+    factors of overlapping windows multiply — trainer/schedule.py:lr_scale) as contiguous
     disjoint pieces, in step order, with the same factor at every step after `floor`.
 
     Adjacent pieces with equal factors merge; a x1 gap between windows is a piece of its
@@ -199,9 +209,11 @@ def compose_windows(windows: list[list[float]], floor: int = 0) -> list[list[flo
     return pieces
 
 
-def rewind(cmd: Command, command_id: str, step: int, pending: dict | None) -> dict:
-    """The trainer's --rewind for an applied rollback: the abandoned steps run to the
-    furthest step reached, also across a rollback not yet applied by a segment."""
-    through = max(step, int(pending["through_step"]) if pending else 0)
-    return {"id": command_id, "to_step": cmd.to_step, "through_step": through,
-            "skip_data": cmd.skip_data, "note": cmd.note, "who": cmd.who}
+def operator_rollback(cmd: Rollback, command_id: str, step: int,
+                      pending: OperatorRollback | None) -> OperatorRollback:
+    """What the trainer applies for a rollback applied at `step` (its --rollback): the
+    abandoned steps run to the furthest step reached, also across a rollback not yet
+    applied by a segment (`pending`)."""
+    through = max(step, pending.through_step if pending else 0)
+    return OperatorRollback(id=command_id, to_step=cmd.to_step, through_step=through,
+                            skip_data=cmd.skip_data, note=cmd.note, who=cmd.who)

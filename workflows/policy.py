@@ -8,6 +8,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from temporalio.common import RetryPolicy
+from temporalio.exceptions import ApplicationError
 
 from common.errors import NON_RETRYABLE
 from spec import RunSpec, SpikeConfig, SweepConfig
@@ -97,6 +98,11 @@ def escalate(rollback_steps: tuple[int, ...], step: int, lowered_at: tuple[int, 
                             f"after lowering the LR at step {max(lowered_at)}")
 
 
+def lower_lr_window(step: int, cfg: SpikeConfig) -> list[float]:
+    """ESCALATE_LOWER_LR's LR window [start, end, factor] from `step`."""
+    return [step, step + cfg.lr_backoff_steps, cfg.lr_backoff]
+
+
 def rollback_allowance(rollback_steps: list[int], budget_from: int, step: int,
                        cfg: SpikeConfig) -> int:
     """Rollbacks the next segment may do before it must end early and let the workflow
@@ -116,3 +122,15 @@ def still_counted(steps: list[int], budget_from: int, floor: int, cfg: SpikeConf
     whatever is older than floor - per_steps can never count again."""
     horizon = floor - cfg.budget.per_steps
     return [s for s in steps if s >= budget_from and s > horizon]
+
+
+def promotion_step(run_id: str, evals: dict[int, float]) -> int:
+    """The trained step with the lowest held-out loss. None evaluated (every trained
+    checkpoint was corrupt, so evaluate fell back to step 0) fails the run as BadData."""
+    trained = [st for st in evals if st > 0]
+    if not trained:
+        raise ApplicationError(
+            f"run {run_id}: no trained checkpoint could be evaluated; see the "
+            f"checkpoint_corrupt events", {"evaluated": sorted(evals)},
+            type="BadData", non_retryable=True)
+    return min(trained, key=lambda st: evals[st])

@@ -1,88 +1,82 @@
 """TrainingRun: the durable five-stage run (DESIGN §1). Deterministic; no I/O here.
 
 Input is the RunSpec as a JSON object (so `temporal workflow start --input` works) plus,
-after continue-as-new, a small RunCarry of what is already done.
+after continue-as-new, a small RunCarry of what is already done. The pieces it decides
+with are pure (operator.py, carry.py, policy.py); what it schedules is in stages.py.
 """
 
 from __future__ import annotations
 
 import math
-from datetime import timedelta
 
 from opentelemetry import trace
 from temporalio import workflow
-from temporalio.common import SearchAttributeKey
-from temporalio.exceptions import ApplicationError, is_cancelled_exception
-from temporalio.workflow import ActivityCancellationType
+from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from activities.contracts import (
-        DATA_QUEUE,
-        EVALUATE,
-        PREPARE_DATA,
-        PROMOTE,
-        RECORD_EVENT,
-        TRAIN_SEGMENT,
-        TRAINER_QUEUE,
+        STAGES,
         WORKFLOW_TYPE,
-        EvaluateInput,
-        EvaluateResult,
-        PrepareDataInput,
-        PrepareDataResult,
-        PromoteInput,
-        PromoteResult,
-        RecordEventInput,
+        Abort,
+        Command,
+        CommandInput,
+        Pause,
+        Resume,
+        Rollback,
         RunCarry,
         RunResult,
-        SweepInput,
-        TrainSegmentInput,
+        SetLrScale,
         TrainSegmentResult,
     )
     from common.errors import BadConfig
     from spec import RunSpec
-    from workflows.carry import bounded, status_view
+    from workflows.carry import apply_rollback, bound, escalation, record_segment, status_view
     from workflows.failures import FAILURE_EXCEPTION_TYPES
     from workflows.operator import (
         UPDATES_PER_RUN,
-        Refused,
-        admit,
+        aborting,
+        enqueue,
         lr_window,
-        not_applied,
-        parse_command,
-        rewind,
+        next_command,
+        operator_event,
+        refusal,
+        run_aborted,
     )
     from workflows.pins import pin_targets
     from workflows.policy import (
         ESCALATE_LOWER_LR,
         ESCALATE_PAUSE,
-        escalate,
-        rollback_allowance,
+        promotion_step,
         segment_bounds,
-        segment_options,
-        short_options,
         with_params,
     )
+    from workflows.search import show_progress, show_run_id, show_stage
+    from workflows.stages import (
+        record_event,
+        start_evaluate,
+        start_prepare_data,
+        start_promote,
+        start_sweep,
+        start_train_segment,
+        until,
+    )
     from workflows.start import claim, parse_spec
-    from workflows.sweep import Sweep
-
-RUN_ID = SearchAttributeKey.for_keyword("MainspringRunId")
-STAGE = SearchAttributeKey.for_keyword("MainspringStage")
-STEP = SearchAttributeKey.for_int("MainspringStep")
-LOSS = SearchAttributeKey.for_float("MainspringLoss")
 
 
 # Bugs and bad input in workflow code fail the run instead of retrying its task forever;
 # nondeterminism from a bad deploy still suspends it (workflows/failures.py).
 @workflow.defn(name=WORKFLOW_TYPE, failure_exception_types=FAILURE_EXCEPTION_TYPES)
 class TrainingRun:
+    # Both take JSON objects: the spec (RunSpec.from_dict), and after continue-as-new the
+    # carry (RunCarry.from_json, which also reads the keys older code wrote).
     @workflow.init  # with the input: an update in a run's first task may run before run()
-    def __init__(self, spec: dict, carry: RunCarry | None = None) -> None:
+    def __init__(self, spec: dict, carry: dict | None = None) -> None:
         self._raw_spec = spec
         try:  # for the update validators only; run() fails the run on a bad spec (parse_spec)
             self._spec: RunSpec | None = RunSpec.from_dict(spec)
         except BadConfig:
             self._spec = None
-        self._carry = carry or RunCarry()
+        self._carry = RunCarry.from_json(carry)
         # continued as new while held: held from the first task on, before run() gets there
         self._stage = self._carry.held["stage"] if self._carry.held else "starting"
         self._evals: dict[int, float] = {}
@@ -91,6 +85,7 @@ class TrainingRun:
         self._resume_who = ""
         self._running: tuple[int, int] | None = None  # [lo, hi) of the running segment
         self._updates = 0  # updates accepted by this workflow run (Temporal limits them per run)
+        self._promoted: tuple[int, str] | None = None  # (step, uri) once promoted
 
     @workflow.query
     def status(self) -> dict:
@@ -98,17 +93,19 @@ class TrainingRun:
                            running=self._running)
 
     # ---- operator commands (workflows/operator.py; `mainspring run pause|resume|...`) ------
+    # Each takes its JSON input as sent (contracts.CommandInput); the validator reads it
+    # strictly, what it admitted is read again (Command.from_json, not strict) where used.
     @workflow.update
-    async def pause(self, args: dict | str | None = None) -> dict:
+    async def pause(self, args: CommandInput = None) -> dict:
         """Stop the running segment at its next step (with a checkpoint) and wait for
         `resume`. Before training starts, the run pauses when it gets there."""
-        return self._accept("pause", args)
+        return self._accept(Pause, args)
 
     @workflow.update
-    async def resume(self, args: dict | str | None = None) -> dict:
+    async def resume(self, args: CommandInput = None) -> dict:
         """Continue a run paused by `pause` or in needs_attention; the rollback budget
         starts afresh from the current step."""
-        cmd = parse_command("resume", args)
+        cmd = Resume.from_json(args, strict=False)
         self._updates += 1
         self._resume_note = cmd.note or "resumed by operator"
         self._resume_who = cmd.who
@@ -116,271 +113,221 @@ class TrainingRun:
                 "reason_was": self._carry.held["reason"] if self._carry.held else ""}
 
     @workflow.update
-    async def rollback(self, args: dict) -> dict:
+    async def rollback(self, args: CommandInput = None) -> dict:
         """Go back to the newest checkpoint at or before `to_step` and (skip_data, default)
         skip the data the abandoned steps read. Its target is pinned against retention
         before the command is queued (workflows/pins.py)."""
         pin = ""
         if self._spec is not None and workflow.patched("pin_rollback"):
             pin = f"pin-{workflow.uuid4().hex[:16]}"
-            await pin_targets(self._spec, [pin], parse_command("rollback", args).to_step)
-        return self._accept("rollback", args, pin=pin)
+            await pin_targets(self._spec, [pin], Rollback.from_json(args, strict=False).to_step)
+        return self._accept(Rollback, args, pin=pin)
 
     @workflow.update
-    async def set_lr_scale(self, args: dict) -> dict:
+    async def set_lr_scale(self, args: CommandInput = None) -> dict:
         """Multiply the scheduled LR by `scale` for `steps` steps (0: to the end) from the
         step the running segment stops at."""
-        return self._accept("set_lr_scale", args)
+        return self._accept(SetLrScale, args)
 
     @workflow.signal
-    def abort(self, args: dict | str | None = None) -> None:
-        """Stop at a checkpoint and end the run (it fails with type RunAborted)."""
+    def abort(self, args: CommandInput = None) -> None:
+        """Stop at a checkpoint and end the run (it fails with type RunAborted). A signal has
+        no validator: its input is read as an accepted command's is."""
         try:
-            self._check("abort", args)
+            self._check(Abort, args, strict=False)
         except ApplicationError:
             workflow.logger.warning("abort ignored: the run has ended or is being aborted")
             return
-        self._accept("abort", args)
+        self._accept(Abort, args)
 
     @pause.validator
-    def _pause_ok(self, args: dict | str | None = None) -> None:
-        self._check("pause", args)
+    def _pause_ok(self, args: CommandInput = None) -> None:
+        self._check(Pause, args)
 
     @resume.validator
-    def _resume_ok(self, args: dict | str | None = None) -> None:
-        self._check("resume", args)
+    def _resume_ok(self, args: CommandInput = None) -> None:
+        self._check(Resume, args)
 
     @rollback.validator
-    def _rollback_ok(self, args: dict) -> None:
-        self._check("rollback", args)
+    def _rollback_ok(self, args: CommandInput = None) -> None:
+        self._check(Rollback, args)
 
     @set_lr_scale.validator
-    def _set_lr_scale_ok(self, args: dict) -> None:
-        self._check("set_lr_scale", args)
+    def _set_lr_scale_ok(self, args: CommandInput = None) -> None:
+        self._check(SetLrScale, args)
 
-    def _check(self, name: str, args: object) -> None:
-        c, total = self._carry, self._spec.train.total_steps if self._spec else 0
-        try:
-            # while a segment runs, the run is somewhere before its end: a rollback target
-            # is checked against that, and again once the segment has stopped
-            step = self._running[1] if self._running else c.next_step
-            why = admit(parse_command(name, args), stage=self._stage, step=step,
-                        total_steps=total, queued=tuple(q["name"] for q in c.operator_queue),
-                        oldest_step=c.oldest_step, lr_windows=len(c.lr_windows))
-        except Refused as exc:
-            why = str(exc)
+    def _check(self, kind: type[Command], args: CommandInput, strict: bool = True) -> None:
+        # while a segment runs, the run is somewhere before its end: a rollback target is
+        # checked against that, and again once the segment has stopped
+        c = self._carry
+        why = refusal(kind, args, c, stage=self._stage, strict=strict,
+                      step=self._running[1] if self._running else c.next_step,
+                      total_steps=self._spec.train.total_steps if self._spec else 0)
         if why:
             raise ApplicationError(why, type="Refused", non_retryable=True)
 
-    def _accept(self, name: str, args: object, pin: str = "") -> dict:
+    def _accept(self, kind: type[Command], args: CommandInput, pin: str = "") -> dict:
         c = self._carry
-        c.operator_actions += 1
-        self._updates += name != "abort"  # abort is a signal
-        entry = {"id": f"op{c.operator_actions}", "name": name, "raw": args,
-                 "accepted_at_step": c.next_step, **({"pin": pin} if pin else {})}
-        c.operator_queue.append(entry)
+        self._updates += kind is not Abort  # abort is a signal
+        entry = enqueue(c, kind, args, pin)
         when = ("at the running segment's next step" if self._running
                 else "now" if c.held else "when training starts")
-        return {"run_id": self._spec.run_id if self._spec else "", "accepted": name,
+        return {"run_id": self._spec.run_id if self._spec else "", "accepted": kind.name,
                 "id": entry["id"], "step": c.next_step, "applies": when}
 
     @workflow.run
-    async def run(self, spec: dict, carry: RunCarry | None = None) -> RunResult:
+    async def run(self, spec: dict, carry: dict | None = None) -> RunResult:
         s = self._spec = parse_spec(spec)
         c = self._carry  # built by __init__: commands accepted in the first task are in it
-        workflow.upsert_search_attributes([RUN_ID.value_set(s.run_id)])
+        show_run_id(s.run_id)
         # the chain's first run claims the id; histories from before the claim skip it
         if c.runs == 1 and not c.stages_done and workflow.patched("claim_run"):
             await claim(s)
         if c.runs == 1 and not c.stages_done:
             await self._event("run_started", "run_started", spec_hash=s.spec_hash())
-
-        if "prepare_data" not in c.stages_done:
-            await self._begin("prepare_data")
-            data = await self._unless_aborted(workflow.start_activity(
-                PREPARE_DATA, PrepareDataInput(spec), task_queue=DATA_QUEUE,
-                result_type=PrepareDataResult, **short_options(s)))
-            c.dataset_uri = data.manifest_uri
-            await self._finish("prepare_data", dataset=data.manifest_uri, cache_hit=data.cache_hit,
-                               train_tokens=data.train_tokens)
-
-        if "warmup_sweep" not in c.stages_done:
-            await self._begin("warmup_sweep")
-            if s.sweep.enabled:
-                result = await self._unless_aborted(await workflow.start_child_workflow(
-                    Sweep.run, SweepInput(spec, c.dataset_uri),
-                    id=f"{workflow.info().workflow_id}-sweep",
-                    task_queue=workflow.info().task_queue))
-                c.best_params = result.best_params
-            await self._finish("warmup_sweep", best_params=c.best_params, enabled=s.sweep.enabled)
-
-        train_spec = with_params(s, c.best_params)
-        if "train" not in c.stages_done:
-            if c.next_step == 0 and not c.held:
-                await self._begin("train")
-            self._stage = "train"
-            segments_this_run = 0
-            while True:
-                if c.held:  # continued as new while held: hold on, already announced
-                    await self._hold(c.held["stage"], c.held["reason"])
-                if c.early_stopped:
-                    break
-                await self._apply_operator()  # pause / rollback / LR / abort, at a step boundary
-                if c.next_step >= s.train.total_steps:
-                    break
-                if segments_this_run >= s.train.segments_per_run or self._history_full():
-                    await self._continue_as_new()  # keep history bounded (DESIGN §3)
-                seg = await self._segment(train_spec, *segment_bounds(c.next_step, s))
-                segments_this_run += 1
-                if seg is None:  # stopped before the trainer answered: resume from storage
-                    continue
-                c.rewind = None  # applied (the trainer's event makes a retry a no-op)
-                if c.rewind_pins:  # its targets need no protection any more
-                    await pin_targets(s, c.rewind_pins, None)
-                    c.rewind_pins = []
-                c.next_step, c.train_loss = seg.final_step, seg.train_loss
-                c.segments_total += 1
-                if seg.oldest_committed_step is not None:
-                    c.oldest_step = seg.oldest_committed_step
-                workflow.upsert_search_attributes([STEP.value_set(c.next_step),
-                                                   LOSS.value_set(_finite(seg.train_loss))])
-                if seg.stopped == "overfitting":
-                    c.early_stopped = "overfitting"  # after the escalation below (it may hold)
-                if seg.rollbacks:
-                    c.rollback_steps += [r["at_step"] for r in seg.rollbacks]
-                    c.rollbacks_total += len(seg.rollbacks)
-                    await self._escalate()
-                self._bound_carry()
-            await self._finish("train", final_step=c.next_step, segments=c.segments_total,
-                               rollbacks=c.rollbacks_total, early_stopped=c.early_stopped)
-
-        await self._begin("evaluate")
-        evaluated = await self._unless_aborted(workflow.start_activity(
-            EVALUATE, EvaluateInput(train_spec.to_dict(), c.dataset_uri, [0, c.next_step]),
-            task_queue=TRAINER_QUEUE, result_type=EvaluateResult, **short_options(s)))
-        self._evals = {p.step: p.val_loss for p in evaluated.results}
-        await self._finish("evaluate", val_loss={str(k): v for k, v in self._evals.items()})
-
-        await self._begin("promote")
-        trained = [st for st in self._evals if st > 0]
-        if not trained:  # every trained checkpoint was corrupt (evaluate fell back to step 0)
-            raise ApplicationError(
-                f"run {s.run_id}: no trained checkpoint could be evaluated; see the "
-                f"checkpoint_corrupt events", {"evaluated": sorted(self._evals)},
-                type="BadData", non_retryable=True)
-        chosen = min(trained, key=lambda st: self._evals[st])
-        promoted = await self._unless_aborted(workflow.start_activity(
-            PROMOTE, PromoteInput(train_spec.to_dict(), chosen), task_queue=DATA_QUEUE,
-            result_type=PromoteResult, **short_options(s)))
-        await self._finish("promote", step=promoted.step, uri=promoted.uri)
+        work = {"prepare_data": self._prepare_data, "warmup_sweep": self._warmup_sweep,
+                "train": self._train, "evaluate": self._evaluate, "promote": self._promote}
+        for stage in STAGES:  # in order; a run continued as new skips the ones it has done
+            if stage not in c.stages_done:
+                await work[stage](s)
+        assert self._promoted is not None
+        step, uri = self._promoted
         self._stage = "completed"
         await self._event("run_finished", "run_finished", status="completed")
         return RunResult(run_id=s.run_id, status="completed", stages=c.stages_done,
-                         initial_val_loss=self._evals.get(0, math.nan), final_val_loss=self._evals[chosen],
-                         final_step=c.next_step, promoted_checkpoint=promoted.uri,
-                         best_params=c.best_params, workflow_runs=c.runs)
+                         initial_val_loss=self._evals.get(0, math.nan),
+                         final_val_loss=self._evals[step], final_step=c.next_step,
+                         promoted_checkpoint=uri, best_params=c.best_params, workflow_runs=c.runs)
+
+    # ---- the five stages (contracts.STAGES) ------------------------------------------------
+    async def _prepare_data(self, s: RunSpec) -> None:
+        await self._begin("prepare_data")
+        data = await self._unless_aborted(start_prepare_data(self._raw_spec, s))
+        self._carry.dataset_uri = data.manifest_uri
+        await self._finish("prepare_data", dataset=data.manifest_uri, cache_hit=data.cache_hit,
+                           train_tokens=data.train_tokens)
+
+    async def _warmup_sweep(self, s: RunSpec) -> None:
+        c = self._carry
+        await self._begin("warmup_sweep")
+        if s.sweep.enabled:
+            result = await self._unless_aborted(await start_sweep(self._raw_spec, c.dataset_uri))
+            c.best_params = result.best_params
+        await self._finish("warmup_sweep", best_params=c.best_params, enabled=s.sweep.enabled)
+
+    async def _train(self, s: RunSpec) -> None:
+        c = self._carry
+        if c.next_step == 0 and not c.held:
+            await self._begin("train")
+        self._stage = "train"
+        segments_this_run = 0
+        while True:
+            if c.held:  # continued as new while held: hold on, already announced
+                await self._hold(c.held["stage"], c.held["reason"])
+            if c.early_stopped:
+                break
+            await self._apply_operator()  # pause / rollback / LR / abort, at a step boundary
+            if c.next_step >= s.train.total_steps:
+                break
+            if segments_this_run >= s.train.segments_per_run or self._history_full():
+                await self._continue_as_new()  # keep history bounded (DESIGN §3)
+            seg = await self._segment(with_params(s, c.best_params),
+                                      *segment_bounds(c.next_step, s))
+            segments_this_run += 1
+            if seg is None:  # stopped before the trainer answered: resume from storage
+                continue
+            c.pending_rollback = None  # applied (the trainer's event makes a retry a no-op)
+            if c.rollback_pins:  # its targets need no protection any more
+                await pin_targets(s, c.rollback_pins, None)
+                c.rollback_pins = []
+            record_segment(c, seg)
+            show_progress(c.next_step, seg.train_loss)
+            if seg.rollbacks:
+                await self._escalate()
+            bound(c, s.spikes)
+        await self._finish("train", final_step=c.next_step, segments=c.segments_total,
+                           rollbacks=c.rollbacks_total, early_stopped=c.early_stopped)
+
+    async def _evaluate(self, s: RunSpec) -> None:
+        await self._begin("evaluate")
+        c = self._carry
+        evaluated = await self._unless_aborted(start_evaluate(
+            with_params(s, c.best_params), c.dataset_uri, [0, c.next_step]))
+        self._evals = {p.step: p.val_loss for p in evaluated.results}
+        await self._finish("evaluate", val_loss={str(k): v for k, v in self._evals.items()})
+
+    async def _promote(self, s: RunSpec) -> None:
+        await self._begin("promote")
+        chosen = promotion_step(s.run_id, self._evals)
+        promoted = await self._unless_aborted(
+            start_promote(with_params(s, self._carry.best_params), chosen))
+        self._promoted = (chosen, promoted.uri)
+        await self._finish("promote", step=promoted.step, uri=promoted.uri)
 
     # ---- interruptible work ------------------------------------------------------------
     async def _segment(self, train_spec: RunSpec, lo: int, hi: int) -> TrainSegmentResult | None:
         """One training segment. An operator command stops it gracefully: the activity is
         cancelled, its trainer commits a checkpoint at its current step and the activity
         returns that (stopped="interrupted"); None when it was stopped before it ran."""
-        s, c = self._spec, self._carry
-        assert s is not None
-        handle = workflow.start_activity(
-            TRAIN_SEGMENT, TrainSegmentInput(
-                train_spec.to_dict(), c.dataset_uri, lo, hi, lr_windows=c.lr_windows,
-                max_rollbacks=rollback_allowance(c.rollback_steps, c.budget_from, lo, s.spikes),
-                rewind=c.rewind),
-            task_queue=TRAINER_QUEUE, result_type=TrainSegmentResult,
-            cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
-            **segment_options(s))
+        c = self._carry
+        handle = start_train_segment(train_spec, c, lo, hi)
         self._running = (lo, hi)
         try:
-            return await self._until(handle, lambda: bool(c.operator_queue))
+            return await until(handle, lambda: bool(c.operator_queue))
         finally:
             self._running = None
 
     async def _unless_aborted(self, handle):
         """Await a stage's activity or child workflow; an `abort` cancels it and ends the run."""
-        result = await self._until(handle, lambda: any(
-            q["name"] == "abort" for q in self._carry.operator_queue))
+        result = await until(handle, lambda: aborting(self._carry))
         if result is None:
             await self._apply_operator()  # the abort: raises RunAborted
         return result
-
-    @staticmethod
-    async def _until(handle, interrupted) -> object | None:
-        """Wait for `handle`; cancel it when `interrupted()` turns true first. The handle's
-        result (a graceful stop still returns one), or None when it ended cancelled."""
-        await workflow.wait_condition(lambda: handle.done() or interrupted())
-        if not handle.done():
-            handle.cancel()
-        try:
-            return await handle
-        except BaseException as exc:  # ActivityError / ChildWorkflowError / CancelledError
-            if interrupted() and is_cancelled_exception(exc):
-                return None
-            raise
 
     # ---- operator commands, applied at a step boundary ----------------------------------
     async def _apply_operator(self) -> None:
         s, c = self._spec, self._carry
         assert s is not None
         while c.operator_queue:
-            # an abort goes first: nothing queued before it (a pause) should hold it up
-            aborts = [i for i, q in enumerate(c.operator_queue) if q["name"] == "abort"]
-            entry = c.operator_queue.pop(aborts[0] if aborts else 0)
-            cmd = parse_command(entry["name"], entry["raw"])
-            why_not = not_applied(cmd, c.next_step)
-            await self._event("operator", f"operator/{entry['id']}", command=cmd.name,
-                              args=cmd.args, who=cmd.who, note=cmd.note, id=entry["id"],
-                              accepted_at_step=entry["accepted_at_step"], applied=not why_not,
-                              **({"why_not": why_not} if why_not else {}))
+            entry, cmd, why_not = next_command(c)  # an abort first
+            await self._event("operator", f"operator/{entry['id']}",
+                              **operator_event(entry, cmd, why_not))
             if why_not:
                 if entry.get("pin"):
                     await pin_targets(s, [entry["pin"]], None)
                 continue
-            if cmd.name == "pause":
+            if isinstance(cmd, Pause):
                 await self._hold("paused", cmd.note or "paused by operator",
                                  fix=f"`mainspring run resume {s.run_id}`", who=cmd.who)
-            elif cmd.name == "rollback":
-                c.rewind = rewind(cmd, f"{s.run_id}/{entry['id']}", c.next_step, c.rewind)
-                c.rewind_pins += [entry["pin"]] if entry.get("pin") else []
-                c.next_step = min(c.next_step, cmd.to_step)
-            elif cmd.name == "set_lr_scale":
+            elif isinstance(cmd, Rollback):
+                apply_rollback(c, cmd, f"{s.run_id}/{entry['id']}", entry.get("pin", ""))
+            elif isinstance(cmd, SetLrScale):
                 c.lr_windows.append(lr_window(cmd, c.next_step, s.train.total_steps))
-                self._bound_carry()
-            elif cmd.name == "abort":
+                bound(c, s.spikes)
+            elif isinstance(cmd, Abort):
                 await self._abort(cmd.note or "aborted by operator", cmd.who)
 
     async def _abort(self, reason: str, who: str) -> None:
         s, c = self._spec, self._carry
         assert s is not None
         self._stage = "aborted"
-        workflow.upsert_search_attributes([STAGE.value_set("aborted")])
+        show_stage("aborted")
         await self._event("run_finished", "run_finished", status="aborted", reason=reason,
                           who=who, step=c.next_step)
-        raise ApplicationError(f"run {s.run_id} aborted by {who or 'operator'} at step "
-                               f"{c.next_step}: {reason}", {"step": c.next_step},
-                               type="RunAborted", non_retryable=True)
+        raise run_aborted(s.run_id, who, c.next_step, reason)
 
     # ---- spike escalation: continue / lower the LR / pause for a human ------------------
     async def _escalate(self) -> None:
         s, c = self._spec, self._carry
         assert s is not None
-        counted = tuple(x for x in c.rollback_steps if x >= c.budget_from)
-        action, reason = escalate(counted, c.next_step,
-                                  tuple(x for x in c.lowered_at if x >= c.budget_from), s.spikes)
+        action, reason, counted = escalation(c, s.spikes)
         if action == ESCALATE_LOWER_LR:
-            window = [c.next_step, c.next_step + s.spikes.lr_backoff_steps, s.spikes.lr_backoff]
-            c.lowered_at.append(c.next_step)
-            c.lr_windows.append(window)
+            window = c.lr_windows[-1]  # escalation() appended it
             await self._event("lr_adjusted", f"lr_adjusted/{c.next_step}", reason=reason,
                               scale=s.spikes.lr_backoff, from_step=window[0],
-                              until_step=window[1], rollback_steps=list(counted))
+                              until_step=window[1], rollback_steps=counted)
         elif action == ESCALATE_PAUSE:
-            await self._hold("needs_attention", reason, rollback_steps=list(counted),
+            await self._hold("needs_attention", reason, rollback_steps=counted,
                              lr_windows=c.lr_windows,
                              fix="inspect the rollback and loss_spike events, then "
                                  f"`mainspring run resume {s.run_id}`")
@@ -397,7 +344,7 @@ class TrainingRun:
             c.held = {"stage": stage, "reason": reason, "who": str(payload.get("who") or "")}
             self._resume_note = None
         self._stage = stage
-        workflow.upsert_search_attributes([STAGE.value_set(stage)])
+        show_stage(stage)
         if new:
             await self._event(stage, f"{stage}/{c.next_step}/{c.pauses}", reason=reason,
                               **payload)
@@ -410,11 +357,12 @@ class TrainingRun:
             if self._resume_note is None and self._history_full():
                 await self._continue_as_new()  # returns when a resume came in meanwhile
         c.held, c.budget_from = None, c.next_step  # the operator has looked: budget afresh
-        self._bound_carry()
+        assert self._spec is not None
+        bound(c, self._spec.spikes)
         await self._event("run_resumed", f"run_resumed/{c.next_step}/{c.pauses}",
                           note=self._resume_note, who=self._resume_who, paused_for=reason)
         self._stage = "train"
-        workflow.upsert_search_attributes([STAGE.value_set("train")])
+        show_stage("train")
 
     def _history_full(self) -> bool:
         return self._updates >= UPDATES_PER_RUN or workflow.info().is_continue_as_new_suggested()
@@ -429,17 +377,13 @@ class TrainingRun:
         self._carry.runs += 1  # carry only what is done
         workflow.continue_as_new(args=[self._raw_spec, self._carry])
 
-    def _bound_carry(self) -> None:
-        c = self._carry
-        assert self._spec is not None
-        c.rollback_steps, c.lowered_at, c.lr_windows = bounded(c, self._spec.spikes)
-
     # ---- stage bookkeeping: search attributes + events via a local activity ---------
     async def _begin(self, stage: str) -> None:
         self._stage = stage
+        run_id = self._spec.run_id if self._spec else ""
         self._span = trace.get_tracer(__name__).start_span(
-            f"stage {stage}", attributes={"mainspring.run_id": self._spec.run_id if self._spec else ""})
-        workflow.upsert_search_attributes([STAGE.value_set(stage)])
+            f"stage {stage}", attributes={"mainspring.run_id": run_id})
+        show_stage(stage)
         await self._event("stage_started", f"stage_started/{stage}", stage=stage)
 
     async def _finish(self, stage: str, **payload: object) -> None:
@@ -450,15 +394,5 @@ class TrainingRun:
         await self._event("stage_finished", f"stage_finished/{stage}", stage=stage, **payload)
 
     async def _event(self, kind: str, event_id: str, **payload: object) -> None:
-        s = self._spec
-        assert s is not None
-        await workflow.execute_local_activity(
-            RECORD_EVENT, RecordEventInput(durable=s.storage.durable, run_id=s.run_id, kind=kind,
-                                           event_id=event_id, step=self._carry.next_step,
-                                           payload=dict(payload)),
-            start_to_close_timeout=timedelta(seconds=60))
-
-
-def _finite(x: float | None) -> float:
-    return x if x is not None and math.isfinite(x) else -1.0
-
+        assert self._spec is not None
+        await record_event(self._spec, kind, event_id, self._carry.next_step, dict(payload))

@@ -8,13 +8,14 @@ import math
 import pytest
 
 from activities.metrics import MetricsForwarder, aggregate
+from common.protocol import CommitLine, EvalLine, StartLine, StepLine
 from storage.events import EventLog, read_events
 
 
-def step(n: int, loss: float | None = 2.0, verdict: str = "ok", **extra) -> dict:
-    return {"type": "step", "step": n, "loss": loss, "lr": 1e-3 * n, "verdict": verdict,
-            "tokens_per_s": 100.0 * n, "step_time_s": 0.1, "mfu": 0.01 * n,
-            "peak_mem_bytes": 1000 + n, **extra}
+def step(n: int, loss: float | None = 2.0, verdict: str = "ok", **extra) -> StepLine:
+    return StepLine(**{"step": n, "loss": loss, "lr": 1e-3 * n, "verdict": verdict,
+                       "tokens_per_s": 100.0 * n, "step_time_s": 0.1, "mfu": 0.01 * n,
+                       "peak_mem_bytes": 1000 + n, **extra})
 
 
 def test_aggregate_excludes_nonfinite_losses_and_counts_skips():
@@ -39,7 +40,7 @@ def test_aggregate_of_only_nonfinite_losses_gives_null_band():
 
 
 def test_aggregate_without_mfu_or_memory_reports_null():
-    lines = [{"type": "step", "step": 1, "loss": 2.5, "lr": 0.1, "verdict": "ok"}]
+    lines = [StepLine(step=1, loss=2.5, lr=0.1, verdict="ok")]
     out = aggregate(lines)
     assert out["mfu"] is None and out["tokens_per_s"] is None and out["peak_mem_bytes"] is None
     assert out["loss_mean"] == 2.5
@@ -59,7 +60,7 @@ def metrics(tmp_path) -> list[dict]:
 
 def test_windows_end_on_multiples_of_every_and_close_emits_the_tail(tmp_path):
     # A segment resumed at step 5: windows 5-10, 11-20, then the tail 21-23 on close().
-    lines = [{"type": "start", "resumed_from": 4}] + [step(n) for n in range(5, 24)]
+    lines = [StartLine(resumed_from=4, world_size=1, to_step=24, attempt=1)] + [step(n) for n in range(5, 24)]
     events, fwd = forwarded(tmp_path, lines)
     events.flush()
     assert [(e["payload"]["first_step"], e["payload"]["last_step"]) for e in metrics(tmp_path)
@@ -74,7 +75,7 @@ def test_windows_end_on_multiples_of_every_and_close_emits_the_tail(tmp_path):
 
 def test_commit_line_makes_the_windows_so_far_durable(tmp_path):
     _, _ = forwarded(tmp_path, [step(n) for n in range(1, 11)] + [
-        {"type": "commit", "step": 10, "uri": "x"}, step(11)])
+        CommitLine(step=10, uri="x"), step(11)])
     assert [e["payload"]["last_step"] for e in metrics(tmp_path)] == [10]
 
 
@@ -127,7 +128,7 @@ def test_reemitting_the_same_window_deduplicates_on_read(tmp_path):
 
 
 def test_non_step_lines_and_every_below_one_are_handled(tmp_path):
-    events, fwd = forwarded(tmp_path, [{"type": "eval", "step": 10, "val_loss": 1.0}])
+    events, fwd = forwarded(tmp_path, [EvalLine(step=10, val_loss=1.0)])
     fwd.close()
     events.flush()
     assert metrics(tmp_path) == []
@@ -142,5 +143,8 @@ def test_unreachable_store_at_a_commit_defers_the_flush_without_losing_windows(t
     fwd = MetricsForwarder(events, 5, segment="0-10", attempt=1)
     for n in range(1, 6):
         fwd.on_progress(step(n))
-    fwd.on_progress({"type": "commit", "step": 5, "uri": "x"})  # flush fails: no raise
-    assert [e["kind"] for e in events._buffer] == ["train_metrics"]  # kept for the next flush
+    fwd.on_progress(CommitLine(step=5, uri="x"))  # flush fails: no raise
+    assert read_events(str(blocked), "r") == []
+    blocked.unlink()  # the store is back: the next flush writes the window kept for it
+    events.flush()
+    assert [e["kind"] for e in read_events(str(blocked), "r")] == ["train_metrics"]

@@ -13,15 +13,16 @@ from prometheus_client.parser import text_string_to_metric_families
 from activities.metrics import MetricsForwarder
 from common import metrics
 from common.errors import BadConfig
+from common.protocol import CommitLine, StartLine, StepLine
 from ops.cli import build_parser
 from ops.services import free_port
 from storage.events import EventLog, read_events
 
 
 def step(n: int, loss: float | None, verdict: str = "ok", tps: float = 1000.0,
-         dt: float = 0.256) -> dict:
-    return {"type": "step", "step": n, "loss": loss, "lr": 1e-4 * n, "verdict": verdict,
-            "tokens_per_s": tps, "step_time_s": dt, "mfu": 0.1 * n, "peak_mem_bytes": 5000 + n}
+         dt: float = 0.256) -> StepLine:
+    return StepLine(step=n, loss=loss, lr=1e-4 * n, verdict=verdict, tokens_per_s=tps,
+                    step_time_s=dt, mfu=0.1 * n, peak_mem_bytes=5000 + n)
 
 
 def scrape(port: int) -> dict[tuple[str, str], float]:
@@ -48,8 +49,8 @@ def test_progress_lines_through_the_forwarder_are_scraped_with_run_id_labels(tmp
     fwd = MetricsForwarder(EventLog(str(tmp_path), run_a, "supervisor", attempt=1), 10,
                            segment="0-80", attempt=1, execution="wf.1")
     for line in (step(1, 3.5), step(2, 3.0, tps=2000.0, dt=0.128), step(3, None, "skip"),
-                 {"type": "commit", "step": 3, "uri": "file:///x", "bytes": 1},
-                 step(4, 9.0, "skip", dt=0.512), {"type": "start", "resumed_from": None}):
+                 CommitLine(step=3, uri="file:///x", bytes=1), step(4, 9.0, "skip", dt=0.512),
+                 StartLine(resumed_from=None, world_size=1, to_step=80, attempt=1)):
         fwd.on_progress(line)
     other = MetricsForwarder(EventLog(str(tmp_path), run_b, "supervisor", attempt=1), 10,
                              segment="0-80", attempt=1)
@@ -98,7 +99,7 @@ def test_port_zero_or_unset_serves_nothing_and_training_events_still_flow(tmp_pa
     events = EventLog(str(tmp_path), "r", "supervisor", attempt=1)
     fwd = MetricsForwarder(events, 2, segment="0-2", attempt=1)
     assert fwd.live is None
-    for line in (step(1, 2.0), step(2, None, "skip"), {"type": "commit", "step": 2}):
+    for line in (step(1, 2.0), step(2, None, "skip"), CommitLine(step=2, uri="file:///x")):
         fwd.on_progress(line)
     got = read_events(str(tmp_path), "r", ("train_metrics",))  # the commit flushed them
     assert [(e["payload"]["last_step"], e["payload"]["skipped"]) for e in got] == [(2, 1)]

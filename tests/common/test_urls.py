@@ -66,11 +66,28 @@ def test_corpus_forms_data_prep_reads_are_accepted_and_only_those():
     ("data.corpus", "s3://bucket/c.jsonl?X-Amz-Signature=hunter2secret"),
     ("data.corpus", "file:///c.txt?token=hunter2secret"),
     ("data.tokenizer.path", "s3://bucket/tok.json?password=hunter2secret"),
-    ("ops.otlp_endpoint", "http://user:hunter2secret@collector:4317")])
+    ("ops.otlp_endpoint", "http://user:hunter2secret@collector:4318"),
+    ("ops.otlp_endpoint", "https://collector:4318/v1/traces?api_key=hunter2secret")])
 def test_credentials_in_any_url_are_refused_without_echoing_them(field, url):
     err = _error(**{field: url})
     assert err.field == field and "hunter2secret" not in str(err)
-    assert "AWS_ACCESS_KEY_ID" in err.fix
+    assert ("OTEL_EXPORTER_OTLP_HEADERS" if field == "ops.otlp_endpoint"
+            else "AWS_ACCESS_KEY_ID") in err.fix
+
+
+@pytest.mark.parametrize("endpoint", ["grpc://collector:4317", "s3://bucket", "http://",
+                                      "https:///v1/traces", "/v1/traces", "http://[bad",
+                                      "collector:http", "collector:70000"])
+def test_an_otlp_endpoint_must_be_an_http_collector_address(endpoint):
+    err = _error(**{"ops.otlp_endpoint": endpoint})
+    assert err.field == "ops.otlp_endpoint" and "4318" in err.fix
+
+
+def test_otlp_endpoints_a_collector_takes_are_accepted():
+    for endpoint in ("", "collector:4318", "http://127.0.0.1:4318", "https://otel.example.com",
+                     "[::1]:4318",
+                     "https://gw.example.com/otlp/v1/traces"):
+        assert _spec(**{"ops.otlp_endpoint": endpoint}).ops.otlp_endpoint == endpoint
 
 
 def test_unknown_protocol_at_a_worker_is_bad_config_not_a_retryable_outage():

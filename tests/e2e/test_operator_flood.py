@@ -7,7 +7,7 @@ The orchestrator worker is the real one (ops/worker.py: TrainingRun with the rea
 record_event activity writing to a tmp file store). The data and trainer queues are served
 by stand-ins: the claim under test is the workflow's behaviour, not the trainer's. The
 stand-in train_segment heartbeats until it is cancelled, as the real supervisor does, and
-records the input each segment got (its LR windows, its rewind).
+records the input each segment got (its LR windows, its operator rollback).
 """
 
 from __future__ import annotations
@@ -186,8 +186,8 @@ def test_a_flooded_paused_run_continues_as_new_stays_bounded_and_still_resumes(
     # after resume: one segment from the earliest rollback target, skipping through step 60,
     # its LR windows few (bounded) and giving every step the product of the commands' factors
     resumed_segment = SEGMENTS[1]
-    assert (resumed_segment.from_step, resumed_segment.rewind["to_step"],
-            resumed_segment.rewind["through_step"]) == (step, step, STOPPED_AT)
+    assert (resumed_segment.from_step, resumed_segment.rollback.to_step,
+            resumed_segment.rollback.through_step) == (step, step, STOPPED_AT)
     windows = resumed_segment.lr_windows
     assert 0 < len(windows) <= 24 <= MAX_LR_WINDOWS, windows
     assert len(expected) == 6 + 75 * 7

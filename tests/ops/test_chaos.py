@@ -63,11 +63,12 @@ def test_hang_stops_the_highest_rank_and_kill_rank_kills_it(fake_trainer):
     assert sorted(ranks) == [0, 1]
     hung = chaos.apply("hang")
     assert hung["rank"] == 1 and hung["stopped"]
-    assert psutil.Process(ranks[1]).status() == psutil.STATUS_STOPPED
+    victim = psutil.Process(ranks[1])  # held before the kill: the shell may reap it at once
+    assert victim.status() == psutil.STATUS_STOPPED
     assert psutil.Process(ranks[0]).status() != psutil.STATUS_STOPPED
     killed = chaos.apply("kill_rank")
     assert killed["pid"] == ranks[1]
-    psutil.Process(ranks[1]).wait(5)  # reaped by the shell: gone
+    victim.wait(5)  # reaped by the shell: gone (a Process made after that raised NoSuchProcess)
     assert not psutil.pid_exists(ranks[1]) and psutil.pid_exists(ranks[0])
     assert [r["kind"] for r in chaos.log] == ["hang", "kill_rank"]
 

@@ -1,8 +1,19 @@
+import asyncio
 import json
+import os
 import socket
+import subprocess
+import sys
+import uuid
+
+import pytest
 
 from ops.cli import main
 from ops.services import _ephemeral_low, free_port
+from spec import PRESETS
+from tests.common.otlp import Collector
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_run_start_with_malformed_spec_exits_2_naming_the_field(tmp_path, capsys):
@@ -64,3 +75,34 @@ def test_run_list_queries_mainspring_runs_by_stage_and_status():
     assert list_query("needs_attention", True) == ("WorkflowType = 'TrainingRun' AND "
                                                    "MainspringStage = 'needs_attention' AND "
                                                    "ExecutionStatus = 'Running'")
+
+
+@pytest.mark.e2e
+def test_run_start_sends_the_client_span_to_the_spec_s_otlp_endpoint(temporal_server, tmp_path):
+    # The StartWorkflow span is the root of the run's trace; no worker is needed to start.
+    collector = Collector()
+    run_id = f"otlp-{uuid.uuid4().hex[:8]}"
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({**PRESETS["demo"], "run_id": run_id, "storage": {
+        "durable": str(tmp_path / "store"), "fast": str(tmp_path / "fast")},
+        "ops": {"otlp_endpoint": collector.address}}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "ops.cli", "run", "start", "--spec", str(spec), "--address",
+             temporal_server.address], capture_output=True, text=True, timeout=120, cwd=ROOT,
+            env={**env, "MAINSPRING_SPANS_DIR": str(tmp_path / "spans")})
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout.splitlines()[-1])["run_id"] == run_id
+        assert [(svc, s.name) for svc, s in collector.spans()] == [
+            ("mainspring-cli", "StartWorkflow:TrainingRun")]
+        assert list((tmp_path / "spans").glob("cli-*.jsonl"))  # the local span file too
+    finally:
+        collector.close()
+        asyncio.run(_terminate(temporal_server.address, run_id))
+
+
+async def _terminate(address: str, run_id: str) -> None:
+    from ops.client import connect
+
+    await (await connect(address)).get_workflow_handle(run_id).terminate("test done")

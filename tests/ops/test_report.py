@@ -16,6 +16,7 @@ import pytest
 
 from activities.metrics import MetricsForwarder
 from common.errors import BadConfig
+from common.protocol import StepLine
 from ops.report import (
     build_report,
     checkpoint_rows,
@@ -46,9 +47,8 @@ def steps(forwarder: MetricsForwarder, clock: Clock, span: range, loss: float,
     original = forwarder.events.emit
     forwarder.events.emit = lambda *a, **kw: clock.stamp(original(*a, **kw))
     for n in span:
-        forwarder.on_progress({"type": "step", "step": n, "loss": loss, "lr": 1e-3,
-                               "verdict": verdict, "tokens_per_s": 1000.0, "mfu": 0.4,
-                               "peak_mem_bytes": 1 << 20})
+        forwarder.on_progress(StepLine(step=n, loss=loss, lr=1e-3, verdict=verdict,
+                                       tokens_per_s=1000.0, mfu=0.4, peak_mem_bytes=1 << 20))
     forwarder.events.emit = original
 
 
@@ -57,7 +57,7 @@ def write_run(url: str) -> None:
     wf = EventLog(url, RUN, "workflow")
 
     def ev(log: EventLog, kind: str, step: int, fields: dict | None = None, **more) -> None:
-        clock.stamp(log.record(kind, step, None, {**(fields or {}), **more}))  # a fault's `kind`
+        clock.stamp(log.emit(kind, fields, step=step, **more))  # fields: a fault's `kind`
     ev(wf, "run_started", 0, spec_hash="abc")
     # Attempt 1 of segment 0-60: commits at 20, reaches 30, is killed at 33.
     a1 = EventLog(url, RUN, "supervisor", attempt=1)

@@ -119,9 +119,24 @@ def test_integers_too_large_for_any_float_are_bad_config_not_overflow():
     ("model.d_model", 10**9), ("model.seq_len", 1 << 24), ("train.total_steps", 10**13),
     ("train.micro_batch_tokens", 1 << 40), ("train.lr", 11.0), ("train.segments_per_run", 10**6),
     ("ops.heartbeat_timeout_s", 2 * 86400.0), ("ops.heartbeat_timeout_s", 1e-9),
-    ("ops.metrics_port", 70000), ("storage.keep_last", 10**9), ("sweep.trials", 5000)])
+    ("storage.keep_last", 10**9), ("sweep.trials", 5000)])
 def test_absurd_sizes_are_refused_before_any_gpu_is_used(field, value):
     assert _error(_demo(**{field: value})).field == field
+
+
+# spec_hash of the demo preset with run_id "hash-pin" before metrics_port was removed (8350b22)
+HASH_BEFORE_REMOVAL = "110ac9f4598b1d51"
+
+
+def test_the_removed_metrics_port_is_ignored_on_input_and_changes_no_hash():
+    # it was ignored (a Prometheus port belongs to a worker: `mainspring worker --metrics-port`)
+    old = RunSpec.from_dict(_demo(**{"ops.metrics_port": 9100}))  # a stored spec, a run in flight
+    assert "metrics_port" not in old.to_dict()["ops"]
+    assert old == RunSpec.from_dict(_demo())
+    assert preset("demo", run_id="hash-pin").spec_hash() == HASH_BEFORE_REMOVAL
+    err = _error(_demo(**{"ops.metrics_prt": 0}))  # an unknown field is still refused
+    assert err.field == "ops.metrics_prt" and err.problem == "unknown field"
+    assert err.fix.startswith("remove it; known fields here: ") and "metrics_every" in err.fix
 
 
 def test_a_fault_factor_and_attempt_are_bounded():

@@ -106,3 +106,20 @@ def test_follow_yields_each_event_once_as_batches_arrive(url):
         got.append(event["event_id"])
     producer.join()
     assert sorted(got) == sorted(f"e{b}{i}" for b in range(3) for i in range(2))
+
+
+def test_a_payload_may_carry_any_key_the_envelope_uses(tmp_path):
+    # a fault's payload has a `kind` of its own; a workflow's (record_event) can carry
+    # `step` or `event_id`: the mapping form takes any key, keyword fields merge over it
+    url = str(tmp_path / "store")
+    with EventLog(url, "r", "t") as log:
+        log.emit("fault", step=33, event_id="f/33", kind="kill_worker", payload="p")
+        log.emit("stage_finished", {"stage": "promote", "step": 40, "event_id": "x"},
+                 step=41, event_id="stage_finished/promote", uri="u")
+        log.emit("tick", {"a": 1, "b": 1}, b=2)
+    got = {e["event_id"]: (e["kind"], e["step"], e["payload"]) for e in read_events(url, "r")}
+    assert got["f/33"] == ("fault", 33, {"kind": "kill_worker", "payload": "p"})
+    assert got["stage_finished/promote"] == (
+        "stage_finished", 41, {"stage": "promote", "step": 40, "event_id": "x", "uri": "u"})
+    (tick,) = [v for v in got.values() if v[0] == "tick"]
+    assert tick == ("tick", None, {"a": 1, "b": 2})

@@ -162,8 +162,7 @@ def test_a_rollback_with_no_checkpoint_left_at_its_target_deletes_nothing(tmp_pa
     durable = CheckpointStore(str(tmp_path / "d"), "r")
     durable.commit(50, write_files(tmp_path / "s50", payload(50, 64)))
     apply_retention(durable, RetentionPolicy(keep_last=1))
-    restored, gone = roll_back(49, lambda b: durable.latest_verified(at_or_before=b),
-                               lambda s: s, [durable])
+    restored, gone = roll_back(49, lambda b: pick([durable], b), lambda s: s, [durable])
     assert (restored, gone) == (None, [])
     assert durable.list_committed() == [50]
 
@@ -189,7 +188,7 @@ def test_retention_with_the_spike_reach_keeps_a_target_for_any_onset_in_the_wind
         apply_retention(durable, policy, newest_verified=s)
         for step in range(s + 1, s + EVERY + 1):  # training goes on from s to the next commit
             for onset in range(max(1, step - WINDOW), step + 1):  # onsets the detector sees
-                assert durable.latest_verified(at_or_before=max(0, onset - 2)) is not None
+                assert pick([durable], max(0, onset - 2)) is not None
 
 
 def test_a_pinned_rollback_target_survives_retention_until_the_pin_is_released(tmp_path):

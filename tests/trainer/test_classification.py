@@ -16,7 +16,7 @@ from activities.supervise import child_env, supervise
 CHILD = """
 import sys
 from common import errors
-from trainer.checkpointing import run_classified
+from trainer.child import run_classified
 from trainer.safe_load import UnsafeCheckpointFile
 kind, workdir = sys.argv[1], sys.argv[2]
 make = {"Diverged": lambda: errors.Diverged(7, "no committed checkpoint before the onset"),

@@ -1,14 +1,12 @@
-"""lr_at and the DeepSpeed config are pure functions of the RunSpec."""
+"""The DeepSpeed config is a pure function of the RunSpec."""
 
 from __future__ import annotations
-
-import math
 
 import pytest
 
 from common.errors import BadConfig
 from spec import RunSpec, TrainConfig
-from trainer.engine import check_device, deepspeed_config, lr_at, micro_batch_size, tokens_per_step
+from trainer.engine import check_device, deepspeed_config, micro_batch_size, tokens_per_step
 
 
 def cfg(**kw) -> TrainConfig:
@@ -18,33 +16,6 @@ def cfg(**kw) -> TrainConfig:
 
 def spec(**train) -> RunSpec:
     return RunSpec(run_id="t").replace(**{f"train.{k}": v for k, v in train.items()})
-
-
-def test_lr_warms_up_linearly_then_decays_to_min_lr():
-    c = cfg()
-    assert lr_at(0, c) == pytest.approx(1e-4)
-    assert lr_at(4, c) == pytest.approx(5e-4)
-    assert lr_at(9, c) == pytest.approx(1e-3)
-    assert lr_at(10, c) == pytest.approx(1e-3)  # cosine starts at its peak
-    assert lr_at(60, c) == pytest.approx(5.5e-4)  # half way: midpoint of lr and min_lr
-    assert lr_at(110, c) == pytest.approx(1e-4)
-    decay = [lr_at(s, c) for s in range(10, 111)]
-    assert all(a > b for a, b in zip(decay, decay[1:]))
-
-
-def test_lr_stays_at_min_lr_past_total_steps():
-    assert lr_at(111, cfg()) == pytest.approx(1e-4)
-    assert lr_at(10_000, cfg()) == pytest.approx(1e-4)
-
-
-def test_lr_without_warmup_starts_at_peak():
-    assert lr_at(0, cfg(warmup_steps=0)) == pytest.approx(1e-3)
-
-
-def test_lr_follows_the_cosine_formula_between_warmup_and_total():
-    c = cfg()
-    expected = 1e-4 + 0.5 * (1 + math.cos(math.pi * 25 / 100)) * 9e-4
-    assert lr_at(35, c) == pytest.approx(expected)
 
 
 def test_deepspeed_batch_sizes_come_from_tokens_seq_len_accum_and_world():

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from trainer.segment import lr_scale, parse_args
+from trainer.schedule import lr_scale
+from trainer.segment import parse_args
 
 BASE = ["--spec", "spec.json", "--dataset", "file:///d/MANIFEST.json", "--to-step", "10",
         "--workdir", "w"]
@@ -18,9 +19,9 @@ def test_ten_thousand_lr_windows_reach_the_trainer_through_the_file(tmp_path):
     path = tmp_path / "lr_windows.json"
     path.write_text(json.dumps(windows))
     args = parse_args([*BASE, "--lr-windows-file", str(path)])
-    assert args.lr_windows == windows
-    assert parse_args([*BASE, "--lr-windows", "[[0, 5, 0.5]]"]).lr_windows == [[0, 5, 0.5]]
-    assert parse_args(BASE).lr_windows == []
+    assert [list(w) for w in args.lr_windows] == windows
+    assert parse_args([*BASE, "--lr-windows", "[[0, 5, 0.5]]"]).lr_windows == ((0, 5, 0.5),)
+    assert parse_args(BASE).lr_windows == ()
     with pytest.raises(SystemExit):  # one or the other
         parse_args([*BASE, "--lr-windows", "[]", "--lr-windows-file", str(path)])
 

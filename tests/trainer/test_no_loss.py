@@ -36,7 +36,7 @@ def test_spike_just_after_a_commit_with_keep_last_one_still_rolls_back(tmp_path,
         {"kind": "corrupt_batches", "at_step": CORRUPT_AT, "steps": CORRUPT_STEPS}])
     ok(run_segment(write_spec(spec, tmp_path / "spec.json"), dataset_uri, 100, tmp_path / "w"))
     result = result_of(tmp_path / "w")
-    (rb,) = result["spikes"]["rollbacks"]
+    (rb,) = result["outcome"]["rollbacks"]
     assert rb["onset"] == CORRUPT_AT and rb["to_step"] < CORRUPT_AT - 1
     assert result["final_step"] == 100
     committed = CheckpointStore(spec.storage.durable, spec.run_id).list_committed()
@@ -53,19 +53,19 @@ def test_operator_rollback_to_a_step_retention_removed_is_refused_and_deletes_no
     # The workflow admitted `rollback --to-step 2` and scheduled [2, 20); by then retention
     # had removed every step at or before 2. On e3369a3 the trainer uncommitted 12, found
     # nothing, and started the run over from step 0.
-    rewind = {"id": "t/op1", "to_step": 2, "through_step": 12, "skip_data": True,
+    rollback = {"id": "t/op1", "to_step": 2, "through_step": 12, "skip_data": True,
               "note": "bad shard", "who": "alice"}
     ok(run_segment(spec_file, dataset_uri, 20, tmp_path / "second",
-                   extra=("--rewind", json.dumps(rewind))))
+                   extra=("--rollback", json.dumps(rollback))))
     result = result_of(tmp_path / "second")
     assert result["final_step"] == 12 and result["steps_run"] == 0
-    assert result["spikes"]["stopped"] == "rollback_refused"
+    assert result["outcome"]["stopped"] == "rollback_refused"
     assert store.list_committed() == [12]
     (refused,) = read_events(spec.storage.durable, spec.run_id, kinds=("rollback_refused",))
     assert refused["payload"]["oldest_step"] == 12 and refused["payload"]["who"] == "alice"
     # applied once: a retry of that segment does not refuse (or apply) it again
     ok(run_segment(spec_file, dataset_uri, 20, tmp_path / "retry", attempt=2,
-                   extra=("--rewind", json.dumps(rewind))))
+                   extra=("--rollback", json.dumps(rollback))))
     assert result_of(tmp_path / "retry")["final_step"] == 20
     assert store.list_committed() == [20]
 

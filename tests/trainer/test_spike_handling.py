@@ -12,7 +12,6 @@ from storage.checkpoints import CheckpointStore
 from storage.events import read_events
 from tests.trainer.helpers import run_segment, tiny_spec, write_spec
 from trainer.optim import SkippableAdamW
-from trainer.segment import lr_scale
 from trainer.state import TrainState, state_file
 
 # Fast-learning tiny run: by step 70 the loss is ~3 nats, a random-token batch ~7.
@@ -42,7 +41,7 @@ def spiky(tmp_path_factory, dataset_uri):
 
 def test_sustained_spike_rolls_back_to_a_checkpoint_before_its_onset(spiky):
     spec, root, result = spiky
-    (rb,) = result["spikes"]["rollbacks"]
+    (rb,) = result["outcome"]["rollbacks"]
     assert rb["onset"] == CORRUPT_AT
     assert rb["to_step"] < CORRUPT_AT and rb["to_step"] % spec.train.checkpoint_every == 0
     assert result["final_step"] == 100 and result["train_loss"] < 4.0
@@ -54,7 +53,7 @@ def test_sustained_spike_rolls_back_to_a_checkpoint_before_its_onset(spiky):
 
 def test_skip_window_covers_the_bad_batches_and_is_committed_and_honoured(spiky):
     spec, root, result = spiky
-    (rb,) = result["spikes"]["rollbacks"]
+    (rb,) = result["outcome"]["rollbacks"]
     start, end = rb["skip"]
     bad = ((CORRUPT_AT - 1), (CORRUPT_AT - 1 + CORRUPT_STEPS))  # cursors those steps read
     assert start <= bad[0] and bad[1] <= end
@@ -69,7 +68,7 @@ def test_skip_window_covers_the_bad_batches_and_is_committed_and_honoured(spiky)
 
 def test_nan_loss_is_skipped_without_touching_the_weights(spiky):
     _, root, result = spiky
-    assert NAN_AT in result["spikes"]["skipped_steps"]
+    assert NAN_AT in result["outcome"]["skipped_steps"]
     nan_step = next(p for p in steps_of(root / "work") if p["step"] == NAN_AT)
     assert nan_step["loss"] is None and nan_step["verdict"] == "skip"
     after = [p["loss"] for p in steps_of(root / "work") if p["step"] > NAN_AT]
@@ -85,7 +84,7 @@ def test_every_decision_is_an_event_with_its_evidence(spiky):
     (rb,) = [e["payload"] for e in events if e["kind"] == "rollback"]
     assert rb["reason"] == "sustained_spike" and rb["onset"] == CORRUPT_AT
     assert rb["loss"] > rb["threshold"] > rb["baseline"] and rb["spread"] > 0
-    assert rb["outlier_steps"][0] == CORRUPT_AT and rb["skip"] == result["spikes"]["rollbacks"][0]["skip"]
+    assert rb["outlier_steps"][0] == CORRUPT_AT and rb["skip"] == result["outcome"]["rollbacks"][0]["skip"]
     spikes = [e["payload"] for e in events if e["kind"] == "loss_spike"]
     assert len(spikes) >= spec.spikes.patience
     skipped = [e["payload"] for e in events if e["kind"] == "batch_skipped"]
@@ -95,7 +94,7 @@ def test_every_decision_is_an_event_with_its_evidence(spiky):
 
 def test_online_evaluation_reports_held_out_loss_every_interval(spiky):
     spec, _, result = spiky
-    evals = result["spikes"]["evals"]
+    evals = result["outcome"]["evals"]
     assert [e[0] for e in evals] == list(range(10, 101, 10))
     assert evals[-1][2] < evals[0][2] - 1.0  # the held-out loss fell
     events = read_events(spec.storage.durable, spec.run_id, kinds=("eval",))
@@ -110,8 +109,8 @@ def test_rollback_beyond_the_allowance_ends_the_segment_at_the_restored_step(tmp
                        tmp_path / "work", extra=("--max-rollbacks", "0"))
     assert proc.returncode == 0, proc.stdout[-3000:]
     result = json.loads((tmp_path / "work" / "result.json").read_text())
-    (rb,) = result["spikes"]["rollbacks"]
-    assert result["spikes"]["stopped"] == "rollback_budget"
+    (rb,) = result["outcome"]["rollbacks"]
+    assert result["outcome"]["stopped"] == "rollback_budget"
     assert result["final_step"] == rb["to_step"] == result["last_committed_step"]
     store = CheckpointStore(spec.storage.durable, spec.run_id)
     assert store.latest_committed() == rb["to_step"]  # the spiked trajectory was uncommitted
@@ -121,7 +120,7 @@ def test_rollback_beyond_the_allowance_ends_the_segment_at_the_restored_step(tmp
     assert proc.returncode == 0, proc.stdout[-3000:]
     again = json.loads((tmp_path / "next" / "result.json").read_text())
     assert again["resumed_from"] == rb["to_step"] and again["final_step"] == 100
-    assert again["spikes"]["rollbacks"] == [] and again["spikes"]["skipped_steps"] == []
+    assert again["outcome"]["rollbacks"] == [] and again["outcome"]["skipped_steps"] == []
     assert store.manifest(100).skip_ranges == (tuple(rb["skip"]),)
 
 
@@ -153,15 +152,6 @@ def test_vetoed_adamw_step_leaves_weights_moments_and_step_count_unchanged():
     assert not torch.equal(w, before[0])
 
 
-def test_lr_windows_multiply_only_inside_their_steps():
-    windows = [[10, 20, 0.5], [15, 30, 0.5]]
-    assert lr_scale(windows, 10) == 1.0
-    assert lr_scale(windows, 11) == 0.5
-    assert lr_scale(windows, 16) == 0.25
-    assert lr_scale(windows, 30) == 0.5
-    assert lr_scale(windows, 31) == 1.0
-
-
 def test_world_size_two_zero2_ranks_agree_on_the_rollback_and_finish(tmp_path, dataset_uri):
     spec = tiny_spec(tmp_path / "store", **SPIKY, **{"train.procs_per_node": 2,
                                                      "train.zero_stage": 2}, faults=[
@@ -170,7 +160,7 @@ def test_world_size_two_zero2_ranks_agree_on_the_rollback_and_finish(tmp_path, d
                        tmp_path / "work", world=2)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     result = json.loads((tmp_path / "work" / "result.json").read_text())
-    (rb,) = result["spikes"]["rollbacks"]
+    (rb,) = result["outcome"]["rollbacks"]
     assert rb["onset"] == CORRUPT_AT and result["final_step"] == 100
     store = CheckpointStore(spec.storage.durable, spec.run_id)
     assert store.manifest(100).skip_ranges == (tuple(rb["skip"]),)

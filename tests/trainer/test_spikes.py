@@ -5,7 +5,7 @@ import math
 import torch
 
 from spec import FaultSpec, SpikeConfig
-from trainer.faults import Injector
+from trainer.faults import FaultInjector
 from trainer.guard import loss_scale_verdict
 from trainer.spikes import (
     DetectorState,
@@ -155,16 +155,49 @@ def test_injected_corruption_is_there_on_every_replay_but_transients_fire_once()
     faults = [FaultSpec(kind="corrupt_batches", at_step=5, steps=2),
               FaultSpec(kind="lr_burst", at_step=3, steps=2, factor=10.0),
               FaultSpec(kind="nan_loss", at_step=4)]
-    inj = Injector(faults, batches_per_step=2, vocab_size=50, seed=1)
+    inj = FaultInjector(faults, batches_per_step=2, vocab_size=50, seed=1)
     assert inj.corrupt == [(8, 12)]
     clean = (torch.zeros(2, 4, dtype=torch.long), torch.zeros(2, 4, dtype=torch.long))
     assert inj.batch(7, 4, clean) is clean
     first = inj.batch(8, 5, clean)
     assert not torch.equal(first[0], clean[0])
     assert torch.equal(inj.batch(8, 5, clean)[0], first[0])  # the same bad data on replay
-    assert [inj.lr_factor(s) for s in (2, 3, 4, 5)] == [1.0, 10.0, 10.0, 1.0]
-    assert [inj.lr_factor(s) for s in (3, 4)] == [1.0, 1.0]  # replayed after a rollback
-    assert inj.poison(4) and not inj.poison(4)
+    # the burst is a one-shot LR window over steps 3 and 4 (trainer/schedule.py)
+    assert inj.lr_windows() == [[2, 4, 10.0]]
+    inj.starting(4)
+    assert inj.poisoned  # the forward hook makes step 4's first loss NaN
+    inj.poisoned = False
+    inj.starting(4)  # replayed after a rollback: a transient fault stays quiet
+    assert not inj.poisoned
+
+
+def test_the_nan_hook_poisons_one_forward_pass_of_the_armed_step_only():
+    model = torch.nn.Linear(2, 1)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = model
+
+        def forward(self, x):
+            out = self.lin(x)
+            return out, out.sum()
+
+    net = Net()
+    inj = FaultInjector([FaultSpec(kind="nan_loss", at_step=2)], batches_per_step=1,
+                        vocab_size=50, seed=1)
+    inj.attach(net)
+    source = type("Source", (), {"get": lambda self, c: (torch.zeros(1, 2),)})()
+    batches = inj.batches(source)
+    x = torch.ones(1, 2)
+    batches.get(0, 1)
+    assert torch.isfinite(net(x)[1])
+    batches.get(1, 2)  # the first batch of step 2 arms the hook
+    loss = net(x)[1]
+    assert torch.isnan(loss)
+    loss.backward()
+    assert torch.isnan(model.weight.grad).all()  # its gradients are NaN too
+    assert torch.isfinite(net(x)[1])  # one forward pass only
 
 
 def test_a_loss_that_stays_elevated_after_an_outlier_is_a_sustained_spike():

@@ -1,4 +1,5 @@
-"""Operator command parsing and admission (workflows/operator.py), with literal inputs."""
+"""Operator commands, with literal inputs: their typed inputs (activities/contracts.py) and
+admission, the rollback record and LR windows (workflows/operator.py)."""
 
 from __future__ import annotations
 
@@ -6,22 +7,21 @@ import itertools
 
 import pytest
 
-from trainer.segment import lr_scale
+from activities.contracts import OperatorRollback, Refused, Rollback, SetLrScale, command
+from trainer.schedule import lr_scale
 from workflows.operator import (
     MAX_LR_WINDOWS,
     MAX_QUEUED,
-    Refused,
     admit,
     compose_windows,
     lr_window,
-    parse_command,
-    rewind,
+    operator_rollback,
 )
 
 
 def admitted(name: str, raw=None, *, stage: str = "train", step: int = 40, total: int = 100,
              queued: tuple[str, ...] = (), oldest: int = 0, windows: int = 0) -> str:
-    return admit(parse_command(name, raw), stage=stage, step=step, total_steps=total,
+    return admit(command(name, raw), stage=stage, step=step, total_steps=total,
                  queued=queued, oldest_step=oldest, lr_windows=windows)
 
 
@@ -29,8 +29,8 @@ scale_at = lr_scale  # what the trainer multiplies the LR by at a step
 
 
 def test_a_bare_string_is_the_note_and_who_is_kept():
-    assert parse_command("pause", "disk swap").note == "disk swap"
-    cmd = parse_command("abort", {"reason": "budget", "who": "alice"})
+    assert command("pause", "disk swap").note == "disk swap"
+    cmd = command("abort", {"reason": "budget", "who": "alice"})
     assert (cmd.note, cmd.who) == ("budget", "alice")
 
 
@@ -43,14 +43,37 @@ def test_a_bare_string_is_the_note_and_who_is_kept():
     ("set_lr_scale", {"scale": 11}, "scale must be a number in (0, 10]"),
     ("set_lr_scale", {"scale": float("nan")}, "scale must be a number"),
     ("set_lr_scale", {"scale": 0.5, "steps": -2}, "steps must be an integer >= 0"),
-    ("pause", {"resaon": "typo"}, "unknown field(s) ['resaon']"),
+    ("rollback", "a note", "rollback: to_step is required (the step to go back to)"),
+    ("set_lr_scale", {}, "set_lr_scale: scale is required (a number in (0, 10])"),
+    ("pause", {"resaon": "typo"}, "unknown field(s) ['resaon']; known: ['note', 'reason', 'who']"),
+    ("pause", {"to_step": 3}, "pause: unknown field(s) ['to_step']"),  # another command's
     ("pause", [1], "expected a JSON object"),
     ("explode", {}, "unknown command 'explode'"),
 ])
 def test_bad_input_is_refused_naming_the_field(name, raw, says):
     with pytest.raises(Refused, match=None) as exc:
-        parse_command(name, raw)
+        command(name, raw)
     assert says in str(exc.value)
+
+
+def test_inputs_become_typed_frozen_commands():
+    assert command("rollback", {"to_step": 5, "who": "a", "reason": "r"}) == \
+        Rollback(to_step=5, skip_data=True, who="a", note="r")
+    cmd = command("set_lr_scale", {"scale": 2, "steps": 10})
+    assert cmd == SetLrScale(scale=2.0, steps=10) and isinstance(cmd.scale, float)
+    with pytest.raises(AttributeError):
+        cmd.scale = 3.0  # type: ignore[misc]
+    with pytest.raises(Refused, match="to_step must be an integer >= 0, got True"):
+        Rollback(to_step=True)  # checked however it is built
+
+
+def test_an_accepted_command_reads_leniently_as_before_commands_were_typed():
+    """Past the validator (a queued command, a replayed handler, the abort signal) a field
+    another command takes is ignored, as the one parser did: histories replay the same."""
+    assert command("pause", {"to_step": 3, "note": "n"}, strict=False).note == "n"
+    assert command("abort", {"scale": 2}, strict=False).note == ""
+    with pytest.raises(Refused, match=r"unknown field\(s\) \['resaon'\]"):
+        command("abort", {"resaon": "typo"}, strict=False)  # refused before, still refused
 
 
 def test_rollback_must_go_back_before_the_runs_step():
@@ -82,20 +105,22 @@ def test_nothing_is_accepted_once_the_run_ended_or_an_abort_is_queued():
 
 
 def test_lr_window_runs_from_the_current_step_for_its_steps_or_to_the_end():
-    assert lr_window(parse_command("set_lr_scale", {"scale": 0.5}), 40, 100) == [40, 100, 0.5]
-    assert lr_window(parse_command("set_lr_scale", {"scale": 2, "steps": 10}), 40, 100) \
+    assert lr_window(command("set_lr_scale", {"scale": 0.5}), 40, 100) == [40, 100, 0.5]
+    assert lr_window(command("set_lr_scale", {"scale": 2, "steps": 10}), 40, 100) \
         == [40, 50, 2.0]
-    assert lr_window(parse_command("set_lr_scale", {"scale": 2, "steps": 99}), 40, 100) \
+    assert lr_window(command("set_lr_scale", {"scale": 2, "steps": 99}), 40, 100) \
         == [40, 100, 2.0]
 
 
 def test_a_second_rollback_before_the_first_is_applied_skips_through_the_furthest_step():
-    first = rewind(parse_command("rollback", {"to_step": 50}), "r/op1", 90, None)
-    assert (first["to_step"], first["through_step"], first["skip_data"]) == (50, 90, True)
-    second = rewind(parse_command("rollback", {"to_step": 30, "skip_data": False}), "r/op2",
-                    50, first)
-    assert (second["id"], second["to_step"], second["through_step"]) == ("r/op2", 30, 90)
-    assert second["skip_data"] is False
+    first = operator_rollback(command("rollback", {"to_step": 50, "who": "w"}), "r/op1", 90,
+                              None)
+    assert first == OperatorRollback(id="r/op1", to_step=50, through_step=90, skip_data=True,
+                                     note="", who="w")
+    second = operator_rollback(command("rollback", {"to_step": 30, "skip_data": False}),
+                               "r/op2", 50, first)
+    assert (second.id, second.to_step, second.through_step) == ("r/op2", 30, 90)
+    assert second.skip_data is False
 
 
 def test_a_rollback_before_the_oldest_checkpoint_retention_left_is_refused_naming_it():
@@ -154,7 +179,7 @@ def test_composing_keeps_every_steps_factor_and_each_command_adds_at_most_two_pi
     raw: list[list[float]] = []
     composed: list[list[float]] = []
     for step, scale, steps in commands:
-        window = lr_window(parse_command("set_lr_scale", {"scale": scale, "steps": steps}),
+        window = lr_window(command("set_lr_scale", {"scale": scale, "steps": steps}),
                            step, 200)
         raw.append(window)
         before = len(composed)
@@ -168,7 +193,7 @@ def test_composing_keeps_every_steps_factor_and_each_command_adds_at_most_two_pi
 def test_a_flood_of_lr_changes_at_one_step_stays_a_few_pieces():
     windows: list[list[float]] = []
     for i in range(1000):
-        cmd = parse_command("set_lr_scale", {"scale": (0.5, 2.0, 0.8, 1.25)[i % 4],
+        cmd = command("set_lr_scale", {"scale": (0.5, 2.0, 0.8, 1.25)[i % 4],
                                              "steps": (0, 10, 50)[i % 3]})
         windows = compose_windows([*windows, lr_window(cmd, 40, 100)])
     assert len(windows) <= 3 and all(40 <= w[0] and w[1] <= 100 for w in windows)

@@ -1,0 +1,38 @@
+"""RunSpec's `faults[]` entries: faults injected on purpose (tests, benchmarks, the demo),
+carried out by trainer/faults.py. Stdlib only; re-exported by spec."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from spec.codec import STEPS, num
+from spec.codec import positive as _positive
+from spec.codec import require as _require
+
+FAULT_KINDS = ("kill_worker", "corrupt_batches", "lr_burst", "nan_loss")
+MAX_FAULTS = 64  # entries in RunSpec.faults
+
+
+@dataclass(frozen=True, kw_only=True)
+class FaultSpec:
+    """An injected fault (tests, benchmarks and the demo only; trainer/faults.py).
+
+    - kill_worker: SIGKILL the trainer worker right after `at_step` (on `attempt` only);
+    - corrupt_batches: the data batches that steps at_step .. at_step+steps-1 read in the
+      original order hold random tokens — bad data, there on every attempt and replay;
+    - lr_burst: the LR is multiplied by `factor` for `steps` steps from `at_step`, once;
+    - nan_loss: the loss of step `at_step` is NaN (its gradients too), once.
+    """
+
+    kind: str
+    at_step: int = num(lo=1, hi=STEPS)
+    # kill_worker fires only on this activity attempt, so the retry recovers
+    attempt: int = num(1, 1, 10**6)
+    steps: int = num(1, 1, STEPS)
+    factor: float = num(30.0, 0, 1e6)
+
+    def __post_init__(self) -> None:
+        _require(self.kind in FAULT_KINDS, "kind", f"unknown fault {self.kind!r}",
+                 f"use one of {', '.join(FAULT_KINDS)}")
+        _require(self.at_step > 0, "at_step", "must be > 0", "inject after step 0")
+        _positive(self, "attempt", "steps", "factor")

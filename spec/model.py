@@ -1,0 +1,38 @@
+"""RunSpec's `model` section: the decoder trainer/model.py builds (FLOPs: trainer/throughput.py).
+Stdlib only; re-exported by spec."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from spec.codec import num
+from spec.codec import positive as _positive
+from spec.codec import require as _require
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """Llama-style decoder; vocab size comes from the dataset's tokenizer."""
+
+    d_model: int = num(128, 1, 1 << 16)
+    n_layers: int = num(4, 1, 1024)
+    n_heads: int = num(4, 1, 1024)
+    n_kv_heads: int = num(4, 1, 1024)
+    ffn_mult: float = num(4.0, 0, 64)  # SwiGLU hidden = ffn_mult * d_model * 2/3, rounded up to 64
+    seq_len: int = num(128, 1, 1 << 20)
+    tie_embeddings: bool = True
+    attention: str = "auto"  # auto | flash | sdpa
+    activation_checkpointing: bool = False
+
+    def __post_init__(self) -> None:
+        _positive(self, "d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_mult", "seq_len")
+        _require(self.d_model % self.n_heads == 0, "d_model",
+                 f"{self.d_model} is not divisible by n_heads={self.n_heads}",
+                 "choose d_model as a multiple of n_heads")
+        _require(self.n_heads % self.n_kv_heads == 0, "n_kv_heads",
+                 f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}",
+                 "choose n_kv_heads dividing n_heads")
+        _require((self.d_model // self.n_heads) % 2 == 0, "d_model",
+                 "head dimension must be even for RoPE", "make d_model / n_heads even")
+        _require(self.attention in ("auto", "flash", "sdpa"), "attention",
+                 f"unknown attention {self.attention!r}", "use auto, flash or sdpa")

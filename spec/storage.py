@@ -1,0 +1,43 @@
+"""RunSpec's `storage` section: the two checkpoint tiers, retention and the upload pipeline
+(storage/tiered.py, storage/retention.py, storage/fast_tier.py). The URL rules for `durable`
+and `fast` are cross-checked by RunSpec (common/urls.py). Stdlib only; re-exported by spec."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from spec.codec import DAY, STEPS, num
+from spec.codec import positive as _positive
+from spec.codec import require as _require
+
+
+@dataclass(frozen=True, kw_only=True)
+class StorageConfig:
+    """Where checkpoints and events live, what is kept, and how saves reach the durable tier.
+
+    The trainer writes each checkpoint to the fast tier (local disk under `fast`) inside
+    the step loop and uploads it to `durable` in the background (`async_upload`); only the
+    durable commit counts as committed (DESIGN §3).
+    """
+
+    durable: str = ".mainspring/store"  # fsspec URL (file://, s3://, memory://) or a local path
+    fast: str = ".mainspring/fast"  # local path of the fast tier
+    keep_last: int = num(0, 0, 10**6)  # keep the newest K durable commits; 0 = keep every commit
+    keep_every: int = num(0, 0, STEPS)  # with keep_last: also keep steps divisible by this
+    # with keep_last: keep all commits this many steps behind newest
+    rollback_horizon: int = num(0, 0, STEPS)
+    async_upload: bool = True  # False = upload and commit inside the step loop (synchronous)
+    max_in_flight: int = num(2, 1, 64)  # snapshots written to the fast tier but not yet durable
+    upload_retry_s: float = num(1.0, 0, 3600)  # first backoff after a failed upload; doubles
+    upload_retry_max_s: float = num(30.0, 0, DAY)  # backoff ceiling while the durable tier is down
+    drain_timeout_s: float = num(900.0, 0, 7 * DAY)  # segment end: wait for uploads, then retryable
+
+    def __post_init__(self) -> None:
+        _require(bool(self.durable), "durable", "is empty", "give a path or s3://bucket/prefix")
+        for name in ("keep_last", "keep_every", "rollback_horizon"):
+            _require(getattr(self, name) >= 0, name, "must be >= 0", "use 0 to disable it")
+        _require(self.max_in_flight >= 1, "max_in_flight", "must be >= 1",
+                 "allow at least one snapshot in flight (2 overlaps a save with an upload)")
+        _positive(self, "upload_retry_s", "upload_retry_max_s", "drain_timeout_s")
+        _require(self.upload_retry_max_s >= self.upload_retry_s, "upload_retry_max_s",
+                 "is below upload_retry_s", "make the ceiling at least the first backoff")

@@ -1,0 +1,85 @@
+"""RunSpec's `train` section: steps and segments, batch, optimizer and LR schedule, precision,
+ZeRO, checkpoint cadence and online evaluation. Read by the trainer (trainer/engine.py builds
+the DeepSpeed config and the LR schedule from it, trainer/segment.py runs the loop) and by
+the workflow (segments, continue-as-new). Stdlib only; re-exported by spec."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from spec.codec import STEPS, num
+from spec.codec import positive as _positive
+from spec.codec import require as _require
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    total_steps: int = num(200, 1, STEPS)
+    segment_steps: int = num(100, 1, STEPS)  # steps per train_segment activity
+    # continue-as-new after this many segments (history bound)
+    segments_per_run: int = num(4, 1, 1000)
+    # tokens per rank per micro-batch (multiple of seq_len)
+    micro_batch_tokens: int = num(1024, 1, 1 << 30)
+    grad_accum: int = num(1, 1, 1 << 16)
+    lr: float = num(3e-3, 0, 10)
+    min_lr: float = num(3e-4, 0, 10)
+    warmup_steps: int = num(20, 0, STEPS)
+    weight_decay: float = num(0.1, 0, 10)
+    betas: tuple[float, float] = num((0.9, 0.95), 0, 1)
+    eps: float = num(1e-8, 0, 1)
+    grad_clip: float = num(1.0, 0, 1e6)
+    precision: str = "fp32"  # fp32 | bf16 | fp16
+    zero_stage: int = num(0, 0, 3)
+    nodes: int = num(1, 1, 10**4)
+    procs_per_node: int = num(1, 1, 1024)
+    checkpoint_every: int = num(25, 1, STEPS)
+    eval_batches: int = num(8, 1, 10**6)  # validation micro-batches per evaluation
+    packing: bool = True  # pack whole documents into rows (False: fixed windows of the stream)
+    # fp16 dynamic loss scaling (DeepSpeed): start at 2**power, double after `window`
+    # overflow-free steps, halve after `hysteresis` overflows, never below `min_loss_scale`.
+    fp16_initial_scale_power: int = num(16, 0, 32)
+    fp16_loss_scale_window: int = num(1000, 1, 10**9)
+    fp16_hysteresis: int = num(2, 1, 10**6)
+    fp16_min_loss_scale: float = num(1.0, 0, 2.0**32)
+    overlap_comm: bool = False  # overlap gradient reduction with backward (ZeRO >= 1)
+    contiguous_gradients: bool = True  # copy gradients into one buffer (less fragmentation)
+    reduce_bucket_size: int = num(500_000_000, 1, 1 << 40)  # elements per gradient reduce bucket
+    allgather_bucket_size: int = num(500_000_000, 1, 1 << 40)  # elements per all-gather bucket
+    peak_tflops: float = num(0.0, 0, 1e6)  # per-device peak for MFU; 0 = measure with a probe
+    # Online evaluation inside the segment: held-out loss every `eval_every` steps (0 = off).
+    # Validation rising while training loss falls for `overfit_evals` evaluations in a row
+    # raises an `overfitting` event; `early_stop_on_overfit` also ends training there.
+    eval_every: int = num(0, 0, STEPS)
+    overfit_evals: int = num(3, 1, 10**6)
+    early_stop_on_overfit: bool = False
+
+    def __post_init__(self) -> None:
+        _positive(self, "total_steps", "segment_steps", "segments_per_run", "micro_batch_tokens",
+                  "grad_accum", "lr", "checkpoint_every", "nodes", "procs_per_node",
+                  "eval_batches", "eps", "fp16_loss_scale_window", "fp16_hysteresis",
+                  "fp16_min_loss_scale", "reduce_bucket_size", "allgather_bucket_size")
+        _require(0 <= self.fp16_initial_scale_power <= 32, "fp16_initial_scale_power",
+                 f"must be in [0, 32], got {self.fp16_initial_scale_power}", "use e.g. 16")
+        _require(2.0 ** self.fp16_initial_scale_power >= self.fp16_min_loss_scale,
+                 "fp16_min_loss_scale", "is above the initial scale 2**fp16_initial_scale_power",
+                 "lower fp16_min_loss_scale or raise fp16_initial_scale_power")
+        _require(not self.overlap_comm or self.zero_stage >= 1, "overlap_comm",
+                 "has nothing to overlap at zero_stage 0", "use zero_stage >= 1 or overlap_comm=false")
+        _require(self.peak_tflops >= 0, "peak_tflops", "must be >= 0", "use 0 to measure it")
+        _require(0 <= self.min_lr <= self.lr, "min_lr", "must be in [0, lr]", "lower min_lr")
+        _require(0 <= self.warmup_steps < self.total_steps, "warmup_steps",
+                 "must be in [0, total_steps)", "lower warmup_steps")
+        _require(self.precision in ("fp32", "bf16", "fp16"), "precision",
+                 f"unknown precision {self.precision!r}", "use fp32, bf16 or fp16")
+        _require(self.zero_stage in (0, 1, 2, 3), "zero_stage",
+                 f"must be 0..3, got {self.zero_stage}", "use a ZeRO stage between 0 and 3")
+        _require(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "betas",
+                 f"must be two numbers in [0, 1), got {self.betas}", "use e.g. [0.9, 0.95]")
+        _require(self.grad_clip >= 0, "grad_clip", "must be >= 0", "use 0 to disable")
+        _require(self.weight_decay >= 0, "weight_decay", "must be >= 0", "use e.g. 0.1")
+        _require(self.eval_every >= 0, "eval_every", "must be >= 0", "use 0 to turn it off")
+        _positive(self, "overfit_evals")
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.procs_per_node

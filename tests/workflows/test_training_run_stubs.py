@@ -1,0 +1,274 @@
+"""TrainingRun on the real Temporal dev server with stub activities under the real names
+(issue 12, item 8): the stage order, continue-as-new, and pause / resume / rollback / abort
+interleavings through the workflow's own update and signal handlers, in seconds.
+
+The workflow code and the server are real (the session's `temporal_server`); the activities
+are the stubs of tests/workflows/stub_run.py. Commands go in as their wire format: dicts,
+bare strings and None through the client, JSON through the `temporal` CLI and the
+`mainspring` CLI. The `completed`, `paused_resumed`, `rollback` and `aborted` runs can be
+recorded as replay fixtures (stub_run.py, test_replay.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+
+import pytest
+from temporalio.client import WorkflowFailureError
+
+from activities.contracts import STAGES, OperatorRollback
+from tests.workflows.stub_run import (
+    STOP_AFTER,
+    Harness,
+    mainspring_cli,
+    scenario,
+    spec_for,
+    temporal_cli,
+)
+
+
+# ---- a run from start to end ------------------------------------------------------------
+@scenario
+async def test_a_run_passes_the_five_stages_in_order_sweeps_and_continues_as_new(h: Harness):
+    spec = spec_for(f"stub-completed-{uuid.uuid4().hex[:6]}", **{
+        "train.total_steps": 40, "train.segments_per_run": 2, "sweep.enabled": True,
+        "sweep.trials": 2, "sweep.trial_steps": 4,
+        "sweep.space": {"lr": {"low": 3e-3, "high": 1e-2, "log": True}}})
+    handle = await h.start(spec)
+    result = await handle.result()
+
+    assert result["status"] == "completed" and result["stages"] == list(STAGES)
+    assert result["final_step"] == 40 and result["workflow_runs"] == 2  # 4 segments, 2 per run
+    assert result["best_params"] == {"lr": 1e-2}  # the sweep's better trial
+    assert result["initial_val_loss"] == 5.0 and result["final_val_loss"] == 3.6
+    assert result["promoted_checkpoint"] == "file:///stub/promoted/step-000000040"
+    assert [(s.from_step, s.to_step) for s in h.stubs.segments] == \
+        [(0, 10), (10, 20), (20, 30), (30, 40)]
+    assert all(s.spec["train"]["lr"] == 1e-2 for s in h.stubs.segments)  # trained with it
+    started = [p["stage"] for p in h.stubs.payloads("stage_started")]
+    finished = [p["stage"] for p in h.stubs.payloads("stage_finished")]
+    assert started == finished == list(STAGES)
+    assert h.stubs.kinds()[0] == "run_started" and h.stubs.kinds()[-1] == "run_finished"
+    status = await h.status(handle)
+    assert (status["stage"], status["step"], status["workflow_runs"]) == ("completed", 40, 2)
+    assert status["evals"] == {"0": 5.0, "40": 3.6}
+    await h.record("completed", spec.run_id, f"{spec.run_id}-sweep")
+
+
+# ---- pause / resume ---------------------------------------------------------------------
+def test_pause_holds_at_the_step_reached_until_resume_and_refusals_leave_no_trace(
+        temporal_server, capsys):
+    """Pause through the Temporal CLI (JSON input), set-lr through `mainspring run`, resume
+    with no input; refused commands are answered by the validator and leave no history."""
+    address = temporal_server.address
+
+    async def body(h: Harness) -> None:
+        h.stubs.block = True
+        spec = spec_for(f"stub-paused-{uuid.uuid4().hex[:6]}")
+        handle = await h.start(spec)
+        await h.until(handle, "the first segment", lambda s: s["segment_running"])
+        assert "not paused" in await h.refused(handle, "resume", None)
+        assert "unknown field(s) ['resaon']" in await h.refused(handle, "pause",
+                                                                 {"resaon": "typo"})
+
+        cli = await asyncio.to_thread(
+            temporal_cli, address, "workflow", "update", "execute", "--workflow-id",
+            spec.run_id, "--name", "pause", "--input",
+            json.dumps({"reason": "inspect shard 3", "who": "alice"}))
+        assert cli.returncode == 0, cli.stderr
+        assert "at the running segment's next step" in cli.stdout
+        paused = await h.until(handle, "the pause", lambda s: s["stage"] == "paused")
+        assert paused["step"] == STOP_AFTER and paused["needs_attention"] == "inspect shard 3"
+        assert paused["segment_running"] is None and paused["operator_queue"] == []
+        h.stubs.block = False
+
+        assert "already paused" in await h.refused(handle, "pause", "again")
+        assert "scale must be a number in (0, 10]" in await h.refused(
+            handle, "set_lr_scale", {"scale": 0})
+        assert f"not before the run's step {STOP_AFTER}" in await h.refused(
+            handle, "rollback", {"to_step": STOP_AFTER})
+        code, _, err = await asyncio.to_thread(  # refused before it is sent
+            mainspring_cli, capsys, "run", "set-lr", spec.run_id, "--scale", "0",
+            "--address", address)
+        assert code == 1 and "set_lr_scale: scale must be a number in (0, 10], got 0.0" in err
+        code, out, err = await asyncio.to_thread(
+            mainspring_cli, capsys, "run", "set-lr", spec.run_id, "--scale", "0.5",
+            "--steps", "5", "--who", "bob", "--address", address)
+        assert code == 0, err
+        assert json.loads(out)["applies"] == "now"
+        held = await h.status(handle)
+        assert held["stage"] == "paused" and held["lr_windows"] == [[STOP_AFTER, 12, 0.5]]
+
+        cli = await asyncio.to_thread(temporal_cli, address, "workflow", "update", "execute",
+                                      "--workflow-id", spec.run_id, "--name", "resume")
+        assert cli.returncode == 0, cli.stderr
+        assert "inspect shard 3" in cli.stdout  # reason_was
+        result = await handle.result()
+
+        assert result["status"] == "completed" and result["final_step"] == 20
+        assert [(s.from_step, s.to_step) for s in h.stubs.segments] == \
+            [(0, 10), (STOP_AFTER, 17), (17, 20)]
+        assert h.stubs.segments[1].lr_windows == [[STOP_AFTER, 12, 0.5]]
+        ops = h.stubs.payloads("operator")
+        assert [(o["command"], o["who"], o["applied"]) for o in ops] == \
+            [("pause", "alice", True), ("set_lr_scale", "bob", True)]
+        [pause] = h.stubs.payloads("paused")
+        assert (pause["reason"], pause["who"]) == ("inspect shard 3", "alice")
+        [resumed] = h.stubs.payloads("run_resumed")
+        assert (resumed["note"], resumed["paused_for"]) == ("resumed by operator",
+                                                             "inspect shard 3")
+        # the five refusals are not in the history: only the three accepted updates are
+        events = [e for history in await h.histories(spec.run_id) for e in history.events]
+        accepted = [e for e in events
+                    if e.HasField("workflow_execution_update_accepted_event_attributes")]
+        assert len(accepted) == 3
+        await h.record("paused_resumed", spec.run_id)
+
+    scenario(body)(temporal_server)
+
+
+@scenario
+async def test_a_bare_string_or_nothing_is_a_commands_note(h: Harness):
+    h.stubs.block = True
+    spec = spec_for(f"stub-strings-{uuid.uuid4().hex[:6]}")
+    handle = await h.start(spec)
+    await h.until(handle, "the first segment", lambda s: s["segment_running"])
+    assert (await handle.execute_update("pause", "disk swap"))["accepted"] == "pause"
+    paused = await h.until(handle, "the pause", lambda s: s["stage"] == "paused")
+    assert paused["needs_attention"] == "disk swap"
+    assert (await handle.execute_update("resume"))["reason_was"] == "disk swap"
+    await h.until(handle, "training again", lambda s: s["segment_running"])
+    await handle.signal("abort", "over")
+    with pytest.raises(WorkflowFailureError) as failure:
+        await handle.result()
+    assert failure.value.cause.type == "RunAborted" and "over" in failure.value.cause.message
+
+
+# ---- rollback -----------------------------------------------------------------------------
+@scenario
+async def test_rollbacks_at_one_boundary_go_to_the_earliest_target_across_continue_as_new(
+        h: Harness):
+    """Two rollbacks admitted while a segment runs (against its end, step 10) apply when it
+    stops at step 7: the first goes back to 5 skipping through 7; the second, aimed at 9, is
+    moot. The run continues as new at that boundary (segments_per_run 1) with the rollback
+    pending: the next run's first segment gets it; pins are released once it has applied."""
+    h.stubs.block = True
+    h.stubs.stop_gate.clear()
+    spec = spec_for(f"stub-rollback-{uuid.uuid4().hex[:6]}")
+    handle = await h.start(spec)
+    await h.until(handle, "the first segment", lambda s: s["segment_running"])
+    first = await handle.execute_update("rollback", {"to_step": 5, "note": "bad shard",
+                                                     "who": "carol"})
+    second = await handle.execute_update("rollback", {"to_step": 9, "skip_data": False})
+    assert (first["id"], second["id"]) == ("op1", "op2")
+    assert len(h.stubs.pins) == 2 and sorted(h.stubs.pins.values()) == [5, 9]  # before queued
+    assert (await h.status(handle))["operator_queue"] == ["rollback", "rollback"]
+    h.stubs.block = False
+    h.stubs.stop_gate.set()
+    result = await handle.result()
+
+    assert result["status"] == "completed" and result["final_step"] == 20
+    assert result["workflow_runs"] == 3
+    first_seg, applied, last = h.stubs.segments
+    assert (first_seg.from_step, applied.from_step, last.from_step) == (0, 5, 15)
+    assert first_seg.rollback is None and last.rollback is None
+    assert applied.rollback == OperatorRollback(id=f"{spec.run_id}/op1", to_step=5,
+                                                through_step=STOP_AFTER, skip_data=True,
+                                                note="bad shard", who="carol")
+    ops = h.stubs.payloads("operator")
+    assert [(o["id"], o["applied"]) for o in ops] == [("op1", True), ("op2", False)]
+    assert ops[1]["why_not"] == "the run stopped at step 5, not after step 9"
+    assert h.stubs.pins == {}  # the moot pin at once, the applied one after its segment
+    assert sorted(h.stubs.pinned_ever.values()) == [5, 9]
+    await h.record("rollback", spec.run_id)
+
+
+@scenario
+async def test_a_rollback_while_paused_is_pending_until_resume_and_shown_in_status(h: Harness):
+    h.stubs.block = True
+    spec = spec_for(f"stub-held-rollback-{uuid.uuid4().hex[:6]}")
+    handle = await h.start(spec)
+    await h.until(handle, "the first segment", lambda s: s["segment_running"])
+    await handle.execute_update("pause", {"reason": "look"})
+    await h.until(handle, "the pause", lambda s: s["stage"] == "paused")
+    h.stubs.block = False
+    await handle.execute_update("rollback", {"to_step": 2})
+    held = await h.status(handle)
+    assert held["step"] == 2 and held["stage"] == "paused"
+    assert held["pending_rollback"]["to_step"] == 2
+    assert held["pending_rollback"]["through_step"] == STOP_AFTER
+    await handle.execute_update("resume", {"note": "go"})
+    result = await handle.result()
+    assert result["final_step"] == 20
+    assert [s.from_step for s in h.stubs.segments] == [0, 2, 12]
+    assert h.stubs.segments[1].rollback.to_step == 2
+    assert (await h.status(handle))["pending_rollback"] is None
+
+
+# ---- abort --------------------------------------------------------------------------------
+@scenario
+async def test_an_abort_goes_before_a_pause_queued_at_the_same_boundary(h: Harness):
+    h.stubs.block = True
+    h.stubs.stop_gate.clear()
+    spec = spec_for(f"stub-aborted-{uuid.uuid4().hex[:6]}")
+    handle = await h.start(spec)
+    await h.until(handle, "the first segment", lambda s: s["segment_running"])
+    await handle.execute_update("pause", {"reason": "first"})
+    await handle.signal("abort", {"reason": "budget cut", "who": "dave"})
+    await h.until(handle, "the abort queued", lambda s: s["operator_queue"] == ["pause", "abort"])
+    assert "being aborted" in await h.refused(handle, "set_lr_scale", {"scale": 2})
+    h.stubs.stop_gate.set()
+    with pytest.raises(WorkflowFailureError) as failure:
+        await handle.result()
+
+    cause = failure.value.cause
+    assert cause.type == "RunAborted"
+    assert cause.message == f"run {spec.run_id} aborted by dave at step {STOP_AFTER}: budget cut"
+    status = await h.status(handle)
+    assert status["stage"] == "aborted" and status["step"] == STOP_AFTER
+    assert [o["command"] for o in h.stubs.payloads("operator")] == ["abort"]
+    [finished] = h.stubs.payloads("run_finished")
+    assert (finished["status"], finished["who"], finished["step"]) == ("aborted", "dave",
+                                                                     STOP_AFTER)
+    assert "paused" not in h.stubs.kinds()
+    await h.record("aborted", spec.run_id)
+
+
+@scenario
+async def test_commands_before_training_wait_for_it_and_abort_ends_a_held_run(h: Harness):
+    h.stubs.prepare_gate.clear()
+    spec = spec_for(f"stub-early-{uuid.uuid4().hex[:6]}")
+    handle = await h.start(spec)
+    await h.until(handle, "prepare_data", lambda s: s["stage"] == "prepare_data")
+    answer = await handle.execute_update("pause", {"reason": "before it starts"})
+    assert answer["applies"] == "when training starts"
+    await handle.execute_update("set_lr_scale", {"scale": 2.0})
+    h.stubs.prepare_gate.set()
+    held = await h.until(handle, "the pause", lambda s: s["stage"] == "paused")
+    assert held["step"] == 0 and held["lr_windows"] == [[0, 20, 2.0]]
+    assert held["stages_done"] == ["prepare_data", "warmup_sweep"] and not h.stubs.segments
+    assert "nothing has been trained yet" in await h.refused(handle, "rollback", {"to_step": 0})
+    await handle.signal("abort", None)
+    with pytest.raises(WorkflowFailureError) as failure:
+        await handle.result()
+    assert failure.value.cause.type == "RunAborted"
+    assert failure.value.cause.message.endswith("at step 0: aborted by operator")
+    assert not h.stubs.segments
+
+
+@scenario
+async def test_abort_cancels_a_stage_activity_at_once(h: Harness):
+    h.stubs.prepare_gate.clear()  # prepare_data never finishes by itself
+    spec = spec_for(f"stub-abort-early-{uuid.uuid4().hex[:6]}")
+    handle = await h.start(spec)
+    await h.until(handle, "prepare_data", lambda s: s["stage"] == "prepare_data")
+    await handle.signal("abort", {"reason": "wrong corpus"})
+    with pytest.raises(WorkflowFailureError) as failure:
+        await handle.result()
+    assert failure.value.cause.type == "RunAborted"
+    assert "wrong corpus" in failure.value.cause.message
+    assert [p["stage"] for p in h.stubs.payloads("stage_finished")] == []
+    status = await h.status(handle)
+    assert status["stage"] == "aborted" and status["stages_done"] == []

@@ -1,0 +1,143 @@
+"""What one segment process knows and shares with its peers: its arguments (`SegmentArgs`),
+its spec, rank and stores (`SegmentContext`), rank 0's progress file, the preemption flag,
+and the collectives every rank calls at the same points.
+
+Checkpoint resume and commit are in trainer/checkpointing.py; the step loop in
+trainer/segment.py.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from common.procs import stop_requested
+from common.protocol import OperatorRollback, ProgressLine
+from spec import RunSpec
+from storage.checkpoints import CheckpointStore
+from storage.events import EventLog
+
+if TYPE_CHECKING:
+    from storage.tiered import TieredCheckpointer
+
+
+@dataclass(frozen=True)
+class SegmentArgs:
+    """`python -m trainer.segment`'s arguments, typed (parsed in trainer/segment.py)."""
+
+    spec: str  # the RunSpec JSON file
+    dataset: str  # the dataset MANIFEST.json URI
+    to_step: int  # train until this global step
+    workdir: str  # local directory for progress and results
+    fast_dir: str | None = None  # the run's fast-tier store on this machine (default: WORKDIR/ckpt)
+    attempt: int = 1  # the activity attempt (for events)
+    lr_windows: tuple[tuple[float, float, float], ...] = ()  # [start, end, factor]
+    rollback: OperatorRollback | None = None  # an operator's, applied once per id
+    max_rollbacks: int = -1  # end the segment early after this many rollbacks (-1: no limit)
+
+
+class Progress:
+    """Rank 0's append-only progress file (common/protocol.py lines), one O_APPEND write per
+    line — atomic next to the checkpointer thread's `commit` lines — so the supervisor can
+    tail it."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+
+    def write(self, line: ProgressLine) -> None:
+        if self.path is None:
+            return
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, (line.to_json() + "\n").encode())
+        finally:
+            os.close(fd)
+
+
+SIGNALLED: list[str] = []  # appended to by on_sigterm
+
+
+def on_sigterm(signum: int, frame: object) -> None:
+    """A preemption notice (SLURM, Kubernetes send SIGTERM before SIGKILL): stop at the end
+    of the current step with a checkpoint instead of dying mid-step."""
+    SIGNALLED.append("SIGTERM (preemption notice)")
+
+
+class SegmentContext:
+    """What one segment process knows: arguments, spec, rank, stores, and rank 0's outputs."""
+
+    def __init__(self, args: SegmentArgs, spec: RunSpec, rank: int, world: int) -> None:
+        self.args, self.spec, self.rank, self.world = args, spec, rank, world
+        self.workdir, self.target = args.workdir, args.to_step
+        self.store = CheckpointStore(spec.storage.durable, spec.run_id)
+        self.events = None
+        if rank == 0:
+            traceparent = os.environ.get("TRACEPARENT", "")
+            trace_id = traceparent.split("-")[1] if traceparent.count("-") >= 3 else ""
+            self.events = EventLog(spec.storage.durable, spec.run_id, "trainer",
+                                   attempt=args.attempt, trace_id=trace_id)
+        self.progress = Progress(os.path.join(self.workdir, "progress.jsonl") if rank == 0 else None)
+        self.last_commit: tuple[int, str] | None = None  # (step, uri), durable
+        # rank 0's checkpointer, made on first use (trainer/checkpointing.py)
+        self.checkpointer: TieredCheckpointer | None = None
+
+    @cached_property
+    def fast_store(self) -> CheckpointStore:
+        """The fast tier: the run's local store on this machine (`--fast-dir`, shared by a
+        node's ranks and by the run's segments, storage/fast_tier.py), so a retry or the next
+        segment on this machine resumes locally."""
+        return CheckpointStore.local(self.args.fast_dir or os.path.join(self.workdir, "ckpt"))
+
+    # ---- collectives: every rank calls these at the same points --------------------------
+    def comm_device(self) -> torch.device:
+        """Where a collective's tensor must live: the current GPU under NCCL, else the CPU."""
+        if dist.is_initialized() and dist.get_backend() == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+    def loss_and_stop(self, loss: torch.Tensor) -> tuple[float, str]:
+        """The step's one collective and its one host sync: the mean loss over ranks, and
+        why to stop after this step ('' to go on) — SIGTERM (a preemption notice) on any
+        rank, or the supervisor's stop file, which rank 0 reads — so every rank stops at
+        the same step. `loss` stays on the device until here."""
+        reason = SIGNALLED[-1] if SIGNALLED else (stop_requested(self.workdir) if self.rank == 0 else "")
+        if self.world == 1:
+            return loss.item(), reason  # sync point: the step's loss to the host
+        flag = torch.tensor(1.0 if reason else 0.0, device=loss.device)
+        both = torch.stack([loss.detach().float().reshape(()), flag]).to(self.comm_device())
+        dist.all_reduce(both, op=dist.ReduceOp.SUM)
+        both[0] /= self.world
+        mean, stops = both.tolist()  # sync point: loss and stop flag to the host, together
+        if not reason and stops > 0:
+            reason = "stop requested on another rank"
+        return mean, reason
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            dist.barrier()
+
+    def from_rank0(self, read: Callable[[], Any]) -> Any:
+        """`read()` on rank 0 (storage reads, once per job), broadcast to every rank."""
+        box = [read() if self.rank == 0 else None]
+        if self.world > 1:
+            dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def any_rank(self, flag: bool) -> bool:
+        """True on every rank when `flag` is true on any (one collective)."""
+        if self.world == 1:
+            return flag
+        return self.mean_over_ranks(torch.tensor(float(flag))) > 0
+
+    def mean_over_ranks(self, value: torch.Tensor) -> float:
+        if self.world > 1:
+            value = value.detach().float().to(self.comm_device())
+            dist.all_reduce(value, op=dist.ReduceOp.SUM)
+            value /= self.world
+        return float(value)

@@ -1,0 +1,105 @@
+"""What TrainingRun's stages schedule, and how it waits for it: each activity (name, queue,
+input, timeouts and retry policy), the Sweep child and the event local activity, one
+function each, so that workflows/training_run.py reads as the run's decisions. Workflow
+code: these schedule work through Temporal and do no I/O of their own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from temporalio import workflow
+from temporalio.exceptions import is_cancelled_exception
+from temporalio.workflow import ActivityCancellationType, ActivityHandle, ChildWorkflowHandle
+
+with workflow.unsafe.imports_passed_through():
+    from activities.contracts import (
+        DATA_QUEUE,
+        EVALUATE,
+        PREPARE_DATA,
+        PROMOTE,
+        RECORD_EVENT,
+        TRAIN_SEGMENT,
+        TRAINER_QUEUE,
+        EvaluateInput,
+        EvaluateResult,
+        PrepareDataInput,
+        PrepareDataResult,
+        PromoteInput,
+        PromoteResult,
+        RecordEventInput,
+        RunCarry,
+        SweepInput,
+        SweepResult,
+        TrainSegmentInput,
+        TrainSegmentResult,
+    )
+    from spec import RunSpec
+    from workflows.policy import rollback_allowance, segment_options, short_options
+    from workflows.sweep import Sweep
+
+
+def start_prepare_data(spec: dict[str, Any], s: RunSpec) -> ActivityHandle[PrepareDataResult]:
+    return workflow.start_activity(PREPARE_DATA, PrepareDataInput(spec), task_queue=DATA_QUEUE,
+                                   result_type=PrepareDataResult, **short_options(s))
+
+
+async def start_sweep(spec: dict[str, Any],
+                      dataset_uri: str) -> ChildWorkflowHandle[Any, SweepResult]:
+    """The Sweep child, on the run's own queue, named after the run."""
+    return await workflow.start_child_workflow(
+        Sweep.run, SweepInput(spec, dataset_uri), id=f"{workflow.info().workflow_id}-sweep",
+        task_queue=workflow.info().task_queue)
+
+
+def start_train_segment(train_spec: RunSpec, c: RunCarry, lo: int,
+                        hi: int) -> ActivityHandle[TrainSegmentResult]:
+    """Steps (lo, hi] with the carry's LR windows, what is left of the rollback budget and
+    the pending operator rollback. A cancel waits for the trainer's graceful stop."""
+    return workflow.start_activity(
+        TRAIN_SEGMENT, TrainSegmentInput(
+            train_spec.to_dict(), c.dataset_uri, lo, hi, lr_windows=c.lr_windows,
+            max_rollbacks=rollback_allowance(c.rollback_steps, c.budget_from, lo,
+                                             train_spec.spikes),
+            rollback=c.pending_rollback),
+        task_queue=TRAINER_QUEUE, result_type=TrainSegmentResult,
+        cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+        **segment_options(train_spec))
+
+
+def start_evaluate(train_spec: RunSpec, dataset_uri: str,
+                   steps: list[int]) -> ActivityHandle[EvaluateResult]:
+    return workflow.start_activity(
+        EVALUATE, EvaluateInput(train_spec.to_dict(), dataset_uri, steps),
+        task_queue=TRAINER_QUEUE, result_type=EvaluateResult, **short_options(train_spec))
+
+
+def start_promote(train_spec: RunSpec, step: int) -> ActivityHandle[PromoteResult]:
+    return workflow.start_activity(
+        PROMOTE, PromoteInput(train_spec.to_dict(), step), task_queue=DATA_QUEUE,
+        result_type=PromoteResult, **short_options(train_spec))
+
+
+async def record_event(s: RunSpec, kind: str, event_id: str, step: int,
+                       payload: dict[str, Any]) -> None:
+    """A workflow decision into the run's event log (activities/events.py)."""
+    await workflow.execute_local_activity(
+        RECORD_EVENT, RecordEventInput(durable=s.storage.durable, run_id=s.run_id, kind=kind,
+                                       event_id=event_id, step=step, payload=payload),
+        start_to_close_timeout=timedelta(seconds=60))
+
+
+async def until(handle: Any, interrupted: Callable[[], bool]) -> Any:
+    """Wait for `handle`; cancel it when `interrupted()` turns true first. The handle's
+    result (a graceful stop still returns one), or None when it ended cancelled."""
+    await workflow.wait_condition(lambda: handle.done() or interrupted())
+    if not handle.done():
+        handle.cancel()
+    try:
+        return await handle
+    except BaseException as exc:  # ActivityError / ChildWorkflowError / CancelledError
+        if interrupted() and is_cancelled_exception(exc):
+            return None
+        raise
