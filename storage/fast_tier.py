@@ -14,7 +14,8 @@ checkpoints, so the local disk filled linearly with segments. Now:
   only a cache and goes; a fast-only snapshot newer than the durable tier's newest (its
   upload never finished) is the only copy of that progress and stays; a run directory
   left with no checkpoint is removed whole (finished runs end up here);
-- `release` removes a finished run's directory on the machine that evaluates it.
+- `release` removes a finished run's checkpoints on the machine that evaluates it; the
+  run's segment records go with the next collection there.
 The fast tier never holds the only copy of anything this deletes.
 """
 
@@ -130,8 +131,11 @@ def _collect_run(directory: str) -> list[str]:
 
 
 def release(fast_root: str, run_id: str) -> None:
-    """A finished run: its fast tier on this machine is no longer needed."""
-    shutil.rmtree(run_dir(fast_root, run_id), ignore_errors=True)
+    """A finished run: its checkpoints on this machine are no longer needed. The segments'
+    small local records (progress files, child logs, results) stay for a post-incident look
+    and the benchmarks; the next `collect_garbage` on this machine removes the run's
+    directory whole, since no checkpoint is left in it."""
+    shutil.rmtree(store_dir(fast_root, run_id), ignore_errors=True)
     log.info("fast_tier_released", run_id=run_id)
 
 

@@ -84,9 +84,15 @@ def test_a_run_whose_durable_store_is_unreachable_is_left_for_later(tmp_path, mo
     assert os.path.exists(directory)
 
 
-def test_release_removes_the_finished_runs_directory(tmp_path):
+def test_release_removes_the_finished_runs_checkpoints_and_gc_the_rest(tmp_path):
     directory = leftover_run(tmp_path, "done", durable_steps=[10], fast_steps=[10])
+    record = os.path.join(directory, "segments", "000000000-000000010", "progress.jsonl")
+    os.makedirs(os.path.dirname(record))
+    open(record, "w").close()
     fast_tier.release(str(tmp_path / "fast"), "done")
+    assert not os.path.exists(fast_tier.store_dir(str(tmp_path / "fast"), "done"))
+    assert os.path.exists(record)  # the segments' records outlive the run's checkpoints
+    assert fast_tier.collect_garbage(str(tmp_path / "fast"), keep_run="next") == [directory]
     assert not os.path.exists(directory)
 
 
