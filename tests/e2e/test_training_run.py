@@ -56,10 +56,12 @@ def test_five_stage_run_survives_injected_kill_and_continues_as_new(temporal_ser
     assert len(trials) == 2 and trials[0]["payload"]["params"] != trials[1]["payload"]["params"]
     best = min(trials, key=lambda e: e["payload"]["result"])["payload"]["params"]
     assert result["best_params"] == best
-    # The fast tier is a cache: nothing of a finished run (or its trials) is left on the
-    # trainer's local disk (issue 11: every segment's checkpoints used to stay forever).
+    # The fast tier is a cache: no checkpoint of a finished run (or its trials) is left on
+    # the trainer's local disk (issue 11: every segment's checkpoints used to stay forever);
+    # the segments' small records stay until the machine's next collection.
     left = [d for d, _, _ in os.walk(tmp_path / "fast") if os.path.basename(d).startswith("step-")]
-    assert left == [] and not (tmp_path / "fast" / spec.run_id).exists()
+    assert left == [] and not (tmp_path / "fast" / spec.run_id / "ckpt").exists()
+    assert list((tmp_path / "fast" / spec.run_id / "segments").glob("*/progress.jsonl"))
 
 
 def _trainer_child_pids(worker_pid: int) -> list[int]:
