@@ -48,16 +48,14 @@ class Progress:
     tail it."""
 
     def __init__(self, path: str | None) -> None:
-        self.path = path
+        self.path, self.fd = path, None
 
     def write(self, line: ProgressLine) -> None:
         if self.path is None:
             return
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, (line.to_json() + "\n").encode())
-        finally:
-            os.close(fd)
+        if self.fd is None:  # opened once: the step loop pays one write() per line
+            self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.write(self.fd, (line.to_json() + "\n").encode())
 
 
 SIGNALLED: list[str] = []  # appended to by on_sigterm
