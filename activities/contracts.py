@@ -300,6 +300,9 @@ class RunCarry:
     # paused / needs_attention: {"stage", "reason", "who"} while the run waits for `resume`,
     # so a run continued-as-new while held goes on holding (workflows/training_run.py:_hold)
     held: dict[str, Any] | None = None
+    # the run's trace: its id and the root and open stage spans' ids and start times, so
+    # every workflow run of the chain is one trace (workflows/tracing.py)
+    trace: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_json(cls, raw: dict[str, Any] | None) -> RunCarry:

@@ -13,6 +13,7 @@ from activities.contracts import (
     PromoteResult,
 )
 from activities.errors import classified
+from activities.tracing import activity_span
 from dataprep.pipeline import prepare_dataset
 from spec import RunSpec
 from storage.checkpoints import CheckpointStore
@@ -25,6 +26,11 @@ def prepare_data(inp: PrepareDataInput) -> PrepareDataResult:
     """Progress (phases, committed work units) becomes heartbeats; a retry after a crash
     resumes from the work units the dead attempt committed (`dataprep.units`)."""
     spec = RunSpec.from_dict(inp.spec)
+    with activity_span("prepare_data", spec):
+        return _prepare_data(spec)
+
+
+def _prepare_data(spec: RunSpec) -> PrepareDataResult:
     attempt = activity.info().attempt
     with EventLog(spec.storage.durable, spec.run_id, "data", attempt=attempt) as events:
         events.emit("dataprep_started", event_id=f"dataprep_started/{attempt}",
@@ -50,6 +56,11 @@ def prepare_data(inp: PrepareDataInput) -> PrepareDataResult:
 @classified
 def promote(inp: PromoteInput) -> PromoteResult:
     spec = RunSpec.from_dict(inp.spec)
+    with activity_span("promote", spec, step=inp.step):
+        return _promote(spec, inp)
+
+
+def _promote(spec: RunSpec, inp: PromoteInput) -> PromoteResult:
     uri, man = CheckpointStore(spec.storage.durable, spec.run_id).promote(inp.step)
     with EventLog(spec.storage.durable, spec.run_id, "data") as events:
         events.emit("promoted", step=inp.step, event_id=f"promoted/{inp.step}", uri=uri,

@@ -7,6 +7,7 @@ from temporalio import activity
 
 from activities.contracts import PIN_ROLLBACK, RECORD_EVENT, PinInput, RecordEventInput
 from activities.errors import classified
+from common.telemetry import bind_run
 from storage.events import EventLog
 from storage.rollback import pin, unpin
 
@@ -15,6 +16,7 @@ from storage.rollback import pin, unpin
 @classified
 def record_event(inp: RecordEventInput) -> None:
     attempt = activity.info().attempt
+    bind_run(inp.durable, inp.run_id)  # the workflow's spans of this trace go to the run
     with EventLog(inp.durable, inp.run_id, "workflow", attempt=attempt) as events:
         events.emit(inp.kind, inp.payload, step=inp.step, event_id=inp.event_id)
 

@@ -17,12 +17,14 @@ import subprocess
 import sys
 import time
 from collections import deque
+from dataclasses import dataclass
 from typing import Callable
 
 import structlog
 from temporalio.exceptions import ApplicationError, CancelledError
 
 from common.errors import NON_RETRYABLE, HardwareFault
+from common.fault_kinds import classify, signal_name, torchrun_root_cause
 from common.procs import (
     STOP_FILE,
     allowed_env,
@@ -34,6 +36,31 @@ from common.protocol import ErrorReport, ProgressLine, parse_line
 from common.redact import redact, redact_value
 
 log = structlog.get_logger(__name__)
+
+@dataclass(frozen=True)
+class ChildFailure:
+    """What the supervisor saw of a child that failed (a retryable failure: bad input and
+    divergence are decisions, not faults): the fault kind (common/fault_kinds.py) and its
+    evidence — the failed rank and its exit code (torchrun's root cause), the signal, the
+    type error.json named, the last log lines (scrubbed), when it happened and when seen."""
+
+    kind: str
+    evidence: str
+    exit_code: int | None = None
+    signal: str | None = None
+    rank: int | None = None
+    error_type: str = ""
+    log_tail: tuple[str, ...] = ()
+    fault_ts: float = 0.0
+    detected_ts: float = 0.0
+
+    def payload(self) -> dict:
+        return {"kind": self.kind, "injected": False, "evidence": self.evidence,
+                "exit_code": self.exit_code, "signal": self.signal, "rank": self.rank,
+                "error_type": self.error_type, "log_tail": list(self.log_tail),
+                "fault_ts": round(self.fault_ts, 3), "detected_ts": round(self.detected_ts, 3),
+                "detection_s": round(max(0.0, self.detected_ts - self.fault_ts), 3)}
+
 
 def trainer_command(module: str, world_size: int, args: list[str]) -> list[str]:
     """torchrun for the trainer entry points (one launcher for world size 1 and N)."""
@@ -84,29 +111,33 @@ def supervise(cmd: list[str], *, workdir: str, env: dict[str, str],
               heartbeat: Callable[[], None] = lambda: None,
               is_cancelled: Callable[[], bool] = lambda: False,
               hang_timeout_s: float = 600.0, stop_grace_s: float = 300.0,
-              poll_s: float = 1.0) -> None:
+              poll_s: float = 1.0,
+              on_failure: Callable[[ChildFailure], None] = lambda _: None) -> None:
     """Run a child to completion; raise a classified error if it does not succeed.
 
     On cancellation the child is asked to stop (common/procs.py STOP_FILE: it commits a
     checkpoint at the end of its current step and exits 0) and given `stop_grace_s` before
     it is killed; a child that stopped that way counts as success (its result says so).
+    A retryable failure is described to `on_failure` (ChildFailure) before it is raised.
     """
     os.makedirs(workdir, exist_ok=True)
     log_path = os.path.join(workdir, "child.log")
     tail = ProgressTail(progress_file) if progress_file else None
-    for stale in ("error.json", "result.json", STOP_FILE):
+    for stale in ("error.json", "result.json", STOP_FILE, *(
+            n for n in os.listdir(workdir) if n.startswith("rank") and n.endswith(".pid"))):
         if os.path.exists(os.path.join(workdir, stale)):
             os.unlink(os.path.join(workdir, stale))
     with open(log_path, "ab") as out:
         proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True, preexec_fn=set_parent_death_signal)
     log.info("child_started", pid=proc.pid, cmd=" ".join(cmd[-8:]), log=log_path)
-    last_progress, stop_at = time.monotonic(), None
+    last_progress, last_progress_ts, stop_at = time.monotonic(), time.time(), None
+    launcher = LauncherLog(log_path)
     try:
         while True:
             rc = proc.poll()
             for line in tail.read() if tail else ():
-                last_progress = time.monotonic()
+                last_progress, last_progress_ts = time.monotonic(), time.time()
                 on_progress(line)
             heartbeat()
             if rc is not None:
@@ -118,14 +149,70 @@ def supervise(cmd: list[str], *, workdir: str, env: dict[str, str],
             if stop_at is not None and time.monotonic() - stop_at > stop_grace_s:
                 raise CancelledError(f"activity cancelled; trainer did not stop within "
                                      f"{stop_grace_s:.0f}s and was killed")
+            if stop_at is None and launcher.stopping_peers():
+                # torchrun saw a rank die and is stopping the rest: they may be blocked in a
+                # collective and ignore its SIGTERM for 30 s — nothing is left to wait for
+                rank = dead_rank(workdir)
+                why = (f"rank {rank} died" if rank is not None else "a rank died") + \
+                    "; torchrun was stopping the others"
+                on_failure(ChildFailure("rank_lost", why, rank=rank,
+                                        log_tail=tuple(_last_lines(log_path)),
+                                        fault_ts=time.time(), detected_ts=time.time()))
+                raise HardwareFault(why)
             if tail and time.monotonic() - last_progress > hang_timeout_s:
-                raise HardwareFault(f"no progress from trainer for {hang_timeout_s:.0f}s (hang)")
+                why = f"no progress from trainer for {hang_timeout_s:.0f}s (hang)"
+                on_failure(ChildFailure("hang", why, log_tail=tuple(_last_lines(log_path)),
+                                        fault_ts=last_progress_ts, detected_ts=time.time()))
+                raise HardwareFault(why)
             time.sleep(poll_s)
     finally:
         _kill_group(proc)
     if stop_at is not None and rc != 0:
         raise CancelledError(f"activity cancelled; trainer exited with {rc} while stopping")
-    _classify_exit(rc, workdir, log_path)
+    _classify_exit(rc, workdir, log_path, on_failure)
+
+
+class LauncherLog:
+    """New output of the child's log, watched for torchrun stopping the surviving ranks
+    (`Sending process N closing signal SIGTERM`): the sign that one of them died."""
+
+    SIGN = "closing signal SIGTERM"
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.offset = os.path.getsize(path) if os.path.exists(path) else 0
+
+    def stopping_peers(self) -> bool:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                new = f.read()
+        except OSError:
+            return False
+        self.offset += len(new)
+        return self.SIGN.encode() in new
+
+
+def dead_rank(workdir: str) -> int | None:
+    """The lowest rank whose process (its `rank<r>.pid` file, trainer/segment.py) is gone."""
+    for name in sorted(os.listdir(workdir)):
+        if name.startswith("rank") and name.endswith(".pid"):
+            try:
+                with open(os.path.join(workdir, name)) as f:
+                    pid = int(f.read().strip() or 0)
+            except (OSError, ValueError):
+                continue
+            if pid and not _alive(pid):
+                return int(name[4:-4])
+    return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -137,25 +224,46 @@ def _kill_group(proc: subprocess.Popen) -> None:
         proc.wait(30)
 
 
-def _classify_exit(rc: int, workdir: str, log_path: str) -> None:
+def _classify_exit(rc: int, workdir: str, log_path: str,
+                   on_failure: Callable[[ChildFailure], None] = lambda _: None) -> None:
     if rc == 0:
         return
+    seen = time.time()
     error_file = os.path.join(workdir, "error.json")
+    lines = _last_lines(log_path, 200)
+    rank, rank_code = torchrun_root_cause("\n".join(lines))
+    code = rank_code if rank_code is not None else rc  # torchrun itself exits 1
     # torchrun exits 1 whatever its rank's code was, so error.json (removed before each
     # start) is the evidence of bad input, not the exit code alone.
     if os.path.exists(error_file):
         with open(error_file) as f:
             # the message may quote a URL or a config
             err = ErrorReport.from_json(redact_value(json.load(f)))
+        retryable = err.type not in NON_RETRYABLE and err.retryable
+        if retryable:
+            on_failure(ChildFailure(classify(code, err.type, lines), err.message[:500],
+                                    exit_code=code, signal=signal_name(code), rank=rank,
+                                    error_type=err.type, log_tail=tuple(lines[-8:]),
+                                    fault_ts=seen, detected_ts=seen))
         raise ApplicationError(err.message, err.to_dict(), type=err.type,
-                               non_retryable=err.type in NON_RETRYABLE or not err.retryable)
-    how = f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"exit code {rc}"
-    raise HardwareFault(f"trainer {how}; last output: {_tail(log_path)}", exit_code=rc)
+                               non_retryable=not retryable)
+    name = signal_name(code)
+    who = f"rank {rank}" if rank is not None else "trainer"
+    how = f"killed by {name}" if name else f"exit code {code}"
+    last = " | ".join(line[:300] for line in lines[-6:])
+    on_failure(ChildFailure(classify(code, "", lines), f"{who} {how}", exit_code=code,
+                            signal=name, rank=rank, log_tail=tuple(lines[-8:]), fault_ts=seen,
+                            detected_ts=seen))
+    raise HardwareFault(f"{who} {how}; last output: {last}", exit_code=code)
 
 
-def _tail(path: str, lines: int = 6) -> str:
+def _last_lines(path: str, lines: int = 8) -> list[str]:
     """The child's last lines, scrubbed: they go into a failure that Temporal keeps in the
-    run's history, and a crashing child may have printed a key or its environment."""
-    with open(path, errors="replace") as f:
-        # scrub before cutting, so the cut cannot split a secret into unrecognisable halves
-        return " | ".join(redact(line.strip())[:300] for line in deque(f, maxlen=lines))
+    run's history and into the fault event, and a crashing child may have printed a key or
+    its environment. Scrubbed before cutting, so a cut cannot halve a secret."""
+    try:
+        with open(path, errors="replace") as f:
+            return [redact(line.rstrip())[:500] for line in deque(f, maxlen=lines)
+                    if line.strip()]
+    except OSError:
+        return []

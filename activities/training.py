@@ -1,9 +1,11 @@
 """train_segment and evaluate: thin adapters that supervise `trainer/` child processes.
 
 Heartbeat details carry only durable facts (DESIGN §3): the last committed checkpoint's
-URI and step. A retry's child resumes from the newest checkpoint at or before the segment's
+URI and step, when the heartbeat was sent, and — once the attempt has failed — its fault
+event's id. A retry's child resumes from the newest checkpoint at or before the segment's
 end that verifies on either tier (the fast tier when the retry lands on the same machine);
-this activity records the recovery with where the child actually resumed.
+faults and recoveries are recorded as activities/recovery.py says. Each attempt is a span
+(`segment <lo>-<hi>`), the parent of its trainer processes' spans (TRACEPARENT).
 """
 
 from __future__ import annotations
@@ -29,9 +31,11 @@ from activities.contracts import (
 )
 from activities.errors import classified
 from activities.metrics import MetricsForwarder
-from activities.supervise import ProgressTail, child_env, supervise, trainer_command
+from activities.recovery import FaultRecorder, Recovery, execution_key
+from activities.supervise import child_env, supervise, trainer_command
+from activities.tracing import activity_span
 from common.procs import WORKER_PID_ENV
-from common.protocol import CommitLine, ProgressLine, SegmentResult, StartLine, StepLine
+from common.protocol import CommitLine, ProgressLine, SegmentResult
 from common.telemetry import child_trace_env
 from spec import RunSpec
 from storage import fast_tier
@@ -59,13 +63,16 @@ def prepare_fast_tier(spec: RunSpec, store: CheckpointStore) -> None:
 
 
 class DurableCommit:
-    """The last committed checkpoint, as the child reports it: the heartbeat's only content."""
+    """The last committed checkpoint, as the child reports it: the heartbeat's content (and
+    when it was sent, so a retry can tell when this attempt was last alive)."""
 
     def __init__(self, step: int | None, uri: str) -> None:
         self.step, self.uri = step, uri
+        self.fault: dict | None = None  # this attempt's fault, once recorded (recovery.py)
 
     def details(self) -> dict:
-        return {"step": self.step, "uri": self.uri}
+        beat = {"step": self.step, "uri": self.uri, "ts": round(time.time(), 3)}
+        return {**beat, "fault": self.fault} if self.fault else beat
 
     def on_progress(self, line: ProgressLine) -> None:
         if isinstance(line, CommitLine):
@@ -73,56 +80,49 @@ class DurableCommit:
             activity.heartbeat(self.details())
 
 
-class Recovery:
-    """A retry's evidence: what the lost attempt reached (read before the child starts) and
-    where the new child actually resumed (its `start` line: durable or fast tier)."""
-
-    def __init__(self, events: EventLog, workdir: str, inp: TrainSegmentInput,
-                 attempt: int) -> None:
-        self.events, self.inp, self.attempt, self.reported = events, inp, attempt, False
-        heartbeat = activity.info().heartbeat_details
-        self.beat_step = (heartbeat[0].get("step")
-                          if heartbeat and isinstance(heartbeat[0], dict) else None)
-        seen = [p for p in ProgressTail(os.path.join(workdir, "progress.jsonl"),
-                                        from_start=True).read() if isinstance(p, StepLine)]
-        self.last_step = seen[-1].step if seen else inp.from_step
-        self.last_ts = seen[-1].ts if seen else time.time()
-
-    def report(self, resumed: int | None) -> None:
-        if self.reported:
-            return
-        self.reported = True
-        self.events.emit(
-            "recovered", step=resumed,
-            event_id=f"recovered/{self.inp.from_step}-{self.inp.to_step}/{self.attempt}",
-            resumed_step=resumed, heartbeat_step=self.beat_step, last_step_seen=self.last_step,
-            lost_steps=max(0, self.last_step - (resumed or 0)),
-            mttr_s=round(time.time() - self.last_ts, 2), attempt=self.attempt)
-        self.events.flush()
-
-
 @activity.defn(name=TRAIN_SEGMENT)
 @classified
 def train_segment(inp: TrainSegmentInput) -> TrainSegmentResult:
     spec = RunSpec.from_dict(inp.spec)
-    with fast_tier.lease(spec.storage.fast, spec.run_id, spec.storage.durable):
+    with activity_span(f"segment {inp.from_step}-{inp.to_step}", spec,
+                       from_step=inp.from_step, to_step=inp.to_step), \
+            fast_tier.lease(spec.storage.fast, spec.run_id, spec.storage.durable):
         return _train_segment(spec, inp)
 
 
 def _train_segment(spec: RunSpec, inp: TrainSegmentInput) -> TrainSegmentResult:
-    attempt = activity.info().attempt
+    attempt, execution = activity.info().attempt, execution_key()
     workdir = segment_workdir(spec, inp.from_step, inp.to_step)
     os.makedirs(workdir, exist_ok=True)
     store = CheckpointStore(spec.storage.durable, spec.run_id)
     events = EventLog(spec.storage.durable, spec.run_id, "supervisor", attempt=attempt)
-    recovery = Recovery(events, workdir, inp, attempt) if attempt > 1 else None
+    recovery = Recovery(events, workdir, inp, attempt, execution) if attempt > 1 else None
     events.emit("segment_started", step=inp.from_step,
                 event_id=f"segment_started/{inp.from_step}-{inp.to_step}/{attempt}",
                 from_step=inp.from_step, to_step=inp.to_step, attempt=attempt)
     events.flush()
+    tracker = DurableCommit(None, "")
+
+    def beat_fault(details: dict) -> None:
+        tracker.fault = details["fault"]
+        activity.heartbeat(tracker.details())
+    faults = FaultRecorder(events, inp, attempt, execution, beat_fault)
+    try:
+        return _supervise_segment(spec, inp, workdir, store, events, tracker, faults, recovery)
+    except CancelledError:
+        raise
+    except Exception as exc:  # an error of the activity's own, not already recorded
+        faults.on_error(exc)
+        raise
+
+
+def _supervise_segment(spec: RunSpec, inp: TrainSegmentInput, workdir: str,
+                       store: CheckpointStore, events: EventLog, tracker: DurableCommit,
+                       faults: FaultRecorder, recovery: Recovery | None) -> TrainSegmentResult:
+    attempt = activity.info().attempt
     prepare_fast_tier(spec, store)
     latest = store.latest_committed(at_or_before=inp.to_step)
-    tracker = DurableCommit(latest, store.uri(latest) if latest is not None else "")
+    tracker.step, tracker.uri = latest, store.uri(latest) if latest is not None else ""
     info = activity.info()  # the same bounds can be scheduled twice (a stop before step 1)
     metrics = MetricsForwarder(events, spec.ops.metrics_every,
                                segment=f"{inp.from_step}-{inp.to_step}", attempt=attempt,
@@ -131,8 +131,9 @@ def _train_segment(spec: RunSpec, inp: TrainSegmentInput) -> TrainSegmentResult:
     def on_progress(line: ProgressLine) -> None:
         tracker.on_progress(line)
         metrics.on_progress(line)
-        if recovery and isinstance(line, StartLine):
-            recovery.report(line.resumed_from)
+        faults.on_progress(line)
+        if recovery:
+            recovery.on_progress(line)
     clear_stale_build_locks(older_than_s=spec.ops.hang_timeout_s)  # a builder that died
     spec_file = os.path.join(workdir, "spec.json")
     with open(spec_file, "w") as f:
@@ -154,6 +155,7 @@ def _train_segment(spec: RunSpec, inp: TrainSegmentInput) -> TrainSegmentResult:
             supervise(trainer_command("trainer.segment", spec.train.world_size, args),
                       workdir=workdir,
                       env=child_env({**child_trace_env(), WORKER_PID_ENV: str(os.getpid())}),
+                      on_failure=faults.on_failure,
                       progress_file=os.path.join(workdir, "progress.jsonl"),
                       on_progress=on_progress,
                       heartbeat=lambda: activity.heartbeat(tracker.details()),
@@ -166,7 +168,7 @@ def _train_segment(spec: RunSpec, inp: TrainSegmentInput) -> TrainSegmentResult:
     with open(result_file) as f:
         res = SegmentResult.from_json(f.read())
     metrics.close()  # the tail window; flushed with segment_finished below
-    if recovery:  # an already-finished segment writes no start line
+    if recovery:  # an already-finished segment writes no start line, and no step
         recovery.report(res.resumed_from)
     events.emit("segment_finished", step=res.final_step,
                 event_id=f"segment_finished/{inp.from_step}-{inp.to_step}",
@@ -194,7 +196,8 @@ def segment_result(res: SegmentResult, attempt: int, committed: list[int]) -> Tr
 @classified
 def evaluate(inp: EvaluateInput) -> EvaluateResult:
     spec = RunSpec.from_dict(inp.spec)
-    with fast_tier.lease(spec.storage.fast, spec.run_id, spec.storage.durable):
+    with activity_span("evaluate", spec, steps=",".join(map(str, inp.steps))), \
+            fast_tier.lease(spec.storage.fast, spec.run_id, spec.storage.durable):
         result = _evaluate(spec, inp)
     # Training is over: this machine's fast tier of the run is a cache of durable commits.
     fast_tier.release(spec.storage.fast, spec.run_id)

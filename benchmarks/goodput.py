@@ -27,6 +27,12 @@ supervisor sees at once); `projected_goodput` at one fault per 10 min / hour wit
 run's cost per fault; spike faults and how they were handled; `human_actions`
 (operator / needs_attention events) and `unexplained_restarts` (restarts no injected fault
 caused), both expected 0.
+
+The same run measured a second way, from its durable record alone (the event log and the
+trainer's spans, ops/goodput.from_record, as `mainspring report` shows it): `record_goodput`
+(the train stage's), `record_vs_external_pp` (record - `value`, percentage points),
+`record_badput_s` (the record's badput table, whole run), `record_faults` (real faults per
+kind with MTTR), `record_steps`; the two should agree within a point or two.
 """
 
 from __future__ import annotations
@@ -56,6 +62,7 @@ from ops.chaos import CHAOS_KINDS, Chaos
 from ops.goodput import (
     downtime,
     fault_outcome,
+    from_record,
     human_actions,
     longest_gap,
     projected_goodput,
@@ -66,6 +73,7 @@ from ops.goodput import (
 )
 from storage.checkpoints import CheckpointStore
 from storage.events import read_events
+from storage.spans import read_spans
 
 HEARTBEAT_S, HANG_S = 10.0, 30.0
 # (kind, fraction of the run, steps, LR factor), off the checkpoint grid like benchmarks/spikes.py
@@ -181,6 +189,7 @@ def run_soak(cfg: dict) -> dict:
                   "cpus": os.cpu_count()}
         return {"inputs": inputs, "result": box["result"], "chaos": chaos.log, "loads": loads,
                 "events": read_events(spec.storage.durable, spec.run_id),
+                "spans": read_spans(spec.storage.durable, spec.run_id),
                 "lines": progress_lines(spec), "worker_restarts": dict(services.fleet.restarts)}
     finally:
         services.stop()
@@ -247,7 +256,22 @@ def report(raw: dict) -> dict:
         # trainer starts beyond one per segment that no injected fault explains (a false
         # hang detection, a heartbeat timeout under load, a crash): should be 0
         "unexplained_restarts": restarts - sum(f.get("attempts", 0) for f in faults),
-        "load_avg_1m": raw["loads"]}
+        "load_avg_1m": raw["loads"], **record_figures(raw, budget["goodput"])}
+
+
+def record_figures(raw: dict, external: float | None) -> dict:
+    """Goodput from the durable record (events + spans) next to the external figure. A raw
+    file saved before spans were kept has none: the record figures are then None."""
+    rec = from_record(raw["events"], raw.get("spans") or [])
+    ok = bool(raw.get("spans")) and rec["train"]["goodput"] is not None
+    value = round(rec["train"]["goodput"], 4) if ok else None
+    return {"record_goodput": value,
+            "record_vs_external_pp": (round(100 * (value - external), 2)
+                                      if ok and external is not None else None),
+            "record_badput_s": rounded(rec["badput_s"]) if ok else None,
+            "record_faults": rounded(rec["faults"]) if ok else None,
+            "record_injected_faults": rec["injected_faults"],
+            "record_steps": rec["steps"] if ok else None}
 
 
 def settings(args: argparse.Namespace) -> dict:
@@ -276,8 +300,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--world", type=int, default=2)
     p.add_argument("--outage-s", type=float, default=15.0)
     p.add_argument("--kinds", default=",".join(CHAOS_KINDS))
-    p.add_argument("--save-raw", default="", help="also write the run's events, progress "
-                   "lines and fault log to this JSON file (for --from-raw)")
+    p.add_argument("--save-raw", default="", help="also write the run's events, spans, "
+                   "progress lines and fault log to this JSON file (for --from-raw)")
     p.add_argument("--from-raw", default="", help="report on a saved run instead of running")
     args = p.parse_args(argv)
     if args.from_raw:

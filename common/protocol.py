@@ -129,6 +129,8 @@ class StartLine(_Line):
     flops_per_token: float = 0.0
     peak_tflops: float = 0.0
     peak_source: str = ""
+    restore_s: float = 0.0  # reading the checkpoint it resumed from (0: a fresh start)
+    restore_tier: str = ""  # where it came from: fast | durable ("" on a fresh start)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -14,10 +14,12 @@ the W3C `TRACEPARENT` environment variable.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -81,6 +83,30 @@ def scrub_span(span: ReadableSpan) -> ReadableSpan:
         end_time=span.end_time, instrumentation_scope=span.instrumentation_scope)
 
 
+def span_record(span: ReadableSpan) -> dict[str, Any]:
+    """A finished span as the one JSON line the durable store keeps (storage/spans.py):
+    hex ids, integer nanosecond times, plain attributes, events and links."""
+    ctx, res = span.context, dict(span.resource.attributes) if span.resource else {}
+    return {
+        "trace_id": format(ctx.trace_id, "032x"), "span_id": format(ctx.span_id, "016x"),
+        "parent_id": format(span.parent.span_id, "016x") if span.parent else None,
+        "name": span.name, "start_ns": span.start_time, "end_ns": span.end_time,
+        "status": span.status.status_code.name.lower(),
+        "status_message": span.status.description or "",
+        "service": res.get("service.name", ""), "pid": res.get("process.pid", os.getpid()),
+        "parent_hint": res.get("mainspring.parent_span_id"),
+        "attributes": _plain(span.attributes),
+        "events": [{"name": e.name, "ts_ns": e.timestamp, "attributes": _plain(e.attributes)}
+                   for e in span.events],
+        "links": [{"trace_id": format(link.context.trace_id, "032x"),
+                   "span_id": format(link.context.span_id, "016x")} for link in span.links],
+    }
+
+
+def _plain(attributes: Mapping[str, Any] | None) -> dict[str, Any]:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in (attributes or {}).items()}
+
+
 def _scrub_attributes(attributes: Mapping[str, Any] | None) -> dict[str, Any] | None:
     return redact_value(dict(attributes)) if attributes else None
 
@@ -113,30 +139,115 @@ def configure_logging(level: str = "") -> None:
     )
 
 
+SPAN_FLUSH_MS = int(os.environ.get("MAINSPRING_SPAN_FLUSH_MS", "2000"))  # batch export delay
+
+
 def configure(service: str, spans_dir: str = "", otlp_endpoint: str = "",
-              replay_safe: bool = False, log_level: str = "") -> TracerProvider:
+              replay_safe: bool = False, log_level: str = "",
+              exporters: Sequence[SpanExporter] = ()) -> TracerProvider:
     """Logs + tracing for this process. `otlp_endpoint` (a run's `ops.otlp_endpoint`) wins
     over the OTEL_EXPORTER_OTLP_* environment; `replay_safe` for processes that run
-    workflows."""
+    workflows (their span ids come from the workflow's deterministic random, or are preset:
+    `preset_span_id`); `exporters` get every span too (storage/spans.py's durable one). A
+    child process started with TRACEPARENT records that parent's span id on its resource
+    (`parent_hint`), so its spans can be placed when the parent was killed mid-span."""
     global _configured
     configure_logging(log_level)
-    resource = Resource.create({"service.name": f"mainspring-{service}"})
+    attrs: dict[str, Any] = {"service.name": f"mainspring-{service}", "process.pid": os.getpid()}
+    hint = _traceparent_span_id(os.environ.get("TRACEPARENT", ""))
+    if hint:
+        attrs["mainspring.parent_span_id"] = hint
+    resource = Resource.create(attrs)
     if replay_safe:
-        from temporalio.contrib.opentelemetry import create_tracer_provider
+        from opentelemetry.sdk.trace import TracerProvider as SdkProvider
+        from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+        from temporalio.contrib.opentelemetry._tracer_provider import ReplaySafeTracerProvider
 
-        provider = create_tracer_provider(resource=resource)
+        generator = _preset_id_generator()(RandomIdGenerator())
+        provider = ReplaySafeTracerProvider(SdkProvider(resource=resource, id_generator=generator),
+                                            generator)
     else:
         provider = TracerProvider(resource=resource)
     spans_dir = spans_dir or os.environ.get("MAINSPRING_SPANS_DIR", ".mainspring/spans")
-    provider.add_span_processor(BatchSpanProcessor(RedactingSpanExporter(
-        JsonlSpanExporter(os.path.join(spans_dir, f"{service}-{os.getpid()}.jsonl")))))
+    outs: list[SpanExporter] = [JsonlSpanExporter(
+        os.path.join(spans_dir, f"{service}-{os.getpid()}.jsonl")), *exporters]
     otlp = otlp_exporter(otlp_endpoint)
     if otlp is not None:
-        provider.add_span_processor(BatchSpanProcessor(RedactingSpanExporter(otlp)))
+        outs.append(otlp)
+    for out in outs:
+        _add_exporter(provider, out)
     if not _configured:
         trace.set_tracer_provider(provider)
         _configured = True
     return provider
+
+
+def _add_exporter(provider: Any, exporter: SpanExporter) -> None:
+    provider.add_span_processor(BatchSpanProcessor(RedactingSpanExporter(exporter),
+                                                   schedule_delay_millis=SPAN_FLUSH_MS))
+    _EXPORTERS.append(exporter)
+
+
+_EXPORTERS: list[SpanExporter] = []
+
+
+def add_exporter(exporter: SpanExporter) -> None:
+    """Send this process's spans to `exporter` too, from now on (after `configure`)."""
+    provider = trace.get_tracer_provider()
+    if hasattr(provider, "add_span_processor"):
+        _add_exporter(provider, exporter)
+
+
+def bind_run(durable_url: str, run_id: str, trace_id: str = "") -> None:
+    """Spans of `trace_id` (default: the current span's trace) belong to run `run_id`,
+    stored under `durable_url` (storage/spans.py routes them there)."""
+    trace_id = trace_id or current_trace_id()
+    for exporter in _EXPORTERS:
+        if hasattr(exporter, "bind"):
+            exporter.bind(trace_id, durable_url, run_id)
+
+
+def current_trace_id() -> str:
+    ctx = trace.get_current_span().get_span_context()
+    return format(ctx.trace_id, "032x") if ctx.is_valid else ""
+
+
+def _traceparent_span_id(traceparent: str) -> str:
+    parts = traceparent.split("-")
+    return parts[2] if len(parts) >= 4 and len(parts[2]) == 16 else ""
+
+
+_PRESET: contextvars.ContextVar[tuple[int, int] | None] = contextvars.ContextVar(
+    "preset_span_id", default=None)
+
+
+def _preset_id_generator() -> type:
+    """Temporal's deterministic id generator, with one addition: a span id preset by
+    `preset_span_id` (a workflow span begun in one workflow run and ended in a later one
+    after continue-as-new keeps the id its children already point at)."""
+    from temporalio.contrib.opentelemetry._id_generator import TemporalIdGenerator
+
+    class PresetIdGenerator(TemporalIdGenerator):
+        def generate_span_id(self) -> int:
+            preset = _PRESET.get()
+            return preset[0] if preset is not None else super().generate_span_id()
+
+        def generate_trace_id(self) -> int:  # a root span's (one with a parent inherits it)
+            preset = _PRESET.get()
+            return preset[1] if preset is not None else super().generate_trace_id()
+
+    return PresetIdGenerator
+
+
+@contextlib.contextmanager
+def preset_span_id(span_id: int, trace_id: int) -> Iterator[None]:
+    """A span started in this context gets `span_id` (and, if it is a root, `trace_id`);
+    replay-safe providers only (`configure(replay_safe=True)`)."""
+    token = _PRESET.set((span_id, trace_id))
+    try:
+        yield
+    finally:
+        _PRESET.reset(token)
 
 
 def otlp_exporter(endpoint: str = "") -> SpanExporter | None:
@@ -175,7 +286,12 @@ def attach_parent_from_env() -> None:
         context.attach(TraceContextTextMapPropagator().extract({"traceparent": parent}))
 
 
-def flush() -> None:
+def flush(timeout_millis: int = 10_000) -> None:
+    """Export every finished span now (on a fault, on SIGTERM, before exit)."""
     provider = trace.get_tracer_provider()
     if hasattr(provider, "force_flush"):
-        provider.force_flush()
+        provider.force_flush(timeout_millis)
+
+
+def tracer() -> trace.Tracer:
+    return trace.get_tracer("mainspring")

@@ -379,6 +379,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     register_report(sub)  # mainspring report RUN_ID [--durable URL] [--out DIR]
 
+    from ops.trace_view import register as register_trace
+
+    register_trace(sub)  # mainspring trace RUN [--json | --perfetto FILE]; goodput RUN [--json]
+
     demo = sub.add_parser("demo", help="one command: services, workers, a faulted run, summary")
     demo.add_argument("--json", action="store_true", help="end with one JSON summary line")
     demo.add_argument("--address", default="", help="use this Temporal instead of embedding one")

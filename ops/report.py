@@ -10,6 +10,9 @@ Replayed steps (after a rollback or a retry) keep the *latest* trajectory: for e
 the window emitted last speaks for it; windows left with no step are the abandoned branch,
 drawn faintly. The extraction below is pure (events in, rows out) and tested that way;
 ops/report_render.py draws the rows (and defines the shapes it draws), never the reverse.
+
+Goodput, badput by cause and MTTR per fault kind come from the durable record too: the
+event log and the run's stored spans (storage/spans.py), through ops/goodput.from_record.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import structlog
 
 from common.errors import BadConfig, StorageUnavailable
 from common.redact import redact, redact_value
+from ops.goodput import from_record
 from ops.report_render import LossSeries, Window, fmt, plot_losses, render_html
 
 log = structlog.get_logger(__name__)
@@ -210,6 +214,31 @@ def summary(events: list[dict], series: LossSeries,
     }
 
 
+def goodput_section(events: list[dict], spans: list[dict], now: float | None = None) -> dict:
+    """The report's goodput rows (ops/goodput.from_record): headline figures, where the
+    run's wall time went (productive first, then each badput cause, with its share), and
+    real faults per kind with their MTTR. Without spans (a run from before the trainer
+    stored them) the step time is unknown: goodput is None, not 0."""
+    rec = from_record(events, spans, now)
+    wall, train = rec["wall_s"], rec["train"]
+    parts = {"productive": rec["productive_s"], **rec["badput_s"]}
+    known = bool(spans)
+    return {
+        "figures": {"goodput": rec["goodput"] if known else None,
+                    "train_goodput": train["goodput"] if known else None,
+                    "wall_s": wall, "train_wall_s": train["wall_s"],
+                    "productive_s": rec["productive_s"], **{
+                        f"steps_{k}": v for k, v in rec["steps"].items()},
+                    "injected_faults": rec["injected_faults"], "spans": len(spans)},
+        "time": [{"cause": c, "seconds": round(v, 3),
+                  "percent": round(100 * v / wall, 2) if wall > 0 else None}
+                 for c, v in parts.items()],
+        "faults": [{"kind": k, **{f: round(v, 3) if isinstance(v, float) else v
+                                  for f, v in row.items()}}
+                   for k, row in rec["faults"].items()],
+    }
+
+
 def list_runs(durable_url: str, limit: int = 20) -> list[str]:
     """Run ids with an event log under the store (for the not-found message)."""
     from storage.fs import join, resolve
@@ -244,6 +273,7 @@ def build_report(durable_url: str, run_id: str, out_dir: str) -> dict[str, str]:
     """Write loss.png and report.html for `run_id` into out_dir; return their paths."""
     from storage.events import read_events
     from storage.fs import normalize_url
+    from storage.spans import read_spans
 
     # Scrubbed again here: a log written before redaction existed, or by another tool,
     # must not carry a secret into a page that is mailed around (issue 11 item 7).
@@ -261,7 +291,8 @@ def build_report(durable_url: str, run_id: str, out_dir: str) -> dict[str, str]:
             run_id=run_id, store=redact(normalize_url(durable_url)), png_path=png,
             summary=summary(events, series, vals), timeline=timeline(events),
             faults=fault_rows(events), recoveries=recovery_rows(events),
-            rollbacks=rollback_rows(events), checkpoints=checkpoint_rows(events)))
+            rollbacks=rollback_rows(events), checkpoints=checkpoint_rows(events),
+            goodput=goodput_section(events, read_spans(durable_url, run_id))))
     log.info("report_written", run_id=run_id, png=png, html=page, events=len(events),
              windows=len(series.current))
     return {"png": png, "html": page}

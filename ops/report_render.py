@@ -192,10 +192,41 @@ SUMMARY_ROWS = [
 ]
 
 
+GOODPUT_ROWS = [
+    ("goodput", "goodput (kept productive step time ÷ run wall time)"),
+    ("train_goodput", "train-stage goodput (÷ the train stage's wall time)"),
+    ("wall_s", "run wall time (s)"), ("train_wall_s", "train stage wall time (s)"),
+    ("productive_s", "productive step time (s)"), ("steps_executed", "step executions"),
+    ("steps_kept", "steps kept (final trajectory)"), ("steps_replayed", "step executions replayed"),
+    ("injected_faults", "injected faults (chaos, not counted as faults)"),
+    ("spans", "spans in the record"),
+]
+
+
+def goodput_html(goodput: dict | None) -> str:
+    """The goodput section: headline figures, the time table, MTTR per fault kind."""
+    if not goodput:
+        return "<p><em>none</em></p>"
+    figures = goodput["figures"]
+    note = ("" if figures.get("spans") else "<p><em>no spans stored for this run: step time, "
+            "and so goodput, unknown; the table itemises only what the event log says</em></p>")
+    rows = "".join(f"<tr><th>{html.escape(title)}</th><td>{cell(figures.get(k))}</td></tr>"
+                   for k, title in GOODPUT_ROWS)
+    return (f"{note}<table>{rows}</table><h3>Where the run's wall time went</h3>"
+            + table(goodput["time"], [("cause", "productive / badput cause"),
+                                      ("seconds", "seconds"), ("percent", "% of wall")])
+            + "<h3>MTTR per fault kind (real faults)</h3>"
+            + table(goodput["faults"], [
+                ("kind", "kind"), ("count", "faults"), ("recovered", "recovered"),
+                ("mttr_s_median", "MTTR median (s)"), ("mttr_s_max", "MTTR max (s)"),
+                ("lost_steps", "lost steps")]))
+
+
 def render_html(*, run_id: str, store: str, png_path: str, summary: dict, timeline: list[dict],
                 faults: list[dict], recoveries: list[dict], rollbacks: list[dict],
-                checkpoints: list[dict]) -> str:
-    """One self-contained page: the PNG inline (base64), every value escaped."""
+                checkpoints: list[dict], goodput: dict | None = None) -> str:
+    """One self-contained page: the PNG inline (base64), every value escaped. `goodput`:
+    ops/report.goodput_section's rows."""
     with open(png_path, "rb") as f:
         png = base64.b64encode(f.read()).decode("ascii")
     faults = [{**r, "handled_by": " ".join(r["handled_by"])} for r in faults]
@@ -203,6 +234,7 @@ def render_html(*, run_id: str, store: str, png_path: str, summary: dict, timeli
     summary_rows = "".join(f"<tr><th>{html.escape(title)}</th><td>{cell(summary.get(k))}</td></tr>"
                            for k, title in SUMMARY_ROWS)
     sections = [
+        ("Goodput and badput (from the durable record)", goodput_html(goodput)),
         ("Faults and how they were handled", table(faults, [
             ("ts", "time"), ("step", "step"), ("kind", "kind"), ("evidence", "evidence"),
             ("handled_by", "handled by"), ("lost_steps", "lost steps"),

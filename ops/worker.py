@@ -11,8 +11,10 @@ import structlog
 from temporalio.worker import Worker
 
 from activities.contracts import DATA_QUEUE, ORCHESTRATOR_QUEUE, TRAINER_QUEUE
+from common import telemetry
 from common.metrics import serve_metrics, serve_temporal_metrics
 from ops.client import connect
+from storage.spans import DurableSpanExporter
 
 log = structlog.get_logger(__name__)
 
@@ -50,6 +52,8 @@ async def run_workers(roles: set[str], address: str = "", namespace: str = "",
     # Both before connecting: the Temporal SDK's metrics live in the Runtime the client uses.
     serve_metrics(metrics_port, f"worker-{'-'.join(sorted(roles))}")
     serve_temporal_metrics(temporal_metrics_port)
+    # every span of a run, in the run's store (its activities bind their traces to it)
+    telemetry.add_exporter(DurableSpanExporter(f"worker-{'-'.join(sorted(roles))}"))
     client = await connect(address, namespace)
     workers = build_workers(client, roles, trainer_slots)
     stop = asyncio.Event()

@@ -58,7 +58,7 @@ class CheckpointStore:
 
     def __init__(self, durable_url: str, run_id: str) -> None:
         self.fs, root = resolve(durable_url)
-        self.url = durable_url
+        self.url, self.run_id = durable_url, run_id
         self.root = join(root, "runs", run_id, "checkpoints")
 
     @classmethod
@@ -68,6 +68,7 @@ class CheckpointStore:
         store = cls.__new__(cls)
         store.fs, path = resolve(url)
         store.url, store.root = url, path if root is None else root
+        store.run_id = ""
         return store
 
     @classmethod
@@ -274,12 +275,21 @@ def _inside(local_dir: str, name: str, step: int) -> str:
     return dest
 
 
+def corrupt_fault_id(step: int) -> str:
+    return f"fault/checkpoint_corrupt/{step}"
+
+
 def emit_corrupt(events, exc: CorruptCheckpoint) -> None:
     """The `checkpoint_corrupt` event of `exc` into an EventLog (one id per step and file,
-    so every reader that finds the same damage records it once)."""
+    so every reader that finds the same damage records it once), and the `fault` it is (one
+    per step: common/fault_kinds.py)."""
     events.emit("checkpoint_corrupt", step=exc.step, file=exc.file,
                 event_id=f"checkpoint_corrupt/{exc.step}/{exc.file}",
                 expected=exc.expected, actual=exc.actual)
+    events.emit("fault", step=exc.step, event_id=corrupt_fault_id(exc.step),
+                kind="checkpoint_corrupt", injected=False, detected_by="trainer",
+                evidence=f"{exc.file}: expected {exc.expected}, found {exc.actual}",
+                detection_s=0.0)
 
 
 def _report(exc: CorruptCheckpoint, on_corrupt: Callable[[CorruptCheckpoint], None] | None,

@@ -33,15 +33,10 @@ from opentelemetry import trace
 
 from common.errors import StorageUnavailable
 from common.redact import redact_value
+from common.telemetry import current_trace_id
 from storage.fs import is_unavailable, join, put_new, resolve, storage_errors
 
 log = structlog.get_logger(__name__)
-
-
-def current_trace_id() -> str:
-    """The active OTel trace id (hex), so each event points at its trace; '' outside one."""
-    ctx = trace.get_current_span().get_span_context()
-    return format(ctx.trace_id, "032x") if ctx.is_valid else ""
 
 
 def events_root(root: str, run_id: str) -> str:
@@ -87,6 +82,9 @@ class EventLog:
         }
         with self._lock:
             self._buffer.append(event)
+        span = trace.get_current_span()  # the event is also a span event where it happened
+        if span.is_recording():
+            span.add_event(kind, span_event_attributes(event))
         log.info("event_recorded", kind=kind, step=step,
                  payload={k: v for k, v in payload.items() if isinstance(v, (int, float, str))})
         return event
@@ -117,6 +115,20 @@ class EventLog:
 
     def __exit__(self, *exc: object) -> None:
         self.flush()
+
+
+def span_event_attributes(event: Mapping[str, Any]) -> dict[str, Any]:
+    """Pure: an event as span-event attributes: its id and step, and the payload's scalar
+    fields (strings cut at 500 characters; a span is no place for a log tail)."""
+    out: dict[str, Any] = {"event_id": event["event_id"]}
+    if event.get("step") is not None:
+        out["step"] = event["step"]
+    for key, value in event["payload"].items():
+        if isinstance(value, str):
+            out[key] = value[:500]
+        elif isinstance(value, (bool, int, float)):
+            out[key] = value
+    return out
 
 
 def read_events(durable_url: str, run_id: str, kinds: tuple[str, ...] = ()) -> list[dict]:

@@ -36,6 +36,7 @@ import structlog
 
 from common.errors import BadConfig, StorageUnavailable
 from common.procs import allowed_env, with_repo_on_path
+from common.telemetry import child_trace_env
 from storage.checkpoints import (
     CheckpointManifest,
     CheckpointStore,
@@ -100,7 +101,8 @@ def start_writer(durable: CheckpointStore, fast: CheckpointStore, policy: TierPo
                         "use a local path, file:// or s3:// URL")
     cfg = WriterConfig(durable_url=durable.url, durable_root=durable.root, fast_dir=fast.root,
                        retry_s=policy.retry_s, retry_max_s=policy.retry_max_s,
-                       retention=asdict(policy.retention), parent_pid=os.getpid())
+                       retention=asdict(policy.retention), parent_pid=os.getpid(),
+                       run_id=durable.run_id)
     # Only what an upload needs (storage credentials, the interpreter): never the worker's
     # Temporal credentials (issue 11 item 7).
     env = with_repo_on_path(allowed_env())
@@ -116,6 +118,7 @@ class _Job:
     step: int
     meta: dict[str, Any]
     write: Callable[[str], None] | None = None  # writes the fast tier off the loop's thread
+    link: str = ""  # the traceparent of the span that submitted it (its upload links to it)
 
 
 QUEUED, UPLOADING = "queued", "uploading"  # a pending step's state, as the writer last said
@@ -183,7 +186,8 @@ class TieredCheckpointer:
                     break
                 self._cond.wait(0.2)
             self._pending[step] = QUEUED
-            self._outbox.append(_Job(step=step, meta=meta, write=write))
+            self._outbox.append(_Job(step=step, meta=meta, write=write,
+                                     link=child_trace_env().get("TRACEPARENT", "")))
             self.last_step = step if self.last_step is None else max(self.last_step, step)
             self._cond.notify_all()
         waited = time.perf_counter() - t0
@@ -285,7 +289,7 @@ class TieredCheckpointer:
         with self._cond:
             if job.step not in self._pending:  # superseded while it was being written
                 return None
-        return {"op": "job", "step": job.step, "meta": job.meta}
+        return {"op": "job", "step": job.step, "meta": job.meta, "link": job.link}
 
     def _send(self, msg: dict[str, Any]) -> bool:
         try:
@@ -327,7 +331,7 @@ class TieredCheckpointer:
             if msg["kind"] in ("durable_unavailable", "durable_recovered"):
                 down = msg["kind"] == "durable_unavailable"
                 self._outage_since = time.monotonic() if down else None
-            self._emit(msg["kind"], step=step, event_id=msg["event_id"], **msg["payload"])
+            self._emit(msg["kind"], msg["payload"], step=step, event_id=msg["event_id"])
             if msg["flush"]:
                 self._flush()
         elif op == "failed":
@@ -388,10 +392,10 @@ class TieredCheckpointer:
             log.info("checkpoint_upload_resumed", step=step)
             self.submit(step, **meta)
 
-    def _emit(self, kind: str, *, step: int | None, event_id: str | None = None,
-              **payload: Any) -> None:
+    def _emit(self, kind: str, payload: dict[str, Any] | None = None, /, *,
+              step: int | None, event_id: str | None = None, **fields: Any) -> None:
         if self.events is not None:
-            self.events.emit(kind, payload, step=step, event_id=event_id)
+            self.events.emit(kind, {**(payload or {}), **fields}, step=step, event_id=event_id)
 
     def _flush(self) -> None:
         if self.events is None:

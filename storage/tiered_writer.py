@@ -20,11 +20,13 @@ stays invisible (DESIGN §3).
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -50,6 +52,7 @@ class WriterConfig:
     retry_max_s: float
     retention: dict[str, int]
     parent_pid: int
+    run_id: str = ""  # its spans go to this run's store (storage/spans.py)
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__)
@@ -95,6 +98,7 @@ class _Job:
     meta: dict[str, Any]
     manifest: CheckpointManifest | None = None  # the fast tier's, once hashed
     cancelled: bool = False  # superseded by the parent: commit locally, do not upload
+    link: str = ""  # traceparent of the `checkpoint stage` span that submitted it
 
 
 class Writer:
@@ -111,6 +115,7 @@ class Writer:
         self._uploading: _Job | None = None
         self._closing = False
         self._outage_since: float | None = None
+        self._outage_ts = 0.0  # when the outage began (wall clock): its fault event's id
 
     # ---- messages ------------------------------------------------------------------
     def send(self, **msg: Any) -> None:
@@ -118,7 +123,7 @@ class Writer:
             self._out.write(json.dumps(msg) + "\n")
             self._out.flush()
 
-    def emit(self, kind: str, *, step: int, flush: bool = False, event_id: str | None = None,
+    def emit(self, kind: str, /, *, step: int, flush: bool = False, event_id: str | None = None,
              **payload: Any) -> None:
         self.send(op="event", kind=kind, step=step, event_id=event_id, flush=flush,
                   payload=payload)
@@ -126,7 +131,8 @@ class Writer:
     def handle(self, msg: dict[str, Any]) -> None:
         with self._cond:
             if msg["op"] == "job":
-                self._to_hash.append(_Job(step=msg["step"], meta=meta_from_json(msg["meta"])))
+                self._to_hash.append(_Job(step=msg["step"], meta=meta_from_json(msg["meta"]),
+                                          link=msg.get("link") or ""))
             elif msg["op"] == "cancel":
                 self._cancel(msg["step"])
             elif msg["op"] == "close":
@@ -188,7 +194,8 @@ class Writer:
                 self._uploading = job
             self.send(op="started", step=job.step)
             try:
-                man = self._durable_commit(job)
+                with upload_span(job, self.cfg.run_id):
+                    man = self._durable_commit(job)
                 if man is not None:
                     self._after_commit(job.step, man)
             except BaseException as exc:
@@ -233,9 +240,13 @@ class Writer:
 
     def _outage(self, step: int, exc: StorageUnavailable, retry_in: float) -> None:
         if self._outage_since is None:
-            self._outage_since = time.monotonic()
+            self._outage_since, self._outage_ts = time.monotonic(), time.time()
             self.emit("durable_unavailable", step=step, uri=self.durable.url,
                       error=exc.cause[:300], retry_in_s=retry_in)
+            self.emit("fault", step=step, event_id=outage_fault_id(step, self._outage_ts),
+                      kind="storage_outage", injected=False, detected_by="checkpoint_writer",
+                      evidence=f"durable store unavailable uploading step {step}: "
+                               f"{exc.cause[:300]}", detection_s=0.0)
         log.warning("checkpoint_upload_retry", step=step, error=exc.cause[:200],
                     retry_in_s=retry_in)
 
@@ -244,12 +255,42 @@ class Writer:
             return
         outage_s = round(time.monotonic() - self._outage_since, 2)
         self._outage_since = None
-        self.emit("durable_recovered", step=step, flush=True, uri=self.durable.url,
+        self.emit("durable_recovered", step=step, flush=False, uri=self.durable.url,
                   outage_s=outage_s, failed_uploads=tries)
+        fault = outage_fault_id(step, self._outage_ts)  # waited out: training went on
+        self.emit("recovered", step=step, flush=True, event_id=f"recovered/{fault}",
+                  fault_event_id=fault, resumed_step=None, lost_steps=0, detection_s=0.0,
+                  restart_s=0.0, restore_s=0.0, mttr_s=outage_s, waited_out=True)
 
     def _fail(self, step: int, stage: str, exc: BaseException) -> None:
         self.send(**failure_message(step, stage, exc))
         self.close()
+
+
+def outage_fault_id(step: int, since: float) -> str:
+    return f"fault/storage_outage/{step}/{since:.0f}"
+
+
+@contextlib.contextmanager
+def upload_span(job: _Job, run_id: str) -> Iterator[None]:
+    """`upload <step>`: the durable commit, linked to the checkpoint stage that asked."""
+    from opentelemetry import trace
+    from opentelemetry.trace import Link
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    links = []
+    if job.link:
+        linked = trace.get_current_span(TraceContextTextMapPropagator().extract(
+            {"traceparent": job.link})).get_span_context()
+        links = [Link(linked)] if linked.is_valid else []
+    # this thread has no context of its own: the parent is the process's TRACEPARENT
+    parent = TraceContextTextMapPropagator().extract(
+        {"traceparent": os.environ.get("TRACEPARENT", "")})
+    with trace.get_tracer("mainspring").start_as_current_span(
+            f"upload {job.step}", context=parent, links=links, attributes={
+                "run_id": run_id, "step": job.step, "async": True,
+                "bytes": job.manifest.total_bytes if job.manifest else 0}):
+        yield
 
 
 def protocol_stream() -> IO[str]:
@@ -273,7 +314,15 @@ def main(argv: list[str]) -> int:
     # (group nice 10) starved it under other sessions' load — uploads stalled and the loop
     # waited on backpressure (docs/decisions.md) — so it shares the trainer's group.
     os.nice(WRITER_NICE)
-    configure_logging()
+    if cfg.run_id:  # its upload spans, in the run's trace (TRACEPARENT) and store
+        from common import telemetry
+        from storage.spans import DurableSpanExporter
+
+        telemetry.configure("checkpoint-writer", exporters=[
+            DurableSpanExporter("checkpoint-writer", run=(cfg.durable_url, cfg.run_id))])
+        telemetry.attach_parent_from_env()
+    else:
+        configure_logging()
     writer = Writer(cfg, out)
     threads = [threading.Thread(target=writer.fast_loop, name="ckpt-fast", daemon=True),
                threading.Thread(target=writer.upload_loop, name="ckpt-upload", daemon=True)]
@@ -286,6 +335,9 @@ def main(argv: list[str]) -> int:
     writer.close()
     for thread in threads:
         thread.join()
+    from common.telemetry import flush
+
+    flush()
     return 0
 
 

@@ -14,19 +14,23 @@ import time
 import structlog
 import torch
 import torch.distributed as dist
+from opentelemetry import trace
 
+from common import telemetry
 from common.errors import BadConfig, StorageUnavailable
 from common.protocol import CommitLine
 from storage.checkpoints import (
     CheckpointManifest,
     CheckpointStore,
     CorruptCheckpoint,
+    corrupt_fault_id,
     emit_corrupt,
     step_dir,
 )
 from storage.retention import spike_reach
 from storage.rollback import roll_back
 from storage.tiered import TieredCheckpointer, TierPolicy
+from trainer import tracing
 from trainer.context import SegmentContext
 from trainer.safe_load import UnsafeCheckpointFile, as_corrupt
 from trainer.state import TrainState, state_file
@@ -106,7 +110,11 @@ def restore(ctx: SegmentContext, engine, at_or_before: int | None = None) -> Tra
         if tier != "fast":
             bound = step - 1
     shutil.rmtree(os.path.join(ctx.workdir, f"restore-rank{ctx.rank}"), ignore_errors=True)
+    ctx.restored = pick
+    trace.get_current_span().set_attributes({"step": pick[0], "tier": pick[1],
+                                             "bytes": man.total_bytes if man else 0})
     if ctx.rank == 0:
+        _recovered_from_corrupt(ctx, state.step)
         _drop_corrupt_newer(ctx, corrupt, state.step)
         ctx.checkpointer.last_step = state.step
         _announce_durable(ctx, state.step)
@@ -132,6 +140,20 @@ def _announce_durable(ctx: SegmentContext, step: int) -> None:
 def _report_corrupt(ctx: SegmentContext, exc: CorruptCheckpoint) -> None:
     emit_corrupt(ctx.events, exc)
     ctx.events.flush()
+    ctx.corrupt_seen.append((exc.step, time.time()))
+
+
+def _recovered_from_corrupt(ctx: SegmentContext, restored: int) -> None:
+    """Each corrupt checkpoint skipped on the way to `restored`: recovered by loading it."""
+    for step, seen in ctx.corrupt_seen:
+        ctx.events.emit("recovered", step=restored, event_id=f"recovered/{corrupt_fault_id(step)}",
+                        fault_event_id=corrupt_fault_id(step), resumed_step=restored,
+                        lost_steps=max(0, step - restored), detection_s=0.0, restart_s=0.0,
+                        restore_s=round(time.time() - seen, 3),
+                        mttr_s=round(time.time() - seen, 3), attempt=ctx.args.attempt)
+    if ctx.corrupt_seen:
+        ctx.events.flush()
+    ctx.corrupt_seen.clear()
 
 
 def _choose(ctx: SegmentContext, bound: int, corrupt: list[int]
@@ -204,6 +226,14 @@ def commit_checkpoint(ctx: SegmentContext, engine, state: TrainState) -> None:
     snapshot to the writer process, which commits it durably (manifest last) and only then
     writes the `commit` progress line and the checkpoint_committed event.
     With `storage.async_upload` off, waits here for that durable commit."""
+    ctx.windows.close()  # the steps since the last checkpoint: one span
+    with tracing.span(f"checkpoint stage {state.step}", badput="checkpoint_stall",
+                      step=state.step, rank=ctx.rank):
+        _commit(ctx, engine, state)
+    telemetry.flush(2000)  # a checkpoint is a durable point for the trace too
+
+
+def _commit(ctx: SegmentContext, engine, state: TrainState) -> None:
     t0 = time.perf_counter()
     fast = ctx.fast_store
     tag = step_dir(state.step)

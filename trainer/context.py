@@ -18,10 +18,11 @@ import torch
 import torch.distributed as dist
 
 from common.procs import stop_requested
-from common.protocol import OperatorRollback, ProgressLine
+from common.protocol import OperatorRollback, ProgressLine, StepLine
 from spec import RunSpec
 from storage.checkpoints import CheckpointStore
 from storage.events import EventLog
+from trainer.tracing import StepWindows
 
 if TYPE_CHECKING:
     from storage.tiered import TieredCheckpointer
@@ -47,10 +48,12 @@ class Progress:
     line — atomic next to the checkpointer thread's `commit` lines — so the supervisor can
     tail it."""
 
-    def __init__(self, path: str | None) -> None:
-        self.path, self.fd = path, None
+    def __init__(self, path: str | None, windows: StepWindows | None = None) -> None:
+        self.path, self.fd, self.windows = path, None, windows
 
     def write(self, line: ProgressLine) -> None:
+        if self.windows is not None and isinstance(line, StepLine):
+            self.windows.add(line)  # its `steps a-b` span (trainer/tracing.py)
         if self.path is None:
             return
         if self.fd is None:  # opened once: the step loop pays one write() per line
@@ -80,10 +83,14 @@ class SegmentContext:
             trace_id = traceparent.split("-")[1] if traceparent.count("-") >= 3 else ""
             self.events = EventLog(spec.storage.durable, spec.run_id, "trainer",
                                    attempt=args.attempt, trace_id=trace_id)
-        self.progress = Progress(os.path.join(self.workdir, "progress.jsonl") if rank == 0 else None)
+        self.windows = StepWindows(rank)  # the step-window spans (rank 0 writes step lines)
+        self.progress = Progress(os.path.join(self.workdir, "progress.jsonl") if rank == 0
+                                 else None, self.windows)
         self.last_commit: tuple[int, str] | None = None  # (step, uri), durable
         # rank 0's checkpointer, made on first use (trainer/checkpointing.py)
         self.checkpointer: TieredCheckpointer | None = None
+        self.restored: tuple[int, str] | None = None  # (step, tier) of the last restore
+        self.corrupt_seen: list[tuple[int, float]] = []  # (step, when) skipped as corrupt
 
     @cached_property
     def fast_store(self) -> CheckpointStore:

@@ -26,6 +26,7 @@ import structlog
 from common.errors import Diverged
 from common.protocol import SegmentOutcome
 from storage.events import read_events
+from trainer import tracing
 from trainer.checkpointing import rollback_to
 from trainer.context import SegmentContext
 from trainer.spikes import (
@@ -107,6 +108,11 @@ class SpikeGuard:
     # ---- rollback --------------------------------------------------------------------
     def rollback(self, state: TrainState, verdict: Verdict) -> TrainState:
         """Restore the newest checkpoint before the onset; skip the data around it."""
+        self.ctx.windows.close()  # the steps up to the spike: their own span
+        with tracing.span("rollback", badput="rollback", step=verdict.step, rank=self.ctx.rank):
+            return self._rollback(state, verdict)
+
+    def _rollback(self, state: TrainState, verdict: Verdict) -> TrainState:
         ctx, onset = self.ctx, verdict.onset or verdict.step
         onset_cursor = self.cursors.get(onset, state.data_cursor)
         # The onset's loss was computed with the weights after update onset-1, which may be

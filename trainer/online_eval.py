@@ -9,6 +9,7 @@ import math
 import torch
 
 from common.protocol import EvalLine, SegmentOutcome
+from trainer import tracing
 from trainer.context import SegmentContext
 from trainer.evaluate import evaluate_model
 from trainer.guard import SpikeGuard, decision_event, finite_or_none
@@ -28,7 +29,9 @@ class OnlineEval:
         every = self.cfg.eval_every
         if not every or self.val is None or state.step % every:
             return
-        val = self.ctx.mean_over_ranks(torch.tensor(evaluate_model(self.engine.module, self.val)))
+        with tracing.span("online_eval", badput="evaluation", step=state.step, rank=self.ctx.rank):
+            val = self.ctx.mean_over_ranks(torch.tensor(evaluate_model(self.engine.module,
+                                                                       self.val)))
         taken, self.spikes.accepted = self.spikes.accepted, []
         train = sum(taken) / len(taken) if taken else math.nan
         state.evals = (state.evals + [[state.step, train, val]])[-EVALS_KEPT:]

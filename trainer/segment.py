@@ -52,7 +52,7 @@ from common.protocol import OperatorRollback, SegmentOutcome, SegmentResult, Sta
 from spec import RunSpec
 from storage.checkpoints import CheckpointManifest, CheckpointStore, CorruptCheckpoint
 from storage.dataset import load_manifest, read_split
-from trainer import operator_rollback
+from trainer import operator_rollback, tracing
 from trainer.checkpointing import commit_checkpoint, finish_uploads, restore, rollback_to
 from trainer.child import load_spec, run_classified, write_json
 from trainer.context import SegmentArgs, SegmentContext, on_sigterm
@@ -196,22 +196,26 @@ def run_segment(args: SegmentArgs, rank: int, world: int) -> None:
     import deepspeed
 
     deepspeed.utils.logger.setLevel("WARNING")
-    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
-
-    manifest = load_manifest(args.dataset)
-    model = GPT(spec.model, manifest.vocab_size, seed=spec.seed)
-    engine = build_engine(spec, model)
+    with tracing.span("process_group_init", badput="startup", rank=rank):
+        deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+        manifest = load_manifest(args.dataset)
+        model = GPT(spec.model, manifest.vocab_size, seed=spec.seed)
+        engine = build_engine(spec, model)
     source = make_batches(spec, args.dataset, rank, world)
     meter = make_meter(spec, model, manifest.vocab_size, torch.device(engine.device), world)
 
     rollback = operator_rollback.pending(ctx, args.rollback)  # applied once per command id
-    if rollback:
-        state, discarded = rollback_to(ctx, engine, rollback.to_step)
-        if state is None:  # retention removed the target after the command was admitted
-            operator_rollback.refuse(ctx, rollback, ctx.from_rank0(ctx.store.latest_committed))
-            return end_at_newest(ctx)
-    else:
-        state, discarded = restore(ctx, engine), []
+    restore_began = time.perf_counter()
+    with tracing.span("rollback" if rollback else "restore",
+                      badput="rollback" if rollback else "restore", rank=rank):
+        if rollback:
+            state, discarded = rollback_to(ctx, engine, rollback.to_step)
+        else:
+            state, discarded = restore(ctx, engine), []
+    restore_s = time.perf_counter() - restore_began
+    if rollback and state is None:  # retention removed the target after it was admitted
+        operator_rollback.refuse(ctx, rollback, ctx.from_rank0(ctx.store.latest_committed))
+        return end_at_newest(ctx)
     if state is None:
         refuse_fresh_start(ctx)
     resumed_from = state.step if state else None
@@ -228,7 +232,8 @@ def run_segment(args: SegmentArgs, rank: int, world: int) -> None:
         resumed_from=resumed_from, world_size=world, params=model.param_count(),
         to_step=args.to_step, attempt=args.attempt, packing=spec.train.packing,
         flops_per_token=meter.flops_token, peak_tflops=meter.peak / 1e12,
-        peak_source=meter.peak_source))
+        peak_source=meter.peak_source, restore_s=round(restore_s, 3) if state else 0.0,
+        restore_tier=ctx.restored[1] if ctx.restored and resumed_from is not None else ""))
     log.info("segment_started", resumed_from=resumed_from, to_step=args.to_step,
              world_size=world, params=model.param_count())
     if resumed_from is None:
@@ -246,6 +251,7 @@ def run_segment(args: SegmentArgs, rank: int, world: int) -> None:
     spikes = SpikeGuard(ctx, engine, outcome, args.max_rollbacks)
     evals = OnlineEval(ctx, engine, make_val(spec, args.dataset), spikes, outcome)
     state = train(ctx, engine, batches, state, lr, meter, spikes, evals, faults)
+    ctx.windows.close()
     finish_uploads(ctx)  # every checkpoint durable before the segment reports success
     if ctx.events is not None:
         ctx.events.flush()  # decisions after the last checkpoint (evaluations) too
@@ -354,7 +360,10 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_sigterm)  # a preemption notice: stop at a checkpoint
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     os.makedirs(args.workdir, exist_ok=True)
+    with open(os.path.join(args.workdir, f"rank{rank}.pid"), "w") as f:  # who died, if one does
+        f.write(str(os.getpid()))
     structlog.contextvars.bind_contextvars(rank=rank, attempt=args.attempt)
+    process = trace_process(args, rank)
     if rank == 0:
         for name in ("result.json", "error.json"):  # stale files from an earlier attempt
             if os.path.exists(os.path.join(args.workdir, name)):
@@ -368,7 +377,20 @@ def main(argv: list[str] | None = None) -> int:
         # exception") in about one world-size-2 run in three.
         dist.barrier()
         dist.destroy_process_group()
+    if process is not None:
+        tracing.end_process_span(process, code)
     return code
+
+
+def trace_process(args: SegmentArgs, rank: int):
+    """This rank's tracing and process span (trainer/tracing.py); None when its spec cannot
+    be read — the segment then fails on it, classified, as it would anyway."""
+    try:
+        spec = load_spec(args.spec)
+    except BadConfig:
+        return None
+    structlog.contextvars.bind_contextvars(run_id=spec.run_id)
+    return tracing.start_process_span(spec, rank, args.attempt)
 
 
 def leave(code: int) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 
-from opentelemetry import trace
 from temporalio import workflow
 from temporalio.exceptions import ApplicationError
 
@@ -61,6 +60,7 @@ with workflow.unsafe.imports_passed_through():
         until,
     )
     from workflows.start import claim, parse_spec
+    from workflows.tracing import RunTrace
 
 
 # Bugs and bad input in workflow code fail the run instead of retrying its task forever;
@@ -80,7 +80,7 @@ class TrainingRun:
         # continued as new while held: held from the first task on, before run() gets there
         self._stage = self._carry.held["stage"] if self._carry.held else "starting"
         self._evals: dict[int, float] = {}
-        self._span = None  # the current stage's OTel span (replay-safe via the plugin)
+        self._trace = RunTrace(self._carry.trace)  # the run's root and stage spans
         self._resume_note: str | None = None
         self._resume_who = ""
         self._running: tuple[int, int] | None = None  # [lo, hi) of the running segment
@@ -178,6 +178,16 @@ class TrainingRun:
     @workflow.run
     async def run(self, spec: dict, carry: dict | None = None) -> RunResult:
         s = self._spec = parse_spec(spec)
+        self._trace.start(s.run_id)  # one trace for the run, across continue-as-new
+        try:
+            return await self._run(s)
+        except Exception as exc:  # failed or aborted: its spans end, saying why (not on
+            # continue-as-new, a cancellation or an eviction: those are BaseExceptions)
+            self._trace.end("aborted" if self._stage == "aborted" else "failed",
+                            error=str(exc) or type(exc).__name__, step=self._carry.next_step)
+            raise
+
+    async def _run(self, s: RunSpec) -> RunResult:
         c = self._carry  # built by __init__: commands accepted in the first task are in it
         show_run_id(s.run_id)
         # the chain's first run claims the id; histories from before the claim skip it
@@ -194,6 +204,7 @@ class TrainingRun:
         step, uri = self._promoted
         self._stage = "completed"
         await self._event("run_finished", "run_finished", status="completed")
+        self._trace.end("completed", step=c.next_step, promoted_step=step)
         return RunResult(run_id=s.run_id, status="completed", stages=c.stages_done,
                          initial_val_loss=self._evals.get(0, math.nan),
                          final_val_loss=self._evals[step], final_step=c.next_step,
@@ -380,17 +391,13 @@ class TrainingRun:
     # ---- stage bookkeeping: search attributes + events via a local activity ---------
     async def _begin(self, stage: str) -> None:
         self._stage = stage
-        run_id = self._spec.run_id if self._spec else ""
-        self._span = trace.get_tracer(__name__).start_span(
-            f"stage {stage}", attributes={"mainspring.run_id": run_id})
+        self._trace.begin(stage)  # its activities' spans are its children
         show_stage(stage)
         await self._event("stage_started", f"stage_started/{stage}", stage=stage)
 
     async def _finish(self, stage: str, **payload: object) -> None:
         self._carry.stages_done.append(stage)
-        if self._span is not None:
-            self._span.end()
-            self._span = None
+        self._trace.finish(stage, **payload)
         await self._event("stage_finished", f"stage_finished/{stage}", stage=stage, **payload)
 
     async def _event(self, kind: str, event_id: str, **payload: object) -> None:

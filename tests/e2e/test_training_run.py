@@ -32,10 +32,14 @@ def test_five_stage_run_survives_injected_kill_and_continues_as_new(temporal_ser
     assert result["workflow_runs"] == 2
     # The injected SIGKILL really killed the trainer worker; its replacement recovered.
     assert fleet.restarts == {"trainer": 1}
-    faults = [e for e in events if e["kind"] == "fault"]
+    injected = [e for e in events if e["kind"] == "fault" and e["payload"].get("injected")]
+    seen = [e for e in events if e["kind"] == "fault" and not e["payload"].get("injected")]
     recovered = [e for e in events if e["kind"] == "recovered"]
-    assert len(faults) == 1 and faults[0]["payload"]["kind"] == "kill_worker"
+    assert len(injected) == 1 and injected[0]["payload"]["kind"] == "kill_worker"
+    # what it caused, recorded by the next attempt: a lost worker, and its recovery
+    assert [e["payload"]["kind"] for e in seen] == ["worker_lost"]
     assert len(recovered) == 1 and recovered[0]["payload"]["resumed_step"] == 20
+    assert recovered[0]["payload"]["fault_event_id"] == seen[0]["event_id"]
     assert 0 < recovered[0]["payload"]["lost_steps"] <= spec.train.checkpoint_every
 
     async def first_run_status():
@@ -52,6 +56,9 @@ def test_five_stage_run_survives_injected_kill_and_continues_as_new(temporal_ser
     status = json.loads(capsys.readouterr().out)
     assert status["workflow_status"] == "COMPLETED" and status["stage"] == "completed"
     assert status["step"] == spec.train.total_steps
+    # the run's record, from the store alone: `mainspring trace` names the fault
+    assert main(["trace", spec.run_id, "--durable", spec.storage.durable]) == 0
+    assert "worker_lost" in capsys.readouterr().out
     trials = [e for e in events if e["kind"] == "sweep_trial"]
     assert len(trials) == 2 and trials[0]["payload"]["params"] != trials[1]["payload"]["params"]
     best = min(trials, key=lambda e: e["payload"]["result"])["payload"]["params"]

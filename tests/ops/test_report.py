@@ -199,3 +199,99 @@ def test_cli_prints_the_paths_as_one_json_line(url, tmp_path):
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {"run_id": RUN, "png": str(tmp_path / "o" / "loss.png"),
                                        "html": str(tmp_path / "o" / "report.html")}
+
+
+GP_RUN, GP_T0 = "g1", 1_800_000_000.0
+
+
+def write_goodput_run(url: str) -> None:
+    """A run of 100 s: a 10 s trainer start, steps 1-30 (1 s each), a real worker loss
+    detected in 4 s, a retry that restores (2 s) and replays 21-30, then steps 31-60; the
+    spans stored by the real exporter, with the times given."""
+    log = EventLog(url, GP_RUN, "workflow")
+
+    def ev(t: float, kind: str, fields: dict | None = None, **more) -> dict:
+        e = log.emit(kind, fields, step=None, **more)
+        e["ts"] = GP_T0 + t
+        return e
+    ev(0, "run_started", spec_hash="abc")
+    ev(0, "stage_started", stage="train")
+    ev(40, "fault", {"kind": "kill_worker", "injected": True})
+    lost = ev(41, "fault", {"kind": "worker_lost", "evidence": "no heartbeat for 4 s"})
+    ev(50, "recovered", fault_event_id=lost["event_id"], resumed_step=20, lost_steps=10,
+       detection_s=4.0, mttr_s=9.0, attempt=2)
+    ev(100, "stage_finished", stage="train")
+    ev(100, "run_finished", status="completed")
+    log.flush()
+
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    from storage.spans import DurableSpanExporter
+
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(DurableSpanExporter("trainer", (url, GP_RUN))))
+    tracer = provider.get_tracer("test")
+
+    def span(name: str, t0: float, t1: float, rank: int = 0, **attrs) -> None:
+        s = tracer.start_span(name, start_time=round((GP_T0 + t0) * 1e9),
+                              attributes={"rank": rank, **attrs})
+        s.end(end_time=round((GP_T0 + t1) * 1e9))
+
+    def window(first: int, last: int, t0: float, rank: int = 0) -> None:
+        n = last - first + 1
+        span(f"steps {first}-{last}", t0, t0 + n, rank, goodput=True, first_step=first,
+             last_step=last, step_times_s=[1.0] * n, skipped_steps=[])
+    span("startup", 0, 10, badput="startup")
+    window(1, 30, 10)
+    window(1, 30, 10, rank=1)  # ranks run side by side: rank 1's time is not counted again
+    span("restore", 50, 52, badput="restore")
+    window(21, 60, 52)
+    provider.shutdown()
+
+
+def test_goodput_section_comes_from_the_stored_events_and_spans(tmp_path):
+    from ops.report import goodput_section
+    from storage.spans import read_spans
+
+    url = str(tmp_path / "durable")
+    write_goodput_run(url)
+    section = goodput_section(read_events(url, GP_RUN), read_spans(url, GP_RUN))
+    # kept: steps 1-60, 60 s of 100 s; replayed 21-30 (10 s), startup 10, restore 2,
+    # detection 4, other = 100 - 60 - 26 = 14
+    assert section["figures"]["goodput"] == pytest.approx(0.6, abs=1e-6)
+    assert section["figures"]["train_goodput"] == pytest.approx(0.6, abs=1e-6)
+    time_s = {r["cause"]: r["seconds"] for r in section["time"]}
+    assert time_s == pytest.approx({"productive": 60.0, "startup": 10.0, "restore": 2.0,
+                                    "checkpoint_stall": 0.0, "replayed": 10.0, "skipped": 0.0,
+                                    "detection": 4.0, "rollback": 0.0, "evaluation": 0.0,
+                                    "sweep": 0.0, "data": 0.0, "paused": 0.0, "other": 14.0},
+                                   abs=1e-3)
+    assert section["faults"] == [{"kind": "worker_lost", "count": 1, "recovered": 1,
+                                  "mttr_s_median": 9.0, "mttr_s_max": 9.0, "lost_steps": 10}]
+    assert section["figures"]["injected_faults"] == 1
+
+
+def test_report_page_shows_goodput_badput_and_mttr_per_fault_kind(tmp_path):
+    url = str(tmp_path / "durable")
+    write_goodput_run(url)
+    with open(build_report(url, GP_RUN, str(tmp_path / "out"))["html"], encoding="utf-8") as f:
+        page = f.read()
+    section = page.split("<h2>Goodput and badput (from the durable record)</h2>", 1)[1]
+    section = section.split("<h2>", 1)[0]
+    assert "<th>goodput (kept productive step time ÷ run wall time)</th><td>0.6</td>" in section
+    assert "<td>replayed</td><td>10</td><td>10</td>" in section  # seconds, % of wall
+    assert "<td>detection</td><td>4</td><td>4</td>" in section
+    assert "<td>worker_lost</td><td>1</td><td>1</td><td>9</td><td>9</td><td>10</td>" in section
+
+
+def test_report_of_a_run_without_spans_says_goodput_is_unknown_not_zero(url, tmp_path):
+    from ops.report import goodput_section
+
+    assert goodput_section(read_events(url, RUN), [])["figures"]["goodput"] is None
+    with open(build_report(url, RUN, str(tmp_path / "out"))["html"], encoding="utf-8") as f:
+        page = f.read()
+    assert "no spans stored for this run" in page
+    assert "<td>kill_worker</td>" in page  # the injected kill is no real fault: no MTTR row
+    section = page.split("MTTR per fault kind (real faults)</h3>", 1)[1].split("<h2>", 1)[0]
+    assert section.startswith("<p><em>none</em></p>")

@@ -1,0 +1,167 @@
+"""Faults and recoveries of a training segment, as the supervisor sees them (docs/design.md,
+"Faults and recoveries").
+
+Whoever sees a fault first writes its `fault` event, under a stable id: the failure of
+attempt N of a segment is `fault/<lo>-<hi>/<execution>/<N>`.
+- The supervisor of attempt N, for a child that exits by a signal or non-zero code, hangs,
+  or loses a rank (`FaultRecorder`, fed by supervise's ChildFailure), and for an error of
+  its own; it also leaves the fault's id and times in its last heartbeat's details.
+- Attempt N+1, when attempt N's worker vanished (heartbeat timeout): nobody else saw it,
+  so it writes a `worker_lost` fault for attempt N from the heartbeat details (last
+  heartbeat time and committed step) and, on the same machine, the progress file. It
+  writes it in every retry — when the supervisor had written one, that earlier copy wins
+  on read (storage/events.py: the earliest copy of an id), so the kind stays what was seen.
+Attempt N+1 then writes `recovered`, naming the fault it answers, once its first step is
+done: the step it resumed from, the steps lost, and the time split into detection (fault
+-> seen), restart (seen -> the new child starts restoring) and restore, and mttr_s (fault
+-> the end of the first new step).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import structlog
+from temporalio import activity
+
+from activities.contracts import TrainSegmentInput
+from activities.supervise import ChildFailure, ProgressTail
+from common.errors import MainspringError, StorageUnavailable
+from common.protocol import StartLine, StepLine
+from storage.events import EventLog
+
+log = structlog.get_logger(__name__)
+
+
+def execution_key() -> str:
+    """Tells apart two schedulings of the same segment bounds (both attempt 1)."""
+    info = activity.info()
+    return f"{info.workflow_run_id[:8]}.{info.activity_id}"
+
+
+def fault_id(inp: TrainSegmentInput, execution: str, attempt: int) -> str:
+    return f"fault/{inp.from_step}-{inp.to_step}/{execution}/{attempt}"
+
+
+def round_s(x: float | None) -> float | None:
+    return None if x is None else round(max(0.0, x), 3)
+
+
+class FaultRecorder:
+    """Attempt N's own faults: one `fault` event at most, flushed at once (the process may
+    be about to die with the segment); its id and times also go into the heartbeat."""
+
+    def __init__(self, events: EventLog, inp: TrainSegmentInput, attempt: int,
+                 execution: str, heartbeat: Any) -> None:
+        self.events, self.inp, self.attempt, self.heartbeat = events, inp, attempt, heartbeat
+        self.event_id = fault_id(inp, execution, attempt)
+        self.recorded = False
+        self.last_step: int | None = None
+
+    def on_progress(self, line: object) -> None:
+        if isinstance(line, StepLine):
+            self.last_step = line.step
+
+    def on_failure(self, failure: ChildFailure) -> None:
+        self._record(failure.payload())
+
+    def on_error(self, exc: BaseException) -> None:
+        """An error of the activity itself (not its child's): recorded unless it is a
+        decision (bad input, divergence: not retried) or a fault already recorded."""
+        if self.recorded or (isinstance(exc, MainspringError) and not exc.retryable):
+            return
+        now = time.time()
+        kind = "storage_outage" if isinstance(exc, StorageUnavailable) else "crash"
+        self._record({"kind": kind, "injected": False, "evidence": f"{type(exc).__name__}: "
+                      f"{str(exc)[:400]}", "error_type": type(exc).__name__, "fault_ts": now,
+                      "detected_ts": now, "detection_s": 0.0})
+
+    def _record(self, payload: dict[str, Any]) -> None:
+        if self.recorded:
+            return
+        self.recorded = True
+        payload = {**payload, "attempt": self.attempt, "last_step": self.last_step,
+                   "segment": f"{self.inp.from_step}-{self.inp.to_step}",
+                   "detected_by": "supervisor"}
+        self.events.emit("fault", step=self.last_step, event_id=self.event_id, **payload)
+        try:
+            self.events.flush()
+        except StorageUnavailable as exc:  # the next attempt records a worker_lost instead
+            log.warning("fault_event_not_stored", error=exc.cause[:200])
+        self.heartbeat({"fault": {"event_id": self.event_id, "kind": payload["kind"],
+                                  "fault_ts": payload.get("fault_ts"),
+                                  "detected_ts": payload.get("detected_ts"),
+                                  "last_step": self.last_step}})
+
+
+class Recovery:
+    """Attempt N+1's view of attempt N's fault (read before its child starts) and of its own
+    recovery (the child's `start` line, then its first step)."""
+
+    def __init__(self, events: EventLog, workdir: str, inp: TrainSegmentInput, attempt: int,
+                 execution: str) -> None:
+        self.events, self.inp, self.attempt, self.reported = events, inp, attempt, False
+        info = activity.info()
+        beat = info.heartbeat_details[0] if info.heartbeat_details and isinstance(
+            info.heartbeat_details[0], dict) else {}
+        self.beat_step, beat_ts = beat.get("step"), beat.get("ts")
+        seen = [p for p in ProgressTail(os.path.join(workdir, "progress.jsonl"),
+                                        from_start=True).read() if isinstance(p, StepLine)]
+        local_step = seen[-1].step if seen else None
+        local_ts = seen[-1].ts if seen else None
+        fault = beat.get("fault") or {}
+        self.fault_event_id = fault.get("event_id") or fault_id(inp, execution, attempt - 1)
+        # this attempt was scheduled when Temporal gave up on the last one (the timeout)
+        scheduled = info.current_attempt_scheduled_time.timestamp() \
+            if info.current_attempt_scheduled_time else time.time()
+        known = [t for t in (beat_ts, local_ts) if t is not None]
+        self.fault_ts = fault.get("fault_ts") or (max(known) if known else scheduled)
+        self.detected_ts = fault.get("detected_ts") or scheduled
+        candidates = [s for s in (fault.get("last_step"), local_step, self.beat_step)
+                      if s is not None]
+        self.last_step = max(candidates) if candidates else inp.from_step
+        self.start: StartLine | None = None
+        if not fault:
+            self._worker_lost(beat_ts, local_step)
+
+    def _worker_lost(self, beat_ts: float | None, local_step: int | None) -> None:
+        ago = f"{self.detected_ts - self.fault_ts:.1f}s before this retry was scheduled"
+        self.events.emit(
+            "fault", step=self.last_step, event_id=self.fault_event_id, kind="worker_lost",
+            injected=False, detected_by="next_attempt", attempt=self.attempt - 1,
+            segment=f"{self.inp.from_step}-{self.inp.to_step}",
+            evidence=f"attempt {self.attempt - 1}'s worker stopped heartbeating; last sign of "
+                     f"life {ago} (heartbeat: committed step {self.beat_step})",
+            heartbeat_step=self.beat_step, heartbeat_ts=beat_ts, last_step=self.last_step,
+            local_step=local_step, fault_ts=round(self.fault_ts, 3),
+            detected_ts=round(self.detected_ts, 3),
+            detection_s=round_s(self.detected_ts - self.fault_ts))
+        self.events.flush()
+
+    def on_progress(self, line: object) -> None:
+        if isinstance(line, StartLine):
+            self.start = line
+        elif isinstance(line, StepLine) and self.start is not None:
+            self.report(self.start.resumed_from, first_step_ts=line.ts)
+
+    def report(self, resumed: int | None, first_step_ts: float | None = None) -> None:
+        if self.reported:
+            return
+        self.reported = True
+        start = self.start
+        restore_s = start.restore_s if start else 0.0
+        restore_began = (start.ts - restore_s) if start else None
+        self.events.emit(
+            "recovered", step=resumed,
+            event_id=f"recovered/{self.inp.from_step}-{self.inp.to_step}/{self.attempt}",
+            fault_event_id=self.fault_event_id, resumed_step=resumed,
+            heartbeat_step=self.beat_step, last_step_seen=self.last_step,
+            lost_steps=max(0, self.last_step - (resumed or 0)), attempt=self.attempt,
+            tier=start.restore_tier if start else "",
+            detection_s=round_s(self.detected_ts - self.fault_ts),
+            restart_s=round_s(restore_began - self.detected_ts) if restore_began else None,
+            restore_s=round_s(restore_s),
+            mttr_s=round_s((first_step_ts or time.time()) - self.fault_ts))
+        self.events.flush()

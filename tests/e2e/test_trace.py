@@ -1,0 +1,226 @@
+"""The post-incident record (issue 13): every real fault as a `fault` event of its kind with
+its `recovered`, and one trace per run across every process, read back from the durable
+store alone; the same for a run started with the raw `temporal` CLI, whose spans also reach
+a real OTLP/HTTP receiver."""
+
+from __future__ import annotations
+
+import asyncio
+import http.server
+import json
+import subprocess
+import threading
+import time
+
+import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from activities.contracts import ORCHESTRATOR_QUEUE, WORKFLOW_TYPE
+from ops.chaos import Chaos
+from ops.cli import main
+from ops.client import connect
+from ops.services import find_binary
+from ops.trace_view import TRACE_EVENT_SCHEMA
+from storage.checkpoints import CheckpointStore
+from storage.events import read_events
+from storage.spans import read_spans
+from tests.e2e.runs import run_to_end, tiny_spec, wait_for
+
+pytestmark = pytest.mark.e2e
+
+FAULTY = {
+    "train.procs_per_node": 2, "train.total_steps": 120, "train.segment_steps": 40,
+    "train.segments_per_run": 2, "train.checkpoint_every": 10, "sweep.enabled": False,
+    "ops.hang_timeout_s": 10.0, "ops.heartbeat_timeout_s": 8.0, "train.lr": 1e-2,
+    "spikes.window": 20, "spikes.warmup": 10, "spikes.skip_window": 6,
+    "spikes.skip_threshold": 4.0, "spikes.budget": {"rollbacks": 3, "per_steps": 1000},
+    "faults": [{"kind": "kill_worker", "at_step": 15},
+               {"kind": "corrupt_batches", "at_step": 100, "steps": 4}],
+}
+
+
+def committed(spec) -> int:
+    steps = CheckpointStore(spec.storage.durable, spec.run_id).list_committed()
+    return max(steps, default=0)
+
+
+def recoveries(spec) -> int:
+    return len(read_events(spec.storage.durable, spec.run_id, kinds=("recovered",)))
+
+
+def by_id(spans: list[dict]) -> dict[str, dict]:
+    return {s["span_id"]: s for s in spans}
+
+
+def ancestors(span: dict, spans: dict[str, dict]) -> list[str]:
+    """Names from `span` up to its root (a lost parent ends the chain)."""
+    names = []
+    while span is not None:
+        names.append(span["name"])
+        span = spans.get(span.get("parent_id") or "")
+    return names
+
+
+def assert_one_trace(spec) -> tuple[list[dict], str]:
+    """Every stored span of the run carries one trace id; returns them and it. The root span
+    is exported last (the worker's batch export runs every MAINSPRING_SPAN_FLUSH_MS)."""
+    spans = wait_for(lambda: (got := read_spans(spec.storage.durable, spec.run_id)) and any(
+        s["name"] == f"run {spec.run_id}" for s in got) and got, 30, "the run's root span")
+    traces = {s["trace_id"] for s in spans}
+    assert len(traces) == 1, {t: sorted({s["name"] for s in spans if s["trace_id"] == t})[:8]
+                              for t in traces}
+    return spans, traces.pop()
+
+
+def assert_nested(spans: list[dict], run_id: str) -> None:
+    """run -> stage train -> activity attempt -> trainer -> checkpoint stage, somewhere."""
+    index = by_id(spans)
+    chains = [ancestors(s, index) for s in spans if s["name"].startswith("checkpoint stage")]
+    want = [f"run {run_id}", "stage train", "RunActivity:train_segment", "segment ",
+            "trainer rank 0"]
+
+    def level(chain: list[str], prefix: str) -> int:
+        return next((i for i, name in enumerate(chain) if name.startswith(prefix)), -1)
+
+    full = [c for c in chains if all(level(c, w) >= 0 for w in want)]
+    assert full, chains[:3]
+    levels = [level(full[0], w) for w in want]  # root last: deeper levels come first
+    assert levels == sorted(levels, reverse=True), full[0]
+
+
+def test_a_faulted_w2_run_leaves_every_fault_recovery_and_one_trace_in_the_store(
+        temporal_server, fleet_factory, tmp_path, s3_env, capsys):
+    spec = tiny_spec("e2e-trace", "s3://mainspring/e2e-trace", str(tmp_path / "fast"), **FAULTY)
+    fleet = fleet_factory(restart=True, env=s3_env)
+    chaos = Chaos(worker_pid=lambda: fleet.procs["trainer"].pid,
+                  durable=CheckpointStore(spec.storage.durable, spec.run_id),
+                  fast_root=str(tmp_path / "fast" / spec.run_id))
+    box: dict = {}
+    runner = threading.Thread(target=lambda: box.update(
+        result=asyncio.run(run_to_end(temporal_server.address, spec, timeout_s=900))))
+    runner.start()
+    # the injected worker kill at step 15 is recovered; then a rank is killed, then one hangs
+    wait_for(lambda: recoveries(spec) >= 1 and committed(spec) >= 30, 300, "the first recovery")
+    assert "skipped" not in chaos.apply("kill_rank")
+    wait_for(lambda: recoveries(spec) >= 2 and committed(spec) >= 60, 300, "the second recovery")
+    assert "skipped" not in chaos.apply("hang")
+    runner.join(900)
+    result = box["result"]
+    assert result["status"] == "completed" and result["workflow_runs"] >= 2
+
+    events = read_events(spec.storage.durable, spec.run_id)
+    real = [e for e in events if e["kind"] == "fault" and not e["payload"].get("injected")]
+    kinds = sorted(e["payload"]["kind"] for e in real)
+    assert kinds == ["hang", "rank_lost", "worker_lost"], [e["payload"] for e in real]
+    lost = next(e for e in real if e["payload"]["kind"] == "rank_lost")["payload"]
+    assert lost["rank"] == 1 and lost["log_tail"] and lost["last_step"] is not None
+    recovered = [e for e in events if e["kind"] == "recovered"]
+    answered = {e["payload"]["fault_event_id"] for e in recovered}
+    assert {e["event_id"] for e in real} <= answered, (answered, [e["event_id"] for e in real])
+    for e in recovered:
+        p = e["payload"]
+        if p["fault_event_id"] in {f["event_id"] for f in real}:
+            assert p["resumed_step"] is not None and p["mttr_s"] > 0, p
+            assert p["detection_s"] is not None and p["restore_s"] is not None, p
+    assert any(e["kind"] == "rollback" for e in events)
+
+    spans, trace_id = assert_one_trace(spec)
+    services = {s["service"] for s in spans}
+    assert {"mainspring-worker-orchestrator", "mainspring-worker-data",
+            "mainspring-worker-trainer", "mainspring-trainer",
+            "mainspring-checkpoint-writer"} <= services, services
+    assert {s["attributes"].get("rank") for s in spans if s["name"].startswith("trainer rank")} \
+        == {0, 1}
+    assert any(s["name"].startswith("upload ") and s["links"] for s in spans)
+    assert_nested(spans, spec.run_id)
+    # the train stage span began in the first workflow run and ended after continue-as-new
+    train = [s for s in spans if s["name"] == "stage train"]
+    assert len(train) == 1
+    links = {s["attributes"].get("temporalRunID") for s in spans
+             if s["name"] == "RunWorkflow:TrainingRun"}
+    assert len(links) >= 2 and train[0]["attributes"]["workflow_run"] in links
+    first_link_end = min(s["end_ns"] for s in spans if s["name"] == "RunWorkflow:TrainingRun")
+    assert train[0]["end_ns"] > first_link_end
+    # the faults are span events on the spans where they were seen
+    span_events = [(s["name"], ev) for s in spans for ev in s["events"] if ev["name"] == "fault"]
+    seen = {ev["attributes"].get("kind") for _, ev in span_events}
+    assert {"hang", "rank_lost", "worker_lost"} <= seen, span_events
+    assert any(ev["name"] == "rollback" for s in spans for ev in s["events"])
+
+    # `mainspring trace`: the tree names every fault; --perfetto passes the schema
+    capsys.readouterr()
+    assert main(["trace", spec.run_id, "--durable", spec.storage.durable]) == 0
+    tree = capsys.readouterr().out
+    for kind in ("hang", "rank_lost", "worker_lost"):
+        assert kind in tree
+    perfetto = tmp_path / "trace.json"
+    assert main(["trace", spec.run_id, "--durable", spec.storage.durable,
+                 "--perfetto", str(perfetto)]) == 0
+    import jsonschema
+
+    jsonschema.validate(json.loads(perfetto.read_text()), TRACE_EVENT_SCHEMA)
+    assert main(["goodput", spec.run_id, "--durable", spec.storage.durable, "--json"]) == 0
+    figures = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert 0 < figures["train"]["goodput"] < 1
+    assert set(figures["faults"]) >= {"hang", "rank_lost", "worker_lost"}
+
+
+class OtlpReceiver(http.server.ThreadingHTTPServer):
+    """A real OTLP/HTTP receiver: decodes each POST to /v1/traces with the protobuf
+    definitions of the `opentelemetry-proto` package."""
+
+    def __init__(self) -> None:
+        self.requests: list[ExportTraceServiceRequest] = []
+        receiver = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                if self.path == "/v1/traces":
+                    req = ExportTraceServiceRequest()
+                    req.ParseFromString(body)
+                    receiver.requests.append(req)
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.end_headers()
+
+            def log_message(self, *args) -> None:
+                pass
+
+        super().__init__(("127.0.0.1", 0), Handler)
+
+    def trace_ids(self) -> set[str]:
+        return {span.trace_id.hex() for req in self.requests for rs in req.resource_spans
+                for ss in rs.scope_spans for span in ss.spans}
+
+
+def test_a_run_started_with_the_temporal_cli_is_one_trace_and_reaches_an_otlp_receiver(
+        temporal_server, fleet_factory, tmp_path):
+    receiver = OtlpReceiver()
+    threading.Thread(target=receiver.serve_forever, daemon=True).start()
+    spec = tiny_spec("e2e-cli-trace", str(tmp_path / "store"), str(tmp_path / "fast"),
+                     **{"train.total_steps": 40, "train.segment_steps": 20,
+                        "train.segments_per_run": 1, "sweep.enabled": False})
+    fleet_factory(env={"OTEL_EXPORTER_OTLP_ENDPOINT":
+                       f"http://127.0.0.1:{receiver.server_address[1]}"})
+    # the README's command, with the real binary
+    subprocess.run([find_binary("temporal"), "workflow", "start", "--address",
+                    temporal_server.address, "--type", WORKFLOW_TYPE, "--task-queue",
+                    ORCHESTRATOR_QUEUE, "--workflow-id", spec.run_id, "--id-reuse-policy",
+                    "AllowDuplicateFailedOnly", "--input", json.dumps(spec.to_dict())],
+                   check=True, capture_output=True, timeout=60)
+
+    async def result() -> None:
+        client = await connect(temporal_server.address)
+        await asyncio.wait_for(client.get_workflow_handle(spec.run_id).result(), 600)
+
+    asyncio.run(result())
+    spans, trace_id = assert_one_trace(spec)
+    assert_nested(spans, spec.run_id)
+    train = [s for s in spans if s["name"] == "stage train"]
+    assert len(train) == 1 and train[0]["end_ns"] > min(
+        s["end_ns"] for s in spans if s["name"] == "RunWorkflow:TrainingRun")
+    wait_for(lambda: trace_id in receiver.trace_ids(), 30, "the run's spans over OTLP")
+    assert receiver.trace_ids() == {trace_id}
+    receiver.shutdown()
+    time.sleep(0)
