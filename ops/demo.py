@@ -26,13 +26,20 @@ def summarize(spec: RunSpec, result: dict[str, Any] | None, status: str, wall_s:
     kinds = [e["kind"] for e in events]
     result = result or {}
     return {"run_id": spec.run_id, "status": status, "stages": result.get("stages", []),
-            "faults_injected": kinds.count("fault"), "faults_recovered": recoveries(events),
+            "faults_injected": sum(map(injected, events)),
+            "faults_seen": sum(e["kind"] == "fault" and not injected(e) for e in events),
+            "faults_recovered": recoveries(events),
             "spike_rollbacks": sum(automatic_rollback(e) for e in events),
             "batches_skipped": kinds.count("batch_skipped"),
             "human_actions": kinds.count("operator"),
             "initial_val_loss": result.get("initial_val_loss"),
             "final_val_loss": result.get("final_val_loss"),
             "promoted_checkpoint": result.get("promoted_checkpoint"), "wall_s": round(wall_s, 1)}
+
+
+def injected(event: dict) -> bool:
+    """A fault the spec asked for (a real one, even one it caused, says injected: false)."""
+    return event["kind"] == "fault" and bool(event["payload"].get("injected"))
 
 
 def recoveries(events: list[dict]) -> int:
@@ -49,7 +56,7 @@ def automatic_rollback(event: dict) -> bool:
 
 
 def _progress_line(status: dict, events: list[dict]) -> str:
-    faults = sum(e["kind"] == "fault" for e in events)
+    faults = sum(map(injected, events))
     recovered = recoveries(events)
     loss = status.get("train_loss")
     committed = max((e["step"] for e in events if e["kind"] == "checkpoint_committed"
