@@ -16,7 +16,6 @@ import torch
 import torch.distributed as dist
 from opentelemetry import trace
 
-from common import telemetry
 from common.errors import BadConfig, StorageUnavailable
 from common.protocol import CommitLine
 from storage.checkpoints import (
@@ -229,8 +228,7 @@ def commit_checkpoint(ctx: SegmentContext, engine, state: TrainState) -> None:
     ctx.windows.close()  # the steps since the last checkpoint: one span
     with tracing.span(f"checkpoint stage {state.step}", badput="checkpoint_stall",
                       step=state.step, rank=ctx.rank):
-        _commit(ctx, engine, state)
-    telemetry.flush(2000)  # a checkpoint is a durable point for the trace too
+        _commit(ctx, engine, state)  # spans leave in the exporter's thread, not this pause
 
 
 def _commit(ctx: SegmentContext, engine, state: TrainState) -> None:

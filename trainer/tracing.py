@@ -11,8 +11,8 @@ stores its spans with the run's (storage/spans.py), also over OTLP when configur
 - `checkpoint stage <step>` (the loop's pause): badput "checkpoint_stall"; the upload is the
   writer process's `upload <step>`, linked to it;
 - `rollback` and `online_eval`: badput "rollback" / "evaluation".
-Spans end as their work does (windows are backdated to their first step) and are flushed
-at every checkpoint, on a classified failure and at exit: a SIGKILL loses the open ones
+Spans end as their work does (windows are backdated to their first step), leave every
+2 s from the exporter's thread and are flushed at exit: a SIGKILL loses the open ones
 only — the process span among them; `parent_hint` still places its children.
 """
 
