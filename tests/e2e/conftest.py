@@ -2,13 +2,33 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
+from temporalio.service import RPCError, RPCStatusCode
 
 from common.procs import WorkerFleet
+from ops.client import connect
+
+
+async def terminate_running(address: str, reason: str) -> list[str]:
+    """Terminate every workflow still running on the server; returns their ids. A test that
+    fails midway leaves its run going, and the next test's workers would pick it up (its
+    activities, its spans, its load)."""
+    client = await connect(address)
+    ended = []
+    async for wf in client.list_workflows('ExecutionStatus="Running"'):
+        try:
+            await client.get_workflow_handle(wf.id, run_id=wf.run_id).terminate(reason=reason)
+            ended.append(wf.id)
+        except RPCError as err:  # it ended between the listing and now
+            if err.status != RPCStatusCode.NOT_FOUND:
+                raise
+    return ended
 
 
 @pytest.fixture
-def fleet_factory(temporal_server, tmp_path):
+def fleet_factory(temporal_server, tmp_path, request):
     fleets: list[WorkerFleet] = []
 
     def make(restart: bool = False, env: dict | None = None) -> WorkerFleet:
@@ -18,5 +38,6 @@ def fleet_factory(temporal_server, tmp_path):
         return fleet
 
     yield make
+    asyncio.run(terminate_running(temporal_server.address, f"end of {request.node.name}"))
     for fleet in fleets:
         fleet.stop()
