@@ -61,6 +61,12 @@ class TrainSegmentInput:
     # an unknown key, and a retry would train without the rollback): moved into `rollback`.
     # Remove once no run started before then is in flight.
     rewind: dict[str, Any] | None = None
+    # each micro-batch as this many chunks: the run's answer to an out-of-memory
+    # (workflows/adapt.py; the same global batch and data order)
+    micro_split: int = 1
+    # the fault a decision answered ({event_id, fault_ts, detected_ts, last_step}): this
+    # segment's first attempt records the `recovered` naming it (activities/recovery.py)
+    after_fault: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.rewind and self.rollback is None:
@@ -303,6 +309,10 @@ class RunCarry:
     # the run's trace: its id and the root and open stage spans' ids and start times, so
     # every workflow run of the chain is one trace (workflows/tracing.py)
     trace: dict[str, Any] = field(default_factory=dict)
+    # after out-of-memory failures: each micro-batch runs as this many chunks from then on
+    # (workflows/adapt.py), with the oom_adapted events saying why
+    micro_split: int = 1
+    after_fault: dict[str, Any] | None = None  # TrainSegmentInput.after_fault, until it ran
 
     @classmethod
     def from_json(cls, raw: dict[str, Any] | None) -> RunCarry:

@@ -28,7 +28,13 @@ from temporalio import activity
 
 from activities.contracts import TrainSegmentInput
 from activities.supervise import ChildFailure, ProgressTail
-from common.errors import MainspringError, StorageUnavailable
+from common.errors import (
+    MainspringError,
+    OutOfMemory,
+    RepeatedFailure,
+    StorageUnavailable,
+)
+from common.fault_kinds import TRANSIENT_KINDS
 from common.protocol import StartLine, StepLine
 from storage.events import EventLog
 
@@ -49,16 +55,61 @@ def round_s(x: float | None) -> float | None:
     return None if x is None else round(max(0.0, x), 3)
 
 
+# ---- the repeated-failure budget (ops.repeat_failure_limit) ------------------------------
+def fingerprint(fault: dict[str, Any]) -> str:
+    """Pure: what makes two failures "the same" — kind, step, exception type (or signal)
+    and the innermost frame."""
+    what = fault.get("error_type") or fault.get("signal") or ""
+    return f"{fault['kind']} at step {fault.get('last_step')} {what} {fault.get('frame') or ''}".strip()
+
+
+def count_repeat(prior: dict[str, Any], kind: str, sig: str) -> dict[str, Any]:
+    """Pure: the run of identical failures after this one. A transient kind (the worker
+    lost, storage away, a preemption) neither counts nor breaks the run of them."""
+    if kind in TRANSIENT_KINDS:
+        return dict(prior)
+    if prior.get("fingerprint") == sig:
+        return {"fingerprint": sig, "repeats": int(prior.get("repeats", 0)) + 1}
+    return {"fingerprint": sig, "repeats": 1}
+
+
+def prior_repeat(heartbeat_details: Any) -> dict[str, Any]:
+    """The run of identical failures the last attempt left in its heartbeat ({} if none)."""
+    beat = heartbeat_details[0] if heartbeat_details and isinstance(
+        heartbeat_details[0], dict) else {}
+    return dict(beat.get("repeat") or {})
+
+
+# what a human does about a failure that repeats, by kind (docs/faults.md)
+FIXES = {
+    "crash": "read the traceback (the fault events' log_tail and frame); fix the code, or "
+             "skip the data with `mainspring run rollback RUN --to-step STEP --skip-data`",
+    "ecc": "take the GPU or node the fault events name out of service",
+    "cuda": "check the driver and the node the fault events name; take it out of service",
+    "nccl": "check the network between the nodes and NCCL's settings",
+    "hang": "look at the hung rank's stack (py-spy dump) and raise ops.hang_timeout_s if a "
+            "step is legitimately that slow",
+    "rank_lost": "see which rank keeps dying and why (dmesg, the node's health)",
+}
+
+
+def fix_for(kind: str, run_id: str) -> str:
+    what = FIXES.get(kind, "fix the cause the fault events show")
+    return f"{what}, then `mainspring run resume {run_id}`"
+
+
 class FaultRecorder:
     """Attempt N's own faults: one `fault` event at most, flushed at once (the process may
     be about to die with the segment); its id and times also go into the heartbeat."""
 
     def __init__(self, events: EventLog, inp: TrainSegmentInput, attempt: int,
-                 execution: str, heartbeat: Any) -> None:
+                 execution: str, heartbeat: Any, repeat: dict[str, Any] | None = None) -> None:
         self.events, self.inp, self.attempt, self.heartbeat = events, inp, attempt, heartbeat
         self.event_id = fault_id(inp, execution, attempt)
         self.recorded = False
         self.last_step: int | None = None
+        self.repeat = dict(repeat or {})  # the run of identical failures, this one included
+        self.fault: dict[str, Any] = {}  # this attempt's fault payload, once recorded
 
     def on_progress(self, line: object) -> None:
         if isinstance(line, StepLine):
@@ -85,6 +136,9 @@ class FaultRecorder:
         payload = {**payload, "attempt": self.attempt, "last_step": self.last_step,
                    "segment": f"{self.inp.from_step}-{self.inp.to_step}",
                    "detected_by": "supervisor"}
+        self.repeat = count_repeat(self.repeat, payload["kind"], fingerprint(payload))
+        payload.update(fingerprint=fingerprint(payload), repeats=self.repeat.get("repeats", 0))
+        self.fault = payload
         self.events.emit("fault", step=self.last_step, event_id=self.event_id, **payload)
         try:
             self.events.flush()
@@ -93,7 +147,24 @@ class FaultRecorder:
         self.heartbeat({"fault": {"event_id": self.event_id, "kind": payload["kind"],
                                   "fault_ts": payload.get("fault_ts"),
                                   "detected_ts": payload.get("detected_ts"),
-                                  "last_step": self.last_step}})
+                                  "last_step": self.last_step}, "repeat": self.repeat})
+
+    def decision(self, run_id: str, limit: int, micro_split: int) -> MainspringError | None:
+        """What this attempt's failure needs instead of a plain retry: an out-of-memory
+        goes back to the workflow to adapt the micro-batch; the same failure `limit` times
+        in a row stops the retrying. None: retry as usual."""
+        f = self.fault
+        if not f:
+            return None
+        which = {"fault_event_id": self.event_id, "fault_ts": f.get("fault_ts"),
+                 "last_step": self.last_step}
+        if f["kind"] == "oom":
+            return OutOfMemory(f"{f.get('evidence', '')}"[:500], micro_split, **which)
+        if self.repeat.get("repeats", 0) >= limit and f["kind"] not in TRANSIENT_KINDS:
+            return RepeatedFailure(self.repeat["fingerprint"], self.repeat["repeats"],
+                                   f"{f.get('evidence', '')}"[:500], fix_for(f["kind"], run_id),
+                                   **which)
+        return None
 
 
 class Recovery:
@@ -102,6 +173,9 @@ class Recovery:
 
     def __init__(self, events: EventLog, workdir: str, inp: TrainSegmentInput, attempt: int,
                  execution: str) -> None:
+        """For attempt N > 1 from attempt N-1's heartbeat; for the first attempt of a segment
+        the workflow scheduled again after a decision (an OOM adapted, a pause for a
+        repeated failure), from `inp.after_fault`."""
         self.events, self.inp, self.attempt, self.reported = events, inp, attempt, False
         info = activity.info()
         beat = info.heartbeat_details[0] if info.heartbeat_details and isinstance(
@@ -111,7 +185,7 @@ class Recovery:
                                         from_start=True).read() if isinstance(p, StepLine)]
         local_step = seen[-1].step if seen else None
         local_ts = seen[-1].ts if seen else None
-        fault = beat.get("fault") or {}
+        fault = (beat.get("fault") if attempt > 1 else None) or inp.after_fault or {}
         self.fault_event_id = fault.get("event_id") or fault_id(inp, execution, attempt - 1)
         # this attempt was scheduled when Temporal gave up on the last one (the timeout)
         scheduled = info.current_attempt_scheduled_time.timestamp() \

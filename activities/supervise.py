@@ -23,6 +23,8 @@ from typing import Callable
 import structlog
 from temporalio.exceptions import ApplicationError, CancelledError
 
+from activities.hang import HangLimits, HangWatch, Timeout
+from common.cgroup import oom_kill_count, oom_kills_since
 from common.errors import NON_RETRYABLE, HardwareFault
 from common.fault_kinds import classify, signal_name, torchrun_root_cause
 from common.procs import (
@@ -50,14 +52,18 @@ class ChildFailure:
     signal: str | None = None
     rank: int | None = None
     error_type: str = ""
+    frame: str = ""  # where the exception was raised (error.json), for the repeat signature
     log_tail: tuple[str, ...] = ()
     fault_ts: float = 0.0
     detected_ts: float = 0.0
+    # a hang's timeout: which fired, its value, how it came about, the measured p99 step
+    timeout: dict | None = None
 
     def payload(self) -> dict:
-        return {"kind": self.kind, "injected": False, "evidence": self.evidence,
+        return {**(self.timeout or {}), "kind": self.kind, "injected": False, "evidence": self.evidence,
                 "exit_code": self.exit_code, "signal": self.signal, "rank": self.rank,
-                "error_type": self.error_type, "log_tail": list(self.log_tail),
+                "error_type": self.error_type, "frame": self.frame,
+                "log_tail": list(self.log_tail),
                 "fault_ts": round(self.fault_ts, 3), "detected_ts": round(self.detected_ts, 3),
                 "detection_s": round(max(0.0, self.detected_ts - self.fault_ts), 3)}
 
@@ -110,15 +116,20 @@ def supervise(cmd: list[str], *, workdir: str, env: dict[str, str],
               progress_file: str | None = None, on_progress: Callable[[ProgressLine], None] = lambda _: None,
               heartbeat: Callable[[], None] = lambda: None,
               is_cancelled: Callable[[], bool] = lambda: False,
-              hang_timeout_s: float = 600.0, stop_grace_s: float = 300.0,
+              hang: HangLimits | float = 600.0, stop_grace_s: float = 300.0,
               poll_s: float = 1.0,
-              on_failure: Callable[[ChildFailure], None] = lambda _: None) -> None:
+              on_failure: Callable[[ChildFailure], None] = lambda _: None,
+              draining: Callable[[], str] = lambda: "") -> None:
     """Run a child to completion; raise a classified error if it does not succeed.
 
-    On cancellation the child is asked to stop (common/procs.py STOP_FILE: it commits a
-    checkpoint at the end of its current step and exits 0) and given `stop_grace_s` before
-    it is killed; a child that stopped that way counts as success (its result says so).
+    On cancellation, or when `draining()` gives a reason (the worker got SIGTERM,
+    activities/drain.py), the child is asked to stop (common/procs.py STOP_FILE: it commits
+    a checkpoint at the end of its current step and exits 0) and given `stop_grace_s`
+    before it is killed; a child that stopped that way counts as success (its result says
+    so; the caller tells a drain from a cancel).
     A retryable failure is described to `on_failure` (ChildFailure) before it is raised.
+    A child whose progress file stays quiet past the timeout `hang` sets (activities/hang.py;
+    a number: that many seconds, fixed) is hung: it is killed and a HardwareFault raised.
     """
     os.makedirs(workdir, exist_ok=True)
     log_path = os.path.join(workdir, "child.log")
@@ -127,31 +138,39 @@ def supervise(cmd: list[str], *, workdir: str, env: dict[str, str],
             n for n in os.listdir(workdir) if n.startswith("rank") and n.endswith(".pid"))):
         if os.path.exists(os.path.join(workdir, stale)):
             os.unlink(os.path.join(workdir, stale))
+    oom_before = oom_kill_count()  # a rank the kernel kills for memory raises it
     with open(log_path, "ab") as out:
         proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True, preexec_fn=set_parent_death_signal)
     log.info("child_started", pid=proc.pid, cmd=" ".join(cmd[-8:]), log=log_path)
-    last_progress, last_progress_ts, stop_at = time.monotonic(), time.time(), None
+    last_progress_ts, stop_at = time.time(), None
+    watch = HangWatch(hang if isinstance(hang, HangLimits) else HangLimits.fixed(hang),
+                      started=time.monotonic())
     launcher = LauncherLog(log_path)
     try:
         while True:
             rc = proc.poll()
             for line in tail.read() if tail else ():
-                last_progress, last_progress_ts = time.monotonic(), time.time()
+                watch.seen(line, time.monotonic())
+                last_progress_ts = time.time()
                 on_progress(line)
             heartbeat()
             if rc is not None:
                 break
-            if stop_at is None and is_cancelled():
-                request_stop(workdir, "activity cancelled")
-                stop_at = time.monotonic()
-                log.info("child_stop_requested", pid=proc.pid, grace_s=stop_grace_s)
+            if stop_at is None and (is_cancelled() or draining()):
+                why = draining() or "activity cancelled"
+                request_stop(workdir, why)
+                stop_at, watch.stopping = time.monotonic(), True
+                log.info("child_stop_requested", pid=proc.pid, grace_s=stop_grace_s, reason=why)
             if stop_at is not None and time.monotonic() - stop_at > stop_grace_s:
                 raise CancelledError(f"activity cancelled; trainer did not stop within "
                                      f"{stop_grace_s:.0f}s and was killed")
             if stop_at is None and launcher.stopping_peers():
                 # torchrun saw a rank die and is stopping the rest: they may be blocked in a
                 # collective and ignore its SIGTERM for 30 s — nothing is left to wait for
+                if os.path.exists(os.path.join(workdir, "error.json")):
+                    rc = 1  # the rank said why it failed (an OOM, a crash): classify that
+                    break
                 rank = dead_rank(workdir)
                 why = (f"rank {rank} died" if rank is not None else "a rank died") + \
                     "; torchrun was stopping the others"
@@ -159,17 +178,15 @@ def supervise(cmd: list[str], *, workdir: str, env: dict[str, str],
                                         log_tail=tuple(_last_lines(log_path)),
                                         fault_ts=time.time(), detected_ts=time.time()))
                 raise HardwareFault(why)
-            if tail and time.monotonic() - last_progress > hang_timeout_s:
-                why = f"no progress from trainer for {hang_timeout_s:.0f}s (hang)"
-                on_failure(ChildFailure("hang", why, log_tail=tuple(_last_lines(log_path)),
-                                        fault_ts=last_progress_ts, detected_ts=time.time()))
-                raise HardwareFault(why)
+            late = watch.overdue(time.monotonic()) if tail else None
+            if late:
+                raise _hung(late[0], late[1], workdir, log_path, last_progress_ts, on_failure)
             time.sleep(poll_s)
     finally:
         _kill_group(proc)
     if stop_at is not None and rc != 0:
         raise CancelledError(f"activity cancelled; trainer exited with {rc} while stopping")
-    _classify_exit(rc, workdir, log_path, on_failure)
+    _classify_exit(rc, workdir, log_path, on_failure, oom_kills=oom_kills_since(oom_before))
 
 
 class LauncherLog:
@@ -193,26 +210,56 @@ class LauncherLog:
         return self.SIGN.encode() in new
 
 
-def dead_rank(workdir: str) -> int | None:
-    """The lowest rank whose process (its `rank<r>.pid` file, trainer/segment.py) is gone."""
+def _hung(timeout: Timeout, waited_s: float, workdir: str, log_path: str, last_ts: float,
+          on_failure: Callable[[ChildFailure], None]) -> HardwareFault:
+    """The fault of a child that went quiet past `timeout`: described, then to be raised."""
+    why = timeout.evidence(waited_s)
+    rank = stopped_rank(workdir)
+    if rank is not None:  # SIGSTOP (ops/chaos.py `hang`), or a debugger holding it
+        why += f"; rank {rank} is stopped"
+    on_failure(ChildFailure("hang", why, rank=rank, log_tail=tuple(_last_lines(log_path)),
+                            fault_ts=last_ts, detected_ts=time.time(),
+                            timeout=timeout.payload(waited_s)))
+    log.warning("trainer_hung", timeout=timeout.name, timeout_s=round(timeout.limit_s, 1),
+                waited_s=round(waited_s, 1), p99_step_s=timeout.p99_step_s, rank=rank)
+    return HardwareFault(why)
+
+
+def stopped_rank(workdir: str) -> int | None:
+    """The lowest rank whose process (its `rank<r>.pid` file) is stopped (state T or t)."""
+    for rank, pid in _rank_pids(workdir):
+        if pid and _state(pid) in ("T", "t"):
+            return rank
+    return None
+
+
+def _rank_pids(workdir: str) -> list[tuple[int, int]]:
+    out = []
     for name in sorted(os.listdir(workdir)):
         if name.startswith("rank") and name.endswith(".pid"):
             try:
                 with open(os.path.join(workdir, name)) as f:
-                    pid = int(f.read().strip() or 0)
+                    out.append((int(name[4:-4]), int(f.read().strip() or 0)))
             except (OSError, ValueError):
                 continue
-            if pid and not _alive(pid):
-                return int(name[4:-4])
-    return None
+    return sorted(out)
 
 
-def _alive(pid: int) -> bool:
+def _state(pid: int) -> str:
+    """A process's state letter from /proc (R, S, T, Z, ...); "" when it is gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+            return f.read().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
-        return False
+        return ""
+
+
+def dead_rank(workdir: str) -> int | None:
+    """The lowest rank whose process (its `rank<r>.pid` file, trainer/segment.py) is gone."""
+    for rank, pid in _rank_pids(workdir):
+        if pid and _state(pid) in ("", "Z", "X"):
+            return rank
+    return None
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -225,7 +272,8 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 
 def _classify_exit(rc: int, workdir: str, log_path: str,
-                   on_failure: Callable[[ChildFailure], None] = lambda _: None) -> None:
+                   on_failure: Callable[[ChildFailure], None] = lambda _: None,
+                   oom_kills: int = 0) -> None:
     if rc == 0:
         return
     seen = time.time()
@@ -241,9 +289,10 @@ def _classify_exit(rc: int, workdir: str, log_path: str,
             err = ErrorReport.from_json(redact_value(json.load(f)))
         retryable = err.type not in NON_RETRYABLE and err.retryable
         if retryable:
-            on_failure(ChildFailure(classify(code, err.type, lines), err.message[:500],
-                                    exit_code=code, signal=signal_name(code), rank=rank,
-                                    error_type=err.type, log_tail=tuple(lines[-8:]),
+            kind = classify(code, err.type, lines, oom_kills=oom_kills, message=err.message)
+            on_failure(ChildFailure(kind, err.message[:500], exit_code=code,
+                                    signal=signal_name(code), rank=rank, error_type=err.type,
+                                    frame=err.frame, log_tail=tuple(lines[-8:]),
                                     fault_ts=seen, detected_ts=seen))
         raise ApplicationError(err.message, err.to_dict(), type=err.type,
                                non_retryable=not retryable)
@@ -251,7 +300,10 @@ def _classify_exit(rc: int, workdir: str, log_path: str,
     who = f"rank {rank}" if rank is not None else "trainer"
     how = f"killed by {name}" if name else f"exit code {code}"
     last = " | ".join(line[:300] for line in lines[-6:])
-    on_failure(ChildFailure(classify(code, "", lines), f"{who} {how}", exit_code=code,
+    if oom_kills:
+        how += f" (the kernel's OOM killer killed {oom_kills} process(es) in this cgroup)"
+    on_failure(ChildFailure(classify(code, "", lines, oom_kills=oom_kills), f"{who} {how}",
+                            exit_code=code,
                             signal=name, rank=rank, log_tail=tuple(lines[-8:]), fault_ts=seen,
                             detected_ts=seen))
     raise HardwareFault(f"{who} {how}; last output: {last}", exit_code=code)

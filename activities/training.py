@@ -20,6 +20,7 @@ import structlog
 from temporalio import activity
 from temporalio.exceptions import CancelledError
 
+from activities import drain
 from activities.contracts import (
     EVALUATE,
     TRAIN_SEGMENT,
@@ -30,10 +31,12 @@ from activities.contracts import (
     TrainSegmentResult,
 )
 from activities.errors import classified
+from activities.hang import HangLimits
 from activities.metrics import MetricsForwarder
-from activities.recovery import FaultRecorder, Recovery, execution_key
-from activities.supervise import child_env, supervise, trainer_command
+from activities.recovery import FaultRecorder, Recovery, execution_key, prior_repeat
+from activities.supervise import ChildFailure, child_env, supervise, trainer_command
 from activities.tracing import activity_span
+from common.errors import Preempted
 from common.procs import WORKER_PID_ENV
 from common.protocol import CommitLine, ProgressLine, SegmentResult
 from common.telemetry import child_trace_env
@@ -66,12 +69,15 @@ class DurableCommit:
     """The last committed checkpoint, as the child reports it: the heartbeat's content (and
     when it was sent, so a retry can tell when this attempt was last alive)."""
 
-    def __init__(self, step: int | None, uri: str) -> None:
+    def __init__(self, step: int | None, uri: str, repeat: dict | None = None) -> None:
         self.step, self.uri = step, uri
         self.fault: dict | None = None  # this attempt's fault, once recorded (recovery.py)
+        self.repeat = repeat or {}  # the run of identical failures so far (recovery.py)
 
     def details(self) -> dict:
         beat = {"step": self.step, "uri": self.uri, "ts": round(time.time(), 3)}
+        if self.repeat:
+            beat["repeat"] = self.repeat
         return {**beat, "fault": self.fault} if self.fault else beat
 
     def on_progress(self, line: ProgressLine) -> None:
@@ -96,23 +102,30 @@ def _train_segment(spec: RunSpec, inp: TrainSegmentInput) -> TrainSegmentResult:
     os.makedirs(workdir, exist_ok=True)
     store = CheckpointStore(spec.storage.durable, spec.run_id)
     events = EventLog(spec.storage.durable, spec.run_id, "supervisor", attempt=attempt)
-    recovery = Recovery(events, workdir, inp, attempt, execution) if attempt > 1 else None
+    recovery = Recovery(events, workdir, inp, attempt, execution) \
+        if attempt > 1 or inp.after_fault else None
     events.emit("segment_started", step=inp.from_step,
                 event_id=f"segment_started/{inp.from_step}-{inp.to_step}/{attempt}",
                 from_step=inp.from_step, to_step=inp.to_step, attempt=attempt)
     events.flush()
-    tracker = DurableCommit(None, "")
+    prior = prior_repeat(activity.info().heartbeat_details)
+    tracker = DurableCommit(None, "", prior)
 
     def beat_fault(details: dict) -> None:
-        tracker.fault = details["fault"]
+        tracker.fault, tracker.repeat = details["fault"], details["repeat"]
         activity.heartbeat(tracker.details())
-    faults = FaultRecorder(events, inp, attempt, execution, beat_fault)
+    faults = FaultRecorder(events, inp, attempt, execution, beat_fault, prior)
     try:
         return _supervise_segment(spec, inp, workdir, store, events, tracker, faults, recovery)
     except CancelledError:
         raise
     except Exception as exc:  # an error of the activity's own, not already recorded
         faults.on_error(exc)
+        # an OOM goes back to the workflow; the same failure too often stops the retrying
+        decided = faults.decision(spec.run_id, spec.ops.repeat_failure_limit, inp.micro_split)
+        if decided is not None:
+            log.warning("segment_needs_decision", kind=decided.kind, error=str(decided)[:300])
+            raise decided from None
         raise
 
 
@@ -134,7 +147,7 @@ def _supervise_segment(spec: RunSpec, inp: TrainSegmentInput, workdir: str,
         faults.on_progress(line)
         if recovery:
             recovery.on_progress(line)
-    clear_stale_build_locks(older_than_s=spec.ops.hang_timeout_s)  # a builder that died
+    clear_stale_build_locks(older_than_s=HangLimits.build_lock_s(spec.ops))  # a builder that died
     spec_file = os.path.join(workdir, "spec.json")
     with open(spec_file, "w") as f:
         json.dump(inp.spec, f)
@@ -144,7 +157,8 @@ def _supervise_segment(spec: RunSpec, inp: TrainSegmentInput, workdir: str,
     args = ["--spec", spec_file, "--dataset", inp.dataset_uri, "--to-step", str(inp.to_step),
             "--workdir", workdir, "--attempt", str(attempt),
             "--fast-dir", fast_tier.store_dir(spec.storage.fast, spec.run_id),
-            "--lr-windows-file", windows_file, "--max-rollbacks", str(inp.max_rollbacks)]
+            "--lr-windows-file", windows_file, "--max-rollbacks", str(inp.max_rollbacks),
+            "--micro-split", str(inp.micro_split)]
     if inp.rollback:
         args += ["--rollback", inp.rollback.to_json()]
     result_file = os.path.join(workdir, "result.json")
@@ -159,7 +173,9 @@ def _supervise_segment(spec: RunSpec, inp: TrainSegmentInput, workdir: str,
                       progress_file=os.path.join(workdir, "progress.jsonl"),
                       on_progress=on_progress,
                       heartbeat=lambda: activity.heartbeat(tracker.details()),
-                      is_cancelled=activity.is_cancelled, hang_timeout_s=spec.ops.hang_timeout_s,
+                      is_cancelled=activity.is_cancelled, draining=drain.reason,
+                      hang=HangLimits.of(spec, inp.to_step, checkpoint_bytes=store.manifest(
+                          latest).total_bytes if latest is not None else 0),
                       stop_grace_s=spec.ops.stop_grace_s)
     except CancelledError:
         if not os.path.exists(result_file):  # killed before it stopped: a plain cancel
@@ -167,6 +183,8 @@ def _supervise_segment(spec: RunSpec, inp: TrainSegmentInput, workdir: str,
         log.info("segment_stopped_on_cancel", workdir=workdir)  # report where it stopped
     with open(result_file) as f:
         res = SegmentResult.from_json(f.read())
+    if drain.draining() and res.outcome.stopped == "interrupted":
+        raise preempted(faults, res.last_committed_step)
     metrics.close()  # the tail window; flushed with segment_finished below
     if recovery:  # an already-finished segment writes no start line, and no step
         recovery.report(res.resumed_from)
@@ -176,6 +194,16 @@ def _supervise_segment(spec: RunSpec, inp: TrainSegmentInput, workdir: str,
                 train_loss=res.train_loss, resumed_from=res.resumed_from)
     events.flush()
     return segment_result(res, attempt, store.list_committed())
+
+
+def preempted(faults: FaultRecorder, committed: int | None) -> Preempted:
+    """The worker drains: the segment stopped at a committed step; its fault is recorded
+    (the next attempt's `recovered` names it) and the retry goes to another worker now."""
+    now = time.time()
+    faults.on_failure(ChildFailure("preempted", f"{drain.reason()}; committed step {committed}",
+                                   signal="SIGTERM", fault_ts=drain.since() or now,
+                                   detected_ts=drain.since() or now))
+    return Preempted(committed, drain.reason())
 
 
 def segment_result(res: SegmentResult, attempt: int, committed: list[int]) -> TrainSegmentResult:

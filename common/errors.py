@@ -85,8 +85,49 @@ class Diverged(MainspringError):
         super().__init__(f"diverged at step {step}: {reason}")
 
 
+class OutOfMemory(MainspringError):
+    """A rank ran out of memory (CUDA OOM, a host MemoryError, the kernel's OOM killer).
+    Not retried as it is: the workflow retries the segment with the micro-batch halved
+    (workflows/adapt.py), or pauses the run at one sequence per micro-batch."""
+
+    retryable = False
+
+    def __init__(self, evidence: str, micro_split: int = 1, fault_event_id: str = "",
+                 fault_ts: float | None = None, last_step: int | None = None) -> None:
+        self.evidence, self.micro_split = evidence, micro_split
+        # the fault event it answers: the next segment's `recovered` names it
+        self.fault_event_id, self.fault_ts, self.last_step = fault_event_id, fault_ts, last_step
+        super().__init__(f"out of memory: {evidence}")
+
+
+class RepeatedFailure(MainspringError):
+    """The same failure (kind, step, exception type, top frame) ops.repeat_failure_limit
+    times in a row: retrying again would loop, so the run pauses for a human."""
+
+    retryable = False
+
+    def __init__(self, fingerprint: str, repeats: int, evidence: str, fix: str,
+                 fault_event_id: str = "", fault_ts: float | None = None,
+                 last_step: int | None = None) -> None:
+        self.fingerprint, self.repeats, self.evidence, self.fix = fingerprint, repeats, evidence, fix
+        self.fault_event_id, self.fault_ts, self.last_step = fault_event_id, fault_ts, last_step
+        super().__init__(f"the same failure {repeats} times in a row ({fingerprint}): "
+                         f"{evidence}. Fix: {fix}")
+
+
+class Preempted(MainspringError):
+    """The worker is draining (SIGTERM: an eviction, a spot notice); the segment committed
+    at its current step. Retried at once, on another worker."""
+
+    def __init__(self, step: int | None, reason: str) -> None:
+        self.step, self.reason = step, reason
+        super().__init__(f"preempted at step {step}: {reason}")
+
+
 ERROR_TYPES: dict[str, type[MainspringError]] = {
     c.__name__: c for c in (BadConfig, BadData, StorageUnavailable, HardwareFault, DiskFull,
-                            Diverged)
+                            Diverged, OutOfMemory, RepeatedFailure, Preempted)
 }
+# the ones the workflow decides on rather than fails the run with (workflows/adapt.py)
+NEEDS_DECISION = ("OutOfMemory", "RepeatedFailure", "DiskFull")
 NON_RETRYABLE = tuple(name for name, c in ERROR_TYPES.items() if not c.retryable)

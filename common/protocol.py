@@ -103,6 +103,10 @@ class ErrorReport(_Json):
     type: str
     message: str
     retryable: bool = True  # the type's own class decides too (common/errors.NON_RETRYABLE)
+    # an exception outside the MainspringError classes (a bug, an OOM): where it was raised,
+    # `file.py:LINE in func` of the innermost frame — with the type, the signature of a
+    # failure that repeats (activities/recovery.py)
+    frame: str = ""
 
 
 # ---- progress.jsonl ----------------------------------------------------------------------------

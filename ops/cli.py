@@ -76,7 +76,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     telemetry.configure(f"worker-{args.role}", replay_safe=args.role in ("orchestrator", "all"))
     try:
         asyncio.run(run_workers({args.role}, args.address, args.namespace, args.trainer_slots,
-                                args.metrics_port, args.temporal_metrics_port))
+                                args.metrics_port, args.temporal_metrics_port,
+                                drain_timeout_s=args.drain_timeout_s))
     finally:
         telemetry.flush()
     return 0
@@ -311,6 +312,9 @@ def build_parser() -> argparse.ArgumentParser:
                         default=os.environ.get(TEMPORAL_PORT_ENV, "0"),
                         help="the Temporal SDK's worker metrics, on a port of their own "
                              "(0: off; env MAINSPRING_TEMPORAL_METRICS_PORT)")
+    worker.add_argument("--drain-timeout-s", type=float, default=300.0,
+                        help="on SIGTERM, how long running segments get to commit at their "
+                             "current step and hand over before they are killed")
     temporal_flags(worker)
     worker.set_defaults(fn=cmd_worker)
 

@@ -137,7 +137,15 @@ class TemporalDevServer:
             cmd += ["--search-attribute", f"{name}={kind}"]
         return cmd
 
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
     def start(self, timeout_s: float = 60.0) -> "TemporalDevServer":
+        """Start, or start again after stop(): the same database file, port and UI port, so
+        workers and clients that keep the address reconnect to the same state."""
+        if self.running:
+            raise RuntimeError(f"temporal dev server already running on {self.address}")
         require_free(self.port, "--port")
         if not self.headless:
             require_free(self.ui_port, "--ui-port")
@@ -150,8 +158,21 @@ class TemporalDevServer:
         log.info("temporal_started", address=self.address, ui=None if self.headless else self.ui_url)
         return self
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """SIGTERM (the server closes its SQLite file), SIGKILL after a grace; returns once
+        the frontend port is free again, so start() can take it back at once."""
+        if self.proc is None:
+            return
         stop_process(self.proc)
+        deadline = time.monotonic() + timeout_s
+        while not port_free(self.port) and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+    def restart(self, down_s: float = 0.0, timeout_s: float = 60.0) -> "TemporalDevServer":
+        """A server outage of `down_s` seconds: stop, wait, start on the same database."""
+        self.stop()
+        time.sleep(down_s)
+        return self.start(timeout_s)
 
 
 @dataclass

@@ -6,10 +6,12 @@ from __future__ import annotations
 import asyncio
 import signal
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 
 import structlog
 from temporalio.worker import Worker
 
+from activities import drain
 from activities.contracts import DATA_QUEUE, ORCHESTRATOR_QUEUE, TRAINER_QUEUE
 from common import telemetry
 from common.metrics import serve_metrics, serve_temporal_metrics
@@ -21,7 +23,8 @@ log = structlog.get_logger(__name__)
 ROLES = ("orchestrator", "data", "trainer", "all")
 
 
-def build_workers(client, roles: set[str], trainer_slots: int = 1) -> list[Worker]:
+def build_workers(client, roles: set[str], trainer_slots: int = 1,
+                  drain_timeout_s: float = 300.0) -> list[Worker]:
     from activities.data import prepare_data, promote
     from activities.events import pin_rollback, record_event
     from activities.runs import claim_run
@@ -42,20 +45,26 @@ def build_workers(client, roles: set[str], trainer_slots: int = 1) -> list[Worke
         # One training job per trainer worker: the child uses every core (GPU) it is given.
         workers.append(Worker(client, task_queue=TRAINER_QUEUE, activities=[train_segment, evaluate],
                               activity_executor=ThreadPoolExecutor(trainer_slots + 1),
-                              max_concurrent_activities=trainer_slots))
+                              max_concurrent_activities=trainer_slots,
+                              # a drain: running segments stop at a commit and fail over
+                              graceful_shutdown_timeout=timedelta(seconds=drain_timeout_s)))
     return workers
 
 
 async def run_workers(roles: set[str], address: str = "", namespace: str = "",
                       trainer_slots: int = 1, metrics_port: int = 0,
-                      temporal_metrics_port: int = 0) -> None:
+                      temporal_metrics_port: int = 0, drain_timeout_s: float = 300.0) -> None:
+    """Run the role's workers until SIGTERM or SIGINT. Then the worker drains
+    (activities/drain.py): it stops polling, each running segment commits at its current
+    step and fails over with a retryable Preempted at once, and the worker exits when they
+    have (at most `drain_timeout_s`, then they are cancelled)."""
     # Both before connecting: the Temporal SDK's metrics live in the Runtime the client uses.
     serve_metrics(metrics_port, f"worker-{'-'.join(sorted(roles))}")
     serve_temporal_metrics(temporal_metrics_port)
     # every span of a run, in the run's store (its activities bind their traces to it)
     telemetry.add_exporter(DurableSpanExporter(f"worker-{'-'.join(sorted(roles))}"))
     client = await connect(address, namespace)
-    workers = build_workers(client, roles, trainer_slots)
+    workers = build_workers(client, roles, trainer_slots, drain_timeout_s)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -63,6 +72,7 @@ async def run_workers(roles: set[str], address: str = "", namespace: str = "",
     log.info("workers_started", roles=sorted(roles), address=address)
     tasks = [asyncio.create_task(w.run()) for w in workers]
     await stop.wait()
-    log.info("workers_stopping")
+    drain.begin()
+    log.info("workers_stopping", draining=drain.reason())
     await asyncio.gather(*(w.shutdown() for w in workers))
     await asyncio.gather(*tasks, return_exceptions=True)

@@ -24,12 +24,15 @@ STEPS = 10**12  # the most steps any step count or step field may name
 DAY = 86400.0  # seconds, for the bounds of durations
 
 
-def num(default: Any = MISSING, lo: float = 0, hi: float = 0) -> Any:
+def num(default: Any = MISSING, lo: float = 0, hi: float = 0, words: tuple[str, ...] = ()
+        ) -> Any:
     """A numeric field (or tuple of numbers) with its documented range [lo, hi], inclusive.
 
     Exclusive bounds (`> 0`) stay in the section's `__post_init__`; this is the outer fence.
+    `words`: a number-or-word field (typed `float | str`) and the words it also takes
+    (`ops.hang_timeout_s`: "auto" or seconds).
     """
-    return field(default=default, metadata={"range": (lo, hi)})
+    return field(default=default, metadata={"range": (lo, hi), "words": words})
 
 
 def require(ok: bool, name: str, problem: str, fix: str) -> None:
@@ -54,8 +57,13 @@ def control_char(text: str) -> int:
 
 def check_value(f: dataclasses.Field, value: Any, name: str) -> None:
     """The declared range of numbers and the length/character rules of strings."""
-    rng = value_range(f)
+    rng, words = value_range(f), f.metadata.get("words")
     for v in value if isinstance(value, tuple) else (value,):
+        if isinstance(v, str) and words and v not in words:
+            lo, hi = rng or (0, 0)
+            raise BadConfig(name, f"must be {' or '.join(map(repr, words))} or a number, got "
+                            f"{_short(v)}", f"use {' or '.join(map(repr, words))}, or a number "
+                            f"between {lo} and {hi}")
         if isinstance(v, str):
             _check_str(v, name)
         elif rng and isinstance(v, (int, float)) and not isinstance(v, bool):
@@ -100,6 +108,11 @@ def build(tp: Any, raw: Any, path: str) -> Any:
             _check_str(k, name)  # a key (JSON keys are strings)
         return {k: build(vt, v, f"{name}.{k}") for k, v in raw.items()}
     if origin in (typing.Union, types.UnionType):
+        if set(typing.get_args(tp)) == {float, str}:  # a number or a word (num(words=...))
+            if not isinstance(raw, (str, int, float)) or isinstance(raw, bool):
+                raise BadConfig(name, f"expected a number or a word, got {_short(raw)}",
+                                "write a number, or a word this field takes (docs/runspec.md)")
+            return build(str if isinstance(raw, str) else float, raw, path)
         raise BadConfig(name, "unsupported union type", "report this as a bug")
     if tp is float:
         return _float(raw, name)

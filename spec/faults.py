@@ -4,12 +4,14 @@ carried out by trainer/faults.py. Stdlib only; re-exported by spec."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from spec.codec import STEPS, num
 from spec.codec import positive as _positive
 from spec.codec import require as _require
 
-FAULT_KINDS = ("kill_worker", "corrupt_batches", "lr_burst", "nan_loss")
+FAULT_KINDS = ("kill_worker", "corrupt_batches", "lr_burst", "nan_loss", "crash",
+               "memory_limit")
 MAX_FAULTS = 64  # entries in RunSpec.faults
 
 
@@ -21,8 +23,15 @@ class FaultSpec:
     - corrupt_batches: the data batches that steps at_step .. at_step+steps-1 read in the
       original order hold random tokens — bad data, there on every attempt and replay;
     - lr_burst: the LR is multiplied by `factor` for `steps` steps from `at_step`, once;
-    - nan_loss: the loss of step `at_step` is NaN (its gradients too), once.
+    - nan_loss: the loss of step `at_step` is NaN (its gradients too), once;
+    - crash: step `at_step` raises RuntimeError on every attempt — a bug at a fixed step —
+      while the file `path` exists (always, when `path` is empty): removing it is the fix;
+    - memory_limit: every rank's data segment may grow by at most `mb` MiB once training
+      starts (a real RLIMIT_DATA: an allocation past it fails like any out-of-memory).
     """
+
+    # added fields at their default: out of spec_hash (spec/run.py, OpsConfig.ADDED)
+    ADDED: ClassVar[dict[str, Any]] = {"path": "", "mb": 256}
 
     kind: str
     at_step: int = num(lo=1, hi=STEPS)
@@ -30,9 +39,11 @@ class FaultSpec:
     attempt: int = num(1, 1, 10**6)
     steps: int = num(1, 1, STEPS)
     factor: float = num(30.0, 0, 1e6)
+    path: str = ""  # crash: fires while this file exists
+    mb: int = num(256, 1, 1 << 30)  # memory_limit: MiB of headroom
 
     def __post_init__(self) -> None:
         _require(self.kind in FAULT_KINDS, "kind", f"unknown fault {self.kind!r}",
                  f"use one of {', '.join(FAULT_KINDS)}")
         _require(self.at_step > 0, "at_step", "must be > 0", "inject after step 0")
-        _positive(self, "attempt", "steps", "factor")
+        _positive(self, "attempt", "steps", "factor", "mb")

@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 
 from spec.codec import DAY, num
 from spec.codec import positive as _positive
+from spec.codec import require as _require
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -19,10 +20,33 @@ class OpsConfig:
     # so a run claimed before the removal resumes under its id. metrics_port was ignored:
     # a Prometheus port belongs to a worker (`mainspring worker --metrics-port`).
     RETIRED: ClassVar[dict[str, Any]] = {"metrics_port": 0}
+    # Added fields, with the default they came with: left out of spec_hash at that default,
+    # so a run claimed before they existed keeps its hash (spec/run.py).
+    ADDED: ClassVar[dict[str, Any]] = {"repeat_failure_limit": 3}
 
     # >= 1 s: Temporal reads a timeout that rounds to 0 as "none" and refuses the activity
     heartbeat_timeout_s: float = num(30.0, 1, DAY)
-    hang_timeout_s: float = num(600.0, 0, 7 * DAY)  # no progress for this long = hung trainer
+    # Hang detection (activities/hang.py). A trainer that writes no progress line for this
+    # long is hung: "auto" = max(hang_floor_s, hang_step_factor x the p99 step time measured
+    # in this segment), plus the checkpoint I/O time after a checkpoint or rollback step and
+    # the evaluation time after an eval step; or seconds, fixed (from the child's start too).
+    # The NVIDIA resiliency extension derives its rank timeouts the same way (safety factor
+    # 5 x the longest interval seen); k = 10 on the p99 keeps that margin, as the p99 of a
+    # short sample sits below its max. The floor: torchft's default collective timeout
+    # (60 s) - a step phase quieter than that is not a normal step on any machine.
+    hang_timeout_s: float | str = num("auto", 0, 7 * DAY, words=("auto",))
+    hang_floor_s: float = num(60.0, 1, DAY)
+    # below 2 a step twice the p99 - ordinary jitter on a shared machine - would be a hang
+    hang_step_factor: float = num(10.0, 2, 1000)
+    # Before the first step line: launch, imports, rendezvous, extension builds, restore.
+    # "auto" = startup_floor_s + the newest checkpoint's I/O time; seconds: fixed. With a
+    # fixed hang_timeout_s, "auto" here means that number (the rule before issue 14). The
+    # floor is that rule's 600 s default: no start-up that passed before is called a hang.
+    startup_timeout_s: float | str = num("auto", 0, 7 * DAY, words=("auto",))
+    startup_floor_s: float = num(600.0, 1, 7 * DAY)
+    # the checkpoint I/O time is 2 x its bytes at this rate (a read or write, and one upload
+    # the loop may wait behind): conservative for a single S3 stream or a spinning disk
+    checkpoint_mb_per_s: float = num(50.0, 1, 10**6)
     # a cancelled segment (operator pause/rollback/abort) may take this long to commit a
     # checkpoint at its current step and upload it before the trainer is killed
     stop_grace_s: float = num(300.0, 0, DAY)
@@ -31,7 +55,15 @@ class OpsConfig:
     # host:port or http(s)://host:port[/path]; "/v1/traces" is added to a bare address
     otlp_endpoint: str = ""
     metrics_every: int = num(10, 1, 10**9)  # steps per durable train_metrics event (report)
+    # the same failure (kind, step, exception type, top frame) this many times in a row stops
+    # the retrying: the run pauses in needs_attention with the evidence (activities/
+    # recovery.py); transient kinds (worker_lost, storage_outage, preempted) never count
+    repeat_failure_limit: int = num(3, 1, 1000)
 
     def __post_init__(self) -> None:
-        _positive(self, "heartbeat_timeout_s", "hang_timeout_s", "segment_budget_s",
-                  "stop_grace_s", "metrics_every")
+        _positive(self, "heartbeat_timeout_s", "segment_budget_s",
+                  "stop_grace_s", "metrics_every", "repeat_failure_limit")
+        for name in ("hang_timeout_s", "startup_timeout_s"):  # "auto" or seconds > 0
+            value = getattr(self, name)
+            _require(value == "auto" or value > 0, name, f"must be > 0, got {value!r}",
+                     f'set {name} to "auto" or a positive number of seconds')

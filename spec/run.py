@@ -112,19 +112,32 @@ class RunSpec:
         return json.loads(json.dumps(dataclasses.asdict(self)))
 
     def spec_hash(self) -> str:
-        """The hash of the spec as JSON, retired fields at their last default included, so
-        removing a field changes no run's hash (its claim, its checkpoints' config_hash)."""
+        """The hash of the spec as JSON, retired fields at their last default included and
+        added fields left out while at their default, so neither removing nor adding a field
+        changes a run's hash (its claim, its checkpoints' config_hash)."""
         d = self.to_dict()
         for f in dataclasses.fields(self):
-            retired = getattr(type(getattr(self, f.name)), "RETIRED", None)
+            value = getattr(self, f.name)
+            retired = getattr(type(value), "RETIRED", None)
             if retired:
                 d[f.name] = {**retired, **d[f.name]}
+            if f.name == "faults":
+                d[f.name] = [without_added(FaultSpec, e) for e in d[f.name]]
+            elif dataclasses.is_dataclass(value):
+                d[f.name] = without_added(type(value), d[f.name])
         blob = json.dumps(d, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
     def replace(self, **sections: Any) -> RunSpec:
         """Override fields by dotted name: spec.replace(**{"train.lr": 1e-3})."""
         return RunSpec.from_dict(deep_merge(self.to_dict(), dotted_to_nested(sections)))
+
+
+def without_added(cls: type, d: dict[str, Any]) -> dict[str, Any]:
+    """`d` without the fields `cls.ADDED` lists while they hold the default they were added
+    with (spec_hash)."""
+    added = getattr(cls, "ADDED", {})
+    return {k: v for k, v in d.items() if k not in added or v != added[k]}
 
 
 PRESETS: dict[str, dict[str, Any]] = {

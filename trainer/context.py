@@ -41,6 +41,7 @@ class SegmentArgs:
     lr_windows: tuple[tuple[float, float, float], ...] = ()  # [start, end, factor]
     rollback: OperatorRollback | None = None  # an operator's, applied once per id
     max_rollbacks: int = -1  # end the segment early after this many rollbacks (-1: no limit)
+    micro_split: int = 1  # each micro-batch as this many chunks (after an OOM: workflows/adapt.py)
 
 
 class Progress:

@@ -32,8 +32,17 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 
 
 def micro_batch_size(spec: RunSpec) -> int:
-    """Sequences per rank per micro-batch."""
+    """Sequences per rank per micro-batch (what one data cursor names, trainer/data.py)."""
     return spec.train.micro_batch_tokens // spec.model.seq_len
+
+
+def check_micro_split(spec: RunSpec, split: int) -> None:
+    """An OOM-adapted run (workflows/adapt.py) runs each micro-batch as `split` equal
+    chunks, one forward/backward each: `split` must divide the micro-batch."""
+    mbs = micro_batch_size(spec)
+    if split < 1 or mbs % split:
+        raise BadConfig("--micro-split", f"{split} does not divide the micro-batch of {mbs} "
+                        f"sequences", "pass a power of two that divides it")
 
 
 def tokens_per_step(spec: RunSpec) -> int:
@@ -60,13 +69,16 @@ def fp16_config(t: TrainConfig) -> dict[str, Any]:
             "min_loss_scale": t.fp16_min_loss_scale}
 
 
-def deepspeed_config(spec: RunSpec) -> dict[str, Any]:
+def deepspeed_config(spec: RunSpec, micro_split: int = 1) -> dict[str, Any]:
+    """With `micro_split` > 1 (after an OOM) DeepSpeed sees micro-batches that many times
+    smaller and that many times more accumulation: the same global batch."""
     t = spec.train
-    mbs = micro_batch_size(spec)
+    mbs = micro_batch_size(spec) // micro_split
+    accum = t.grad_accum * micro_split
     return {
         "train_micro_batch_size_per_gpu": mbs,
-        "gradient_accumulation_steps": t.grad_accum,
-        "train_batch_size": mbs * t.grad_accum * t.world_size,
+        "gradient_accumulation_steps": accum,
+        "train_batch_size": mbs * accum * t.world_size,
         "gradient_clipping": t.grad_clip,
         "zero_optimization": zero_config(t),
         "bf16": {"enabled": t.precision == "bf16"},
@@ -99,7 +111,7 @@ def check_device(spec: RunSpec, cuda: bool) -> None:
                         "no fp16", "use bf16 or fp32 on CPU")
 
 
-def build_engine(spec: RunSpec, model):
+def build_engine(spec: RunSpec, model, micro_split: int = 1):
     """deepspeed.initialize with the derived config; decay/no-decay parameter groups; every
     checkpoint file it loads is read weights-only (trainer/safe_load.py)."""
     import deepspeed
@@ -110,7 +122,8 @@ def build_engine(spec: RunSpec, model):
     from trainer.optim import build_optimizer
     from trainer.safe_load import install_safe_loading
 
-    config = deepspeed_config(spec)
+    check_micro_split(spec, micro_split)
+    config = deepspeed_config(spec, micro_split)
     # The optimizer is ours (an AdamW whose update a spike verdict can veto, trainer/optim.py)
     # with exactly the config's hyperparameters; ZeRO accepts it as a torch AdamW subclass.
     optimizer = build_optimizer(param_groups(model, spec.train.weight_decay),

@@ -8,12 +8,16 @@ symptoms downstream:
   with random tokens — bad data: it is there again on every replay and retry, so only
   skipping that data window gets past it;
 - `lr_burst` multiplies the LR for a few steps, once per process (a transient bad update);
-- `nan_loss` makes one step's loss (and so its gradients) NaN, once per process.
+- `nan_loss` makes one step's loss (and so its gradients) NaN, once per process;
+- `crash` raises in one step on every attempt (a bug), while its file exists;
+- `memory_limit` caps each rank's data segment (RLIMIT_DATA) a fixed headroom above what
+  it holds when training starts: an allocation past it fails for real (an OOM).
 """
 
 from __future__ import annotations
 
 import os
+import resource
 import signal
 from collections.abc import Iterable
 
@@ -108,6 +112,19 @@ class FaultInjector:
             elif f.kind == "nan_loss" and f.at_step == step and (f.kind, step) not in self.fired:
                 self._announce(f, step)
                 self.poisoned = True
+            elif f.kind == "crash" and f.at_step == step and (not f.path or os.path.exists(f.path)):
+                self._announce(f, step, path=f.path)
+                raise RuntimeError(f"injected crash at step {step}")
+
+    def limit_memory(self) -> None:
+        """memory_limit: from now on this rank's data segment may grow by `mb` MiB."""
+        for f in self.faults:
+            if f.kind == "memory_limit":
+                held = vm_data_bytes()
+                limit = held + f.mb * 2**20
+                _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+                resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
+                self._announce(f, 0, limit_bytes=limit, held_bytes=held)
 
     # ---- the LR --------------------------------------------------------------------------
     def lr_windows(self) -> list[list[float]]:
@@ -151,6 +168,15 @@ class FaultyBatches:
             self.step = step
             self.injector.starting(step)
         return self.injector.batch(cursor, step, self.source.get(cursor))
+
+
+def vm_data_bytes() -> int:
+    """This process's data segment (what RLIMIT_DATA limits), from /proc/self/status."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmData:"):
+                return int(line.split()[1]) * 1024
+    raise OSError("no VmData in /proc/self/status")
 
 
 def kill_worker(fault: FaultSpec, events, step: int, last_committed: int | None) -> None:

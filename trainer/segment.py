@@ -92,8 +92,10 @@ def train(ctx: SegmentContext, engine, batches: FaultyBatches, state: TrainState
         step = state.step + 1  # the step being run, 1-based
         set_lr(engine, step_lr := lr(step))
         first_cursor = skip_past(state.data_cursor, state.skip_ranges)
-        loss_sum = forward_backward(engine, batches, state, step, cfg.grad_accum)
-        loss, stop = ctx.loss_and_stop(loss_sum / cfg.grad_accum)  # sync point (one per step)
+        loss_sum = forward_backward(engine, batches, state, step, cfg.grad_accum,
+                                    ctx.args.micro_split)
+        # sync point (one per step): the mean of the chunks' mean losses
+        loss, stop = ctx.loss_and_stop(loss_sum / (cfg.grad_accum * ctx.args.micro_split))
         verdict = spikes.judge(state, step, loss, first_cursor)
         if verdict.action != "ok":  # skip | rollback: this batch's update is vetoed
             veto_next_update(engine)
@@ -122,21 +124,25 @@ def train(ctx: SegmentContext, engine, batches: FaultyBatches, state: TrainState
 
 
 def forward_backward(engine, batches: FaultyBatches, state: TrainState, step: int,
-                     micro_batches: int) -> torch.Tensor:
-    """Forward and backward every micro-batch of `step`, advancing the data cursor past
-    skipped ranges; the summed loss stays on the device (no host sync here). DeepSpeed
-    wants engine.step() after each micro-batch; it updates only on the last one, which the
-    loop does itself once it has judged the loss."""
+                     micro_batches: int, split: int = 1) -> torch.Tensor:
+    """Forward and backward every micro-batch of `step`, each as `split` equal chunks (an
+    OOM-adapted run: the same sequences, the same global batch), advancing the data cursor
+    past skipped ranges; the summed loss stays on the device (no host sync here). DeepSpeed
+    wants engine.step() after each forward/backward; it updates only on the last one, which
+    the loop does itself once it has judged the loss."""
     loss_sum = torch.zeros((), dtype=torch.float32, device=engine.device)
-    for micro in range(micro_batches):
-        if micro:
-            engine.step()  # a gradient-accumulation boundary is not reached: no update
+    passes = 0
+    for _ in range(micro_batches):
         state.data_cursor = skip_past(state.data_cursor, state.skip_ranges)
-        x, y, *packed = (t.to(engine.device) for t in batches.get(state.data_cursor, step))
-        # Packed rows also carry (position_ids, doc_ids): attention stays per document.
-        _, loss = engine(x, y, **dict(zip(("position_ids", "doc_ids"), packed)))
-        engine.backward(loss)
-        loss_sum += loss.detach().float()
+        tensors = [t.to(engine.device) for t in batches.get(state.data_cursor, step)]
+        for x, y, *packed in zip(*(t.chunk(split) for t in tensors)):
+            if passes:
+                engine.step()  # a gradient-accumulation boundary is not reached: no update
+            # Packed rows also carry (position_ids, doc_ids): attention stays per document.
+            _, loss = engine(x, y, **dict(zip(("position_ids", "doc_ids"), packed)))
+            engine.backward(loss)
+            loss_sum += loss.detach().float()
+            passes += 1
         state.data_cursor += 1
     return loss_sum
 
@@ -200,7 +206,7 @@ def run_segment(args: SegmentArgs, rank: int, world: int) -> None:
         deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
         manifest = load_manifest(args.dataset)
         model = GPT(spec.model, manifest.vocab_size, seed=spec.seed)
-        engine = build_engine(spec, model)
+        engine = build_engine(spec, model, args.micro_split)
     source = make_batches(spec, args.dataset, rank, world)
     meter = make_meter(spec, model, manifest.vocab_size, torch.device(engine.device), world)
 
@@ -245,6 +251,7 @@ def run_segment(args: SegmentArgs, rank: int, world: int) -> None:
                            vocab_size=manifest.vocab_size, seed=spec.seed,
                            attempt=args.attempt, events=ctx.events)
     faults.attach(engine.module)
+    faults.limit_memory()
     batches = faults.batches(source)
     lr = LRSchedule(spec.train, args.lr_windows, one_shot=faults.lr_windows())
     outcome = SegmentOutcome()
@@ -343,6 +350,9 @@ def parse_args(argv: list[str] | None = None) -> SegmentArgs:
                         "an operator rollback to apply before training (once per id)")
     p.add_argument("--max-rollbacks", type=int, default=-1,
                    help="end the segment early after this many rollbacks (-1: no limit)")
+    p.add_argument("--micro-split", type=int, default=1,
+                   help="run each micro-batch as this many equal chunks (after an OOM; the "
+                        "same global batch and data order)")
     ns = p.parse_args(argv)
     windows = ns.lr_windows
     if ns.lr_windows_file:
@@ -351,7 +361,7 @@ def parse_args(argv: list[str] | None = None) -> SegmentArgs:
     return SegmentArgs(spec=ns.spec, dataset=ns.dataset, to_step=ns.to_step, workdir=ns.workdir,
                        fast_dir=ns.fast_dir, attempt=ns.attempt,
                        lr_windows=tuple(tuple(w) for w in windows), rollback=ns.rollback,
-                       max_rollbacks=ns.max_rollbacks)
+                       max_rollbacks=ns.max_rollbacks, micro_split=ns.micro_split)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -49,6 +49,7 @@ def record_segment(c: RunCarry, seg: TrainSegmentResult) -> None:
     """A returned segment: where the run is now, what retention left, what it rolled back."""
     c.next_step, c.train_loss = seg.final_step, seg.train_loss
     c.segments_total += 1
+    c.after_fault = None  # its recovery is recorded
     if seg.oldest_committed_step is not None:
         c.oldest_step = seg.oldest_committed_step
     if seg.stopped == "overfitting":

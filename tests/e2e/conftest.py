@@ -31,9 +31,12 @@ async def terminate_running(address: str, reason: str) -> list[str]:
 def fleet_factory(temporal_server, tmp_path, request):
     fleets: list[WorkerFleet] = []
 
-    def make(restart: bool = False, env: dict | None = None) -> WorkerFleet:
-        fleet = WorkerFleet(temporal_server.address, log_dir=str(tmp_path / "logs"),
-                            restart=restart, env=env or {}).start()
+    def make(restart: bool = False, env: dict | None = None,
+             roles: tuple[str, ...] = ("orchestrator", "data", "trainer"),
+             log_dir: str = "logs") -> WorkerFleet:
+        fleet = WorkerFleet(temporal_server.address, roles=roles,
+                            log_dir=str(tmp_path / log_dir), restart=restart,
+                            env=env or {}).start()
         fleets.append(fleet)
         return fleet
 

@@ -309,3 +309,37 @@ def test_fp16_on_cpu_fails_fast_as_bad_config(tmp_path, dataset_uri):
     assert proc.returncode == 3, proc.stderr[-3000:]
     error = json.loads((tmp_path / "w" / "error.json").read_text())
     assert error["type"] == "BadConfig" and "train.precision" in error["message"]
+
+
+def test_a_micro_split_run_trains_the_same_global_batch_to_the_same_weights(tmp_path, dataset_uri):
+    # After an OOM the workflow runs each micro-batch as two halves (issue 14): DeepSpeed
+    # sees half the micro-batch and twice the accumulation, the data cursor and order are
+    # untouched — so the weights match the unsplit run up to float reassociation, and a
+    # checkpoint of one resumes under the other.
+    over = {"train.micro_batch_tokens": 256}  # 8 sequences of 32
+    a, b = tmp_path / "a", tmp_path / "b"
+    ok(run_segment(write_spec(tiny_spec(a, **over), tmp_path / "a.json"), dataset_uri, 8,
+                   tmp_path / "wa"))
+    spec_b = write_spec(tiny_spec(b, **over), tmp_path / "b.json")
+    ok(run_segment(spec_b, dataset_uri, 4, tmp_path / "wb1", extra=("--micro-split", "2")))
+    ok(run_segment(spec_b, dataset_uri, 8, tmp_path / "wb2", extra=("--micro-split", "4")))
+    ma, mb = (CheckpointStore(str(x), "t").manifest(8) for x in (a, b))
+    assert (ma.data_cursor, ma.tokens_seen) == (mb.data_cursor, mb.tokens_seen) == (8, 8 * 256)
+    wa = load_tensors(a / CKPT.format(8) / "mp_rank_00_model_states.pt")
+    wb = load_tensors(b / CKPT.format(8) / "mp_rank_00_model_states.pt")
+    module = [k for k in wa if k.startswith("/module/")]
+    assert module and all(torch.allclose(wa[k], wb[k], rtol=1e-4, atol=1e-5) for k in module)
+    w0 = load_tensors(a / CKPT.format(4) / "mp_rank_00_model_states.pt")
+    assert not torch.equal(w0["/module/embed.weight"], wa["/module/embed.weight"])
+    losses = [[p["loss"] for p in read_jsonl(tmp_path / w / "progress.jsonl") if p["type"] == "step"]
+              for w in ("wa", "wb2")]
+    assert losses[0][4:] == pytest.approx(losses[1], rel=1e-4)
+
+
+def test_a_micro_split_that_does_not_divide_the_micro_batch_is_refused_naming_the_flag(
+        tmp_path, dataset_uri):
+    spec = write_spec(tiny_spec(tmp_path / "s"), tmp_path / "s.json")  # 4 sequences of 32
+    proc = run_segment(spec, dataset_uri, 2, tmp_path / "w", extra=("--micro-split", "3"))
+    assert proc.returncode == 3
+    err = json.loads((tmp_path / "w" / "error.json").read_text())
+    assert err["type"] == "BadConfig" and "--micro-split" in err["message"]
