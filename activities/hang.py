@@ -9,9 +9,9 @@ segment measured (spec/ops.py documents the fields and why their defaults are wh
   step times), plus what the loop is known to do after that line without writing one — a
   checkpoint step saves (and may wait behind an upload), a rollback restores, a stop
   commits: the checkpoint's I/O time; an eval step runs eval_batches forward passes:
-  k x p99 x eval_batches / grad_accum. The NVIDIA resiliency extension's rank monitor asks
-  the same of its users: "heartbeats are not sent during checkpoint loading and saving, so
-  the time for checkpoint-related operations should be taken into account".
+  k x p99 x eval_batches / grad_accum. (The NVIDIA resiliency extension's heartbeat docs
+  make the same point: no heartbeat comes while a checkpoint is saved or loaded, so its
+  timeout has to budget for that time.)
 - A number for hang_timeout_s is the rule before issue 14: that many seconds without a line,
   from the child's start too (unless startup_timeout_s is a number).
 
@@ -25,9 +25,12 @@ import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from common.protocol import CommitLine, EvalLine, ProgressLine, StartLine, StepLine
+
+if TYPE_CHECKING:
+    from spec import OpsConfig, RunSpec
 
 STEP_WINDOW = 1000  # step times kept: the p99 follows the run (longer sequences, more load)
 # A checkpoint's size before one is measured (a fresh run): bf16 weights, fp32 master
@@ -90,8 +93,8 @@ class HangLimits:
         return cls(hang_s=seconds)
 
     @classmethod
-    def of(cls, spec: Any, to_step: int, checkpoint_bytes: int = 0) -> HangLimits:
-        """The limits of a segment of `spec` (a RunSpec) ending at `to_step`, whose newest
+    def of(cls, spec: RunSpec, to_step: int, checkpoint_bytes: int = 0) -> HangLimits:
+        """The limits of a segment of `spec` ending at `to_step`, whose newest
         committed checkpoint has `checkpoint_bytes` (CheckpointStore.manifest().total_bytes)."""
         ops, train = spec.ops, spec.train
         return cls(hang_s=_seconds(ops.hang_timeout_s), startup_s=_seconds(ops.startup_timeout_s),
@@ -102,7 +105,7 @@ class HangLimits:
                    eval_batches=train.eval_batches, grad_accum=train.grad_accum)
 
     @staticmethod
-    def build_lock_s(ops: Any) -> float:
+    def build_lock_s(ops: OpsConfig) -> float:
         """How old an extension-build lock must be to be stale (trainer/extensions.py): the
         build runs at start-up before the restore, so the start-up timeout less its I/O."""
         return _seconds(ops.startup_timeout_s) or _seconds(ops.hang_timeout_s) \

@@ -87,8 +87,8 @@ FIXES = {
     "ecc": "take the GPU or node the fault events name out of service",
     "cuda": "check the driver and the node the fault events name; take it out of service",
     "nccl": "check the network between the nodes and NCCL's settings",
-    "hang": "look at the hung rank's stack (py-spy dump) and raise ops.hang_timeout_s if a "
-            "step is legitimately that slow",
+    "hang": "look at the hung rank's stack (py-spy dump); if a step is legitimately that "
+            "slow, raise ops.hang_floor_s or ops.hang_step_factor (or fix ops.hang_timeout_s)",
     "rank_lost": "see which rank keeps dying and why (dmesg, the node's health)",
 }
 

@@ -113,6 +113,10 @@ class ServerWatch:
     def reachable(self) -> bool:
         return self.failed == 0
 
+    @property
+    def watching(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
     def observe(self, error: str, now: float) -> None:
         """One probe's result ('' = the server answered) at `now`."""
         for line in self.tail.read():
@@ -139,7 +143,7 @@ class ServerWatch:
             "fault", step=self.last_step, event_id=event_id, kind=KIND, injected=False,
             detected_by="server_watch", attempt=self.events.attempt, segment=self.segment,
             evidence=f"{self.failed} health checks of the Temporal frontend {self.address} "
-                     f"failed in a row; the last: {error}; training goes on",
+                     f"failed in a row; the last: {error}",
             address=self.address, last_step=self.last_step, fault_ts=round(self.last_ok, 3),
             detected_ts=round(now, 3), detection_s=round(now - self.last_ok, 3))
         self._flush()
@@ -176,11 +180,14 @@ class ServerWatch:
         return self
 
     def _run(self) -> None:
-        while not self._stop.wait(self.every_s):
-            error = self.probe()
-            if self._stop.is_set():
-                return
-            self.observe(error, time.time())
+        try:
+            while not self._stop.wait(self.every_s):
+                error = self.probe()
+                if self._stop.is_set():
+                    return
+                self.observe(error, time.time())
+        except Exception:  # the watch is a record, never a reason to fail the segment
+            log.exception("server_watch_failed", address=self.address)
 
     def hold_until_reachable(self, heartbeat: Callable[[], None],
                              shutdown: Callable[[float], bool], max_s: float) -> None:
@@ -189,7 +196,7 @@ class ServerWatch:
         began = time.monotonic()
         if not self.reachable:
             log.warning("segment_done_server_unreachable", address=self.address)
-        while not self.reachable and time.monotonic() - began < max_s:
+        while not self.reachable and self.watching and time.monotonic() - began < max_s:
             heartbeat()
             if shutdown(self.every_s):
                 return

@@ -143,7 +143,7 @@ def supervise(cmd: list[str], *, workdir: str, env: dict[str, str],
         proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True, preexec_fn=set_parent_death_signal)
     log.info("child_started", pid=proc.pid, cmd=" ".join(cmd[-8:]), log=log_path)
-    last_progress_ts, stop_at = time.time(), None
+    last_progress_ts, stop_at, lost_rank = time.time(), None, None
     watch = HangWatch(hang if isinstance(hang, HangLimits) else HangLimits.fixed(hang),
                       started=time.monotonic())
     launcher = LauncherLog(log_path)
@@ -168,10 +168,10 @@ def supervise(cmd: list[str], *, workdir: str, env: dict[str, str],
             if stop_at is None and launcher.stopping_peers():
                 # torchrun saw a rank die and is stopping the rest: they may be blocked in a
                 # collective and ignore its SIGTERM for 30 s — nothing is left to wait for
+                rank = lost_rank = dead_rank(workdir)  # before the kill: the one that died
                 if os.path.exists(os.path.join(workdir, "error.json")):
                     rc = 1  # the rank said why it failed (an OOM, a crash): classify that
                     break
-                rank = dead_rank(workdir)
                 why = (f"rank {rank} died" if rank is not None else "a rank died") + \
                     "; torchrun was stopping the others"
                 on_failure(ChildFailure("rank_lost", why, rank=rank,
@@ -186,7 +186,8 @@ def supervise(cmd: list[str], *, workdir: str, env: dict[str, str],
         _kill_group(proc)
     if stop_at is not None and rc != 0:
         raise CancelledError(f"activity cancelled; trainer exited with {rc} while stopping")
-    _classify_exit(rc, workdir, log_path, on_failure, oom_kills=oom_kills_since(oom_before))
+    _classify_exit(rc, workdir, log_path, on_failure, oom_kills=oom_kills_since(oom_before),
+                   lost_rank=lost_rank)
 
 
 class LauncherLog:
@@ -273,13 +274,15 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 def _classify_exit(rc: int, workdir: str, log_path: str,
                    on_failure: Callable[[ChildFailure], None] = lambda _: None,
-                   oom_kills: int = 0) -> None:
+                   oom_kills: int = 0, lost_rank: int | None = None) -> None:
     if rc == 0:
         return
     seen = time.time()
     error_file = os.path.join(workdir, "error.json")
     lines = _last_lines(log_path, 200)
     rank, rank_code = torchrun_root_cause("\n".join(lines))
+    if rank is None:  # stopped before torchrun's summary: the rank seen gone at the time
+        rank = lost_rank
     code = rank_code if rank_code is not None else rc  # torchrun itself exits 1
     # torchrun exits 1 whatever its rank's code was, so error.json (removed before each
     # start) is the evidence of bad input, not the exit code alone.

@@ -115,8 +115,11 @@ def _train_segment(spec: RunSpec, inp: TrainSegmentInput) -> TrainSegmentResult:
         tracker.fault, tracker.repeat = details["fault"], details["repeat"]
         activity.heartbeat(tracker.details())
     faults = FaultRecorder(events, inp, attempt, execution, beat_fault, prior)
+    from activities.server_watch import watching  # the Temporal server's outages (issue 14)
     try:
-        return _supervise_segment(spec, inp, workdir, store, events, tracker, faults, recovery)
+        with watching(spec, inp, attempt, execution, workdir,
+                      heartbeat=lambda: activity.heartbeat(tracker.details())):
+            return _supervise_segment(spec, inp, workdir, store, events, tracker, faults, recovery)
     except CancelledError:
         raise
     except Exception as exc:  # an error of the activity's own, not already recorded

@@ -21,7 +21,8 @@ FAULT_KINDS: dict[str, str] = {
     "rank_lost": "a trainer process was killed by a signal (a lost GPU, process or node), or "
                  "a surviving rank saw its peer's connection reset or closed; torchrun "
                  "stopped the others",
-    "hang": "no progress from the trainer for ops.hang_timeout_s; the supervisor killed it",
+    "hang": "no progress from the trainer for the hang timeout (ops.hang_timeout_s: auto, from "
+            "the measured step time; the start-up timeout before the first step)",
     "oom": "out of memory: CUDA OOM, a host allocation failure (MemoryError, torch's "
            "DefaultCPUAllocator), or the kernel's OOM killer",
     "storage_outage": "the durable store was unavailable (waited out, or the segment retried)",

@@ -7,8 +7,11 @@ cooperation from the code under test and hit whatever the run is doing at the ti
 - `kill_worker`: SIGKILL the trainer worker (a lost node). Its trainer children die with it
   (parent-death signal); the process manager starts a new worker and Temporal retries the
   segment once the heartbeat timeout has passed.
+- `drain_worker`: SIGTERM the trainer worker (a pod eviction, a spot notice): it drains
+  (activities/drain.py) — its segment commits at the current step and fails over at once
+  with `Preempted` — and exits; the process manager starts a new one.
 - `kill_rank`: SIGKILL the highest rank of the running segment (a lost GPU or process);
-  torchrun stops the others and the supervisor classifies a HardwareFault.
+  torchrun stops the others and the supervisor records a `rank_lost` at once.
 - `hang`: SIGSTOP the highest rank. The other ranks block in their next collective, the
   progress file goes quiet and the supervisor's `ops.hang_timeout_s` fires; it kills the
   process group (SIGKILL ends stopped processes too) and the segment is retried.
@@ -34,7 +37,8 @@ from storage.checkpoints import CheckpointStore
 
 log = structlog.get_logger(__name__)
 
-CHAOS_KINDS = ("kill_worker", "kill_rank", "hang", "corrupt_checkpoint", "s3_outage")
+CHAOS_KINDS = ("kill_worker", "drain_worker", "kill_rank", "hang", "corrupt_checkpoint",
+               "s3_outage")
 RANK_MODULE = "trainer.segment"
 LAUNCHER_MODULE = "torch.distributed.run"
 
@@ -167,6 +171,13 @@ class Chaos:
     def kill_worker(self) -> dict:
         pid = self.worker_pid()
         os.kill(pid, signal.SIGKILL)
+        return {"pid": pid}
+
+    def drain_worker(self) -> dict:
+        if not self.ranks()[0]:
+            return {"skipped": "no trainer rank running"}
+        pid = self.worker_pid()
+        os.kill(pid, signal.SIGTERM)
         return {"pid": pid}
 
     def _victim(self) -> tuple[int, int] | None:

@@ -11,7 +11,7 @@ from datetime import timedelta
 import structlog
 from temporalio.worker import Worker
 
-from activities import drain
+from activities import drain, server_watch
 from activities.contracts import DATA_QUEUE, ORCHESTRATOR_QUEUE, TRAINER_QUEUE
 from common import telemetry
 from common.metrics import serve_metrics, serve_temporal_metrics
@@ -64,6 +64,7 @@ async def run_workers(roles: set[str], address: str = "", namespace: str = "",
     # every span of a run, in the run's store (its activities bind their traces to it)
     telemetry.add_exporter(DurableSpanExporter(f"worker-{'-'.join(sorted(roles))}"))
     client = await connect(address, namespace)
+    server_watch.configure(client.service_client.config)  # its segments probe this server
     workers = build_workers(client, roles, trainer_slots, drain_timeout_s)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -22,7 +22,9 @@ class OpsConfig:
     RETIRED: ClassVar[dict[str, Any]] = {"metrics_port": 0}
     # Added fields, with the default they came with: left out of spec_hash at that default,
     # so a run claimed before they existed keeps its hash (spec/run.py).
-    ADDED: ClassVar[dict[str, Any]] = {"repeat_failure_limit": 3}
+    ADDED: ClassVar[dict[str, Any]] = {
+        "repeat_failure_limit": 3, "hang_floor_s": 60.0, "hang_step_factor": 10.0,
+        "startup_timeout_s": "auto", "startup_floor_s": 600.0, "checkpoint_mb_per_s": 50.0}
 
     # >= 1 s: Temporal reads a timeout that rounds to 0 as "none" and refuses the activity
     heartbeat_timeout_s: float = num(30.0, 1, DAY)

@@ -15,11 +15,10 @@ from storage.events import read_events
 from tests.e2e.runs import tiny_spec, wait_for
 from tests.e2e.test_hung_rank import (
     HUNG,
-    MID_SEGMENT,
     newest_commit_at_or_before,
     run_in_background,
+    strike_mid_segment,
 )
-from tests.e2e.test_trace import strike
 
 pytestmark = pytest.mark.e2e
 
@@ -33,9 +32,7 @@ def test_a_sigkilled_rank_of_two_is_retried_from_the_last_commit_with_no_commit_
     chaos = Chaos(worker_pid=lambda: fleet.procs["trainer"].pid, durable=durable,
                   fast_root=str(tmp_path / "fast" / spec.run_id))
     runner, box = run_in_background(temporal_server.address, spec)
-    lo, hi = MID_SEGMENT
-    killed = strike(chaos, "kill_rank",
-                    lambda: lo <= max(durable.list_committed(), default=0) <= hi)
+    killed = strike_mid_segment(chaos, spec, "kill_rank")
     assert killed["rank"] == 1, killed
     fault = wait_for(lambda: next(iter(read_events(spec.storage.durable, spec.run_id,
                                                     kinds=("fault",))), None), 120,

@@ -6,8 +6,10 @@ a real OTLP/HTTP receiver."""
 from __future__ import annotations
 
 import asyncio
+import glob
 import http.server
 import json
+import os
 import subprocess
 import threading
 import time
@@ -31,7 +33,7 @@ pytestmark = pytest.mark.e2e
 FAULTY = {
     "train.procs_per_node": 2, "train.total_steps": 120, "train.segment_steps": 40,
     "train.segments_per_run": 2, "train.checkpoint_every": 10, "sweep.enabled": False,
-    "ops.hang_timeout_s": 10.0, "ops.heartbeat_timeout_s": 8.0, "train.lr": 1e-2,
+    "ops.hang_floor_s": 5.0, "ops.heartbeat_timeout_s": 8.0, "train.lr": 1e-2,
     "spikes.window": 20, "spikes.warmup": 10, "spikes.skip_window": 6,
     "spikes.skip_threshold": 4.0, "spikes.budget": {"rollbacks": 3, "per_steps": 1000},
     "faults": [{"kind": "kill_worker", "at_step": 15},
@@ -48,11 +50,30 @@ def recoveries(spec) -> int:
     return len(read_events(spec.storage.durable, spec.run_id, kinds=("recovered",)))
 
 
-def strike(chaos: Chaos, kind: str, when, timeout_s: float = 300) -> dict:
-    """Apply `kind` once `when()` holds and a trainer rank is running (a rank between two
-    segments is not there to strike: try again)."""
-    return wait_for(lambda: when() and "skipped" not in (done := chaos.apply(kind)) and done,
-                    timeout_s, f"a running rank to {kind}", every_s=0.2)
+def position(spec) -> tuple[int, int, int] | None:
+    """(from, to, latest step) of the segment the trainer wrote progress for last."""
+    newest = max(glob.glob(os.path.join(spec.storage.fast, spec.run_id, "segments", "*",
+                                        "progress.jsonl")), key=os.path.getmtime, default=None)
+    if newest is None:
+        return None
+    lo, hi = (int(x) for x in os.path.basename(os.path.dirname(newest)).split("-"))
+    with open(newest) as f:
+        steps = [json.loads(line)["step"] for line in f if line.startswith('{"type": "step"')]
+    return lo, hi, max(steps, default=lo)
+
+
+def strike(chaos: Chaos, spec, kind: str, segment: tuple[int, int],
+           timeout_s: float = 300) -> dict:
+    """Apply `kind` while segment [lo, hi) runs, past its first steps and not near its end
+    (a rank between two segments, or one about to finish, is not there to strike)."""
+    lo, hi = segment
+
+    def ready() -> bool:
+        at = position(spec)
+        return at is not None and at[:2] == (lo, hi) and lo + 3 <= at[2] <= hi - 10
+
+    return wait_for(lambda: ready() and "skipped" not in (done := chaos.apply(kind)) and done,
+                    timeout_s, f"segment {lo}-{hi} running to {kind}", every_s=0.2)
 
 
 def by_id(spans: list[dict]) -> dict[str, dict]:
@@ -106,12 +127,15 @@ def test_a_faulted_w2_run_leaves_every_fault_recovery_and_one_trace_in_the_store
     runner = threading.Thread(target=lambda: box.update(
         result=asyncio.run(run_to_end(temporal_server.address, spec, timeout_s=900))))
     runner.start()
-    # the injected worker kill at step 15 is recovered; then a rank is killed in the middle of
-    # the second segment (40-80), then one hangs in the third (80-120)
+    # the injected worker kill at step 15 is recovered; then the worker is drained (SIGTERM)
+    # later in the first segment (0-40), a rank is killed in the middle of the second
+    # (40-80), and one hangs in the third (80-120): four kinds, no human action
     wait_for(lambda: recoveries(spec) >= 1, 300, "the first recovery")
-    strike(chaos, "kill_rank", lambda: 50 <= committed(spec) <= 60)
+    strike(chaos, spec, "drain_worker", (0, 40))
     wait_for(lambda: recoveries(spec) >= 2, 300, "the second recovery")
-    strike(chaos, "hang", lambda: 90 <= committed(spec) <= 100)
+    strike(chaos, spec, "kill_rank", (40, 80))
+    wait_for(lambda: recoveries(spec) >= 3, 300, "the third recovery")
+    strike(chaos, spec, "hang", (80, 120))
     runner.join(900)
     result = box["result"]
     assert result["status"] == "completed" and result["workflow_runs"] >= 2
@@ -119,7 +143,7 @@ def test_a_faulted_w2_run_leaves_every_fault_recovery_and_one_trace_in_the_store
     events = read_events(spec.storage.durable, spec.run_id)
     real = [e for e in events if e["kind"] == "fault" and not e["payload"].get("injected")]
     kinds = sorted(e["payload"]["kind"] for e in real)
-    assert kinds == ["hang", "rank_lost", "worker_lost"], [e["payload"] for e in real]
+    assert kinds == ["hang", "preempted", "rank_lost", "worker_lost"], [e["payload"] for e in real]
     lost = next(e for e in real if e["payload"]["kind"] == "rank_lost")["payload"]
     assert lost["rank"] == 1 and lost["log_tail"] and lost["last_step"] is not None
     recovered = [e for e in events if e["kind"] == "recovered"]
@@ -152,14 +176,14 @@ def test_a_faulted_w2_run_leaves_every_fault_recovery_and_one_trace_in_the_store
     # the faults are span events on the spans where they were seen
     span_events = [(s["name"], ev) for s in spans for ev in s["events"] if ev["name"] == "fault"]
     seen = {ev["attributes"].get("kind") for _, ev in span_events}
-    assert {"hang", "rank_lost", "worker_lost"} <= seen, span_events
+    assert {"hang", "preempted", "rank_lost", "worker_lost"} <= seen, span_events
     assert any(ev["name"] == "rollback" for s in spans for ev in s["events"])
 
     # `mainspring trace`: the tree names every fault; --perfetto passes the schema
     capsys.readouterr()
     assert main(["trace", spec.run_id, "--durable", spec.storage.durable]) == 0
     tree = capsys.readouterr().out
-    for kind in ("hang", "rank_lost", "worker_lost"):
+    for kind in ("hang", "preempted", "rank_lost", "worker_lost"):
         assert kind in tree
     perfetto = tmp_path / "trace.json"
     assert main(["trace", spec.run_id, "--durable", spec.storage.durable,
@@ -170,7 +194,10 @@ def test_a_faulted_w2_run_leaves_every_fault_recovery_and_one_trace_in_the_store
     assert main(["goodput", spec.run_id, "--durable", spec.storage.durable, "--json"]) == 0
     figures = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert 0 < figures["train"]["goodput"] < 1
-    assert set(figures["faults"]) >= {"hang", "rank_lost", "worker_lost"}
+    assert set(figures["faults"]) >= {"hang", "preempted", "rank_lost", "worker_lost"}
+    assert all(f["recovered"] == f["count"] for f in figures["faults"].values()), figures
+    # zero human actions: no operator command, no hold
+    assert not [e for e in events if e["kind"] in ("operator", "needs_attention", "paused")]
 
 
 class OtlpReceiver(http.server.ThreadingHTTPServer):

@@ -133,7 +133,11 @@ def test_the_removed_metrics_port_is_ignored_on_input_and_changes_no_hash():
     old = RunSpec.from_dict(_demo(**{"ops.metrics_port": 9100}))  # a stored spec, a run in flight
     assert "metrics_port" not in old.to_dict()["ops"]
     assert old == RunSpec.from_dict(_demo())
-    assert preset("demo", run_id="hash-pin").spec_hash() == HASH_BEFORE_REMOVAL
+    # (as stored then: with that time's hang_timeout_s default, explicit in a stored spec;
+    # the fields added since, at their defaults, leave the hash alone: OpsConfig.ADDED)
+    stored = preset("demo", run_id="hash-pin", **{"ops.hang_timeout_s": 600.0})
+    assert stored.spec_hash() == HASH_BEFORE_REMOVAL
+    assert stored.replace(**{"ops.repeat_failure_limit": 4}).spec_hash() != HASH_BEFORE_REMOVAL
     err = _error(_demo(**{"ops.metrics_prt": 0}))  # an unknown field is still refused
     assert err.field == "ops.metrics_prt" and err.problem == "unknown field"
     assert err.fix.startswith("remove it; known fields here: ") and "metrics_every" in err.fix

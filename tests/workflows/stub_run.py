@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 from temporalio import activity
 from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
 from activities.contracts import (
@@ -88,6 +89,9 @@ class Stubs:
         self.stop_gate.set()
         self.prepare_gate = asyncio.Event()  # prepare_data finishes once set
         self.prepare_gate.set()
+        # the run's next segments fail with these, one each, as the real activity fails
+        # when it needs a decision (activities/training.py: OutOfMemory, RepeatedFailure)
+        self.fail_with: list[ApplicationError] = []
 
     @staticmethod
     async def _beat_until(gate: asyncio.Event | None) -> None:
@@ -112,6 +116,8 @@ class Stubs:
         trial = "-trial-" in inp.spec["run_id"]
         if not trial:
             self.segments.append(inp)
+            if self.fail_with:
+                raise self.fail_with.pop(0)
         stop = inp.to_step
         if self.block and not trial:
             try:

@@ -17,6 +17,7 @@ import uuid
 
 import pytest
 from temporalio.client import WorkflowFailureError
+from temporalio.exceptions import ApplicationError
 
 from activities.contracts import STAGES, OperatorRollback
 from tests.workflows.stub_run import (
@@ -272,3 +273,64 @@ async def test_abort_cancels_a_stage_activity_at_once(h: Harness):
     assert [p["stage"] for p in h.stubs.payloads("stage_finished")] == []
     status = await h.status(handle)
     assert status["stage"] == "aborted" and status["stages_done"] == []
+
+
+# ---- failures that need a decision (issue 14) ---------------------------------------------
+def oom(fault: str) -> ApplicationError:
+    return ApplicationError("out of memory: DefaultCPUAllocator: can't allocate memory",
+                            {"evidence": "rank 0: can't allocate memory", "micro_split": 1,
+                             "fault_event_id": fault, "fault_ts": 1.0, "last_step": None},
+                            type="OutOfMemory", non_retryable=True)
+
+
+@scenario
+async def test_each_oom_halves_the_micro_batch_until_one_sequence_then_pauses_for_a_human(
+        h: Harness):
+    # the demo preset: 1024 tokens of seq_len 128 = 8 sequences per micro-batch
+    spec = spec_for(f"stub-oom-{uuid.uuid4().hex[:6]}")
+    h.stubs.fail_with = [oom(f"fault/{i}") for i in range(4)]
+    handle = await h.start(spec)
+    held = await h.until(handle, "needs_attention", lambda s: s["stage"] == "needs_attention")
+    assert "1 sequence(s) per micro-batch" in held["needs_attention"]
+    adapted = h.stubs.payloads("oom_adapted")
+    assert [a["micro_batch"] for a in adapted] == [{"from": 8, "to": 4}, {"from": 4, "to": 2},
+                                                    {"from": 2, "to": 1}]
+    assert {a["global_batch_sequences"] for a in adapted} == {8}
+    # each retry ran with the smaller micro-batch, and named the fault it answers
+    assert [s.micro_split for s in h.stubs.segments] == [1, 2, 4, 8]
+    assert [(s.after_fault or {}).get("event_id") for s in h.stubs.segments] == \
+        [None, "fault/0", "fault/1", "fault/2"]
+    [attention] = h.stubs.payloads("needs_attention")
+    assert "mainspring run resume" in attention["fix"] and attention["failure"] == "OutOfMemory"
+
+    await handle.execute_update("resume", {"note": "bigger machine"})
+    result = await handle.result()
+    assert result["status"] == "completed" and result["final_step"] == 20
+    # the smaller micro-batch is kept for the rest of the run
+    assert [s.micro_split for s in h.stubs.segments[4:]] == [8, 8]
+    assert h.stubs.segments[4].after_fault["event_id"] == "fault/3"
+    assert h.stubs.segments[5].after_fault is None
+
+
+@scenario
+async def test_a_repeated_failure_pauses_in_needs_attention_with_its_evidence_and_fix(
+        h: Harness):
+    spec = spec_for(f"stub-repeat-{uuid.uuid4().hex[:6]}")
+    h.stubs.fail_with = [ApplicationError(
+        "the same failure 3 times in a row (crash at step 4 RuntimeError x.py:1 in f)",
+        {"fingerprint": "crash at step 4 RuntimeError x.py:1 in f", "repeats": 3,
+         "evidence": "rank 0 exit code 1", "fix": "fix the code, then `mainspring run resume`",
+         "fault_event_id": "fault/9", "fault_ts": 1.0, "last_step": 4},
+        type="RepeatedFailure", non_retryable=True)]
+    handle = await h.start(spec)
+    held = await h.until(handle, "needs_attention", lambda s: s["stage"] == "needs_attention")
+    assert "3 times in a row" in held["needs_attention"]
+    [attention] = h.stubs.payloads("needs_attention")
+    assert attention["fingerprint"].startswith("crash at step 4") and attention["repeats"] == 3
+    assert attention["fix"].startswith("fix the code") and attention["evidence"]
+    assert h.stubs.payloads("oom_adapted") == []
+    await handle.execute_update("resume", None)
+    result = await handle.result()
+    assert result["status"] == "completed"
+    assert [s.micro_split for s in h.stubs.segments] == [1, 1, 1]
+    assert h.stubs.segments[1].after_fault["event_id"] == "fault/9"
