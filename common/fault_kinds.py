@@ -33,11 +33,14 @@ FAULT_KINDS: dict[str, str] = {
             "gloo timeout)",
     "cuda": "a CUDA error (illegal memory access, device-side assert, launch failure)",
     "ecc": "an uncorrectable ECC error, an Xid or a GPU fallen off the bus: the GPU is bad",
+    "server_unavailable": "the Temporal server was unreachable from a trainer worker while a "
+                          "segment ran (its health check failed); training went on",
 }
 
 # The cause is outside the run and a retry (later, or elsewhere) clears it, so these never
 # count towards ops.repeat_failure_limit (activities/recovery.py) nor break a run of them.
-TRANSIENT_KINDS = frozenset({"worker_lost", "storage_outage", "preempted"})
+TRANSIENT_KINDS = frozenset({"worker_lost", "storage_outage", "preempted",
+                             "server_unavailable"})
 
 _BUDGET = ("the same signature ops.repeat_failure_limit times in a row pauses the run in "
            "needs_attention")
@@ -60,6 +63,9 @@ ACTIONS: dict[str, str] = {
             f"{_BUDGET}",
     "ecc": f"retried from the last commit, and the node is suspect: {_BUDGET}, for the GPU "
            f"to be taken out of service",
+    "server_unavailable": "waited out: the child trains on, the workers reconnect, a finished "
+                          "segment's result waits for the server; a heartbeat timeout shorter "
+                          "than the outage retries the segment from its stop commit",
 }
 
 

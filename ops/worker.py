@@ -46,6 +46,10 @@ def build_workers(client, roles: set[str], trainer_slots: int = 1,
         workers.append(Worker(client, task_queue=TRAINER_QUEUE, activities=[train_segment, evaluate],
                               activity_executor=ThreadPoolExecutor(trainer_slots + 1),
                               max_concurrent_activities=trainer_slots,
+                              # a heartbeat at least every 5 s: an outage of the server is
+                              # survived by the attempt when shorter than the heartbeat
+                              # timeout (activities/server_watch.py)
+                              max_heartbeat_throttle_interval=timedelta(seconds=5),
                               # a drain: running segments stop at a commit and fail over
                               graceful_shutdown_timeout=timedelta(seconds=drain_timeout_s)))
     return workers

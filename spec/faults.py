@@ -26,8 +26,9 @@ class FaultSpec:
     - nan_loss: the loss of step `at_step` is NaN (its gradients too), once;
     - crash: step `at_step` raises RuntimeError on every attempt — a bug at a fixed step —
       while the file `path` exists (always, when `path` is empty): removing it is the fix;
-    - memory_limit: every rank's data segment may grow by at most `mb` MiB once training
-      starts (a real RLIMIT_DATA: an allocation past it fails like any out-of-memory).
+    - memory_limit: from step `at_step` on, every rank's data segment may grow by at most
+      `mb` MiB over what it holds then (a real RLIMIT_DATA, on every attempt: an allocation
+      past it fails like any out-of-memory).
     """
 
     # added fields at their default: out of spec_hash (spec/run.py, OpsConfig.ADDED)

@@ -74,6 +74,7 @@ class FaultInjector:
         self.vocab_size, self.seed, self.events = vocab_size, seed, events
         self.fired: set[tuple[str, int]] = set()
         self.poisoned = False  # the forward hook's flag: this micro-batch's loss is NaN
+        self.limited = False  # memory_limit applied in this process
 
     def _announce(self, fault: FaultSpec, step: int, **evidence) -> None:
         key = (fault.kind, fault.at_step)
@@ -115,16 +116,18 @@ class FaultInjector:
             elif f.kind == "crash" and f.at_step == step and (not f.path or os.path.exists(f.path)):
                 self._announce(f, step, path=f.path)
                 raise RuntimeError(f"injected crash at step {step}")
+            elif f.kind == "memory_limit" and step >= f.at_step and not self.limited:
+                self.limit_memory(f, step)
 
-    def limit_memory(self) -> None:
-        """memory_limit: from now on this rank's data segment may grow by `mb` MiB."""
-        for f in self.faults:
-            if f.kind == "memory_limit":
-                held = vm_data_bytes()
-                limit = held + f.mb * 2**20
-                _, hard = resource.getrlimit(resource.RLIMIT_DATA)
-                resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
-                self._announce(f, 0, limit_bytes=limit, held_bytes=held)
+    def limit_memory(self, fault: FaultSpec, step: int) -> None:
+        """memory_limit: from step `at_step` on (each attempt, each rank) this rank's data
+        segment may grow by `mb` MiB over what it holds then."""
+        held = vm_data_bytes()
+        limit = held + fault.mb * 2**20
+        _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+        resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
+        self.limited = True
+        self._announce(fault, step, limit_bytes=limit, held_bytes=held)
 
     # ---- the LR --------------------------------------------------------------------------
     def lr_windows(self) -> list[list[float]]:

@@ -251,7 +251,6 @@ def run_segment(args: SegmentArgs, rank: int, world: int) -> None:
                            vocab_size=manifest.vocab_size, seed=spec.seed,
                            attempt=args.attempt, events=ctx.events)
     faults.attach(engine.module)
-    faults.limit_memory()
     batches = faults.batches(source)
     lr = LRSchedule(spec.train, args.lr_windows, one_shot=faults.lr_windows())
     outcome = SegmentOutcome()

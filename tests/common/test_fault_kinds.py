@@ -192,7 +192,7 @@ def test_torchrun_root_cause_reads_the_first_failure_not_the_other_failures():
 
 # ---- the kinds, what is done about them, docs/faults.md ------------------------------
 def test_transient_kinds_are_fault_kinds_and_actions_cover_exactly_the_kinds():
-    assert TRANSIENT_KINDS == {"worker_lost", "storage_outage", "preempted"}
+    assert TRANSIENT_KINDS == {"worker_lost", "storage_outage", "preempted", "server_unavailable"}
     assert TRANSIENT_KINDS < set(FAULT_KINDS)
     assert set(ACTIONS) == set(FAULT_KINDS)
     assert all(text and ". " not in text and not text.endswith(".") for text in ACTIONS.values())
