@@ -5,6 +5,7 @@ run for a human. Deterministic and I/O-free; imported by the workflow inside the
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from temporalio.exceptions import ActivityError, ApplicationError
@@ -58,3 +59,39 @@ def oom_floor_reason(spec: RunSpec, split: int) -> tuple[str, str]:
             "give the trainer more memory (a larger GPU, fewer processes per node), or lower "
             "model.seq_len / the model size, then `mainspring run resume "
             f"{spec.run_id}`")
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the workflow does about a failure that needs one: go on with `micro_split`
+    (an `oom_adapted` event of `payload`), or hold in needs_attention for `reason`
+    (`payload`: the fix and the evidence). `after_fault`: the fault the next segment's
+    `recovered` names."""
+
+    micro_split: int = 0
+    reason: str = ""
+    payload: dict[str, Any] = field(default_factory=dict)
+    after_fault: dict[str, Any] | None = None
+
+
+def decide(spec: RunSpec, split: int, failure: ApplicationError) -> Decision:
+    """Pure: the decision on `failure` (needs_decision) at the run's current `split`."""
+    details = failure_details(failure)
+    after = None
+    if details.get("fault_event_id"):
+        after = {"event_id": details["fault_event_id"], "fault_ts": details.get("fault_ts"),
+                 # a child's exit is seen at once (activities/supervise.py)
+                 "detected_ts": details.get("fault_ts"), "last_step": details.get("last_step")}
+    evidence = details.get("evidence", failure.message)
+    if failure.type == "OutOfMemory":
+        new = next_split(micro_batch(spec), split)
+        if new is not None:
+            return Decision(micro_split=new, after_fault=after,
+                            payload={"evidence": evidence, **oom_adaptation(spec, split, new)})
+        reason, fix = oom_floor_reason(spec, split)
+        return Decision(reason=reason, after_fault=after,
+                        payload={"fix": fix, "failure": failure.type, "evidence": evidence})
+    fix = details.get("fix") or f"fix the cause, then `mainspring run resume {spec.run_id}`"
+    return Decision(reason=failure.message, after_fault=after, payload={
+        "fix": fix, "failure": failure.type, "fingerprint": details.get("fingerprint", ""),
+        "repeats": details.get("repeats"), "evidence": details.get("evidence", "")})

@@ -29,13 +29,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from common.errors import BadConfig
     from spec import RunSpec
-    from workflows.adapt import (
-        failure_details,
-        needs_decision,
-        next_split,
-        oom_adaptation,
-        oom_floor_reason,
-    )
+    from workflows.adapt import decide, needs_decision
     from workflows.carry import apply_rollback, bound, escalation, record_segment, status_view
     from workflows.failures import FAILURE_EXCEPTION_TYPES
     from workflows.operator import (
@@ -294,7 +288,8 @@ class TrainingRun:
             return await until(handle, lambda: bool(c.operator_queue))
         except ActivityError as err:
             failure = needs_decision(err)
-            if failure is None:
+            # histories from before issue 14 failed the run on DiskFull: they replay so
+            if failure is None or not workflow.patched("decide_failures"):
                 raise
         finally:
             self._running = None
@@ -302,34 +297,16 @@ class TrainingRun:
         return None  # the loop schedules the segment again, from storage
 
     async def _decide(self, s: RunSpec, lo: int, failure: ApplicationError) -> None:
-        """A failure a plain retry would repeat (workflows/adapt.py): an out-of-memory
-        halves the micro-batch (the same global batch) for the rest of the run, or pauses
-        at the floor; a failure that repeats, or a full disk, pauses in needs_attention
-        with the evidence and the fix."""
+        """A failure a plain retry would repeat (workflows/adapt.py:decide): adapt the
+        micro-batch and go on, or hold in needs_attention with the evidence and the fix."""
         c = self._carry
-        details = failure_details(failure)
-        if details.get("fault_event_id"):  # the next segment's recovery names it
-            c.after_fault = {"event_id": details["fault_event_id"],
-                             "fault_ts": details.get("fault_ts"),
-                             # a child's exit is seen at once (activities/supervise.py)
-                             "detected_ts": details.get("fault_ts"),
-                             "last_step": details.get("last_step")}
-        if failure.type == "OutOfMemory":
-            split = next_split(s.train.micro_batch_tokens // s.model.seq_len, c.micro_split)
-            if split is not None:
-                await self._event("oom_adapted", f"oom_adapted/{lo}/{split}",
-                                  evidence=details.get("evidence", failure.message),
-                                  **oom_adaptation(s, c.micro_split, split))
-                c.micro_split = split
-                return
-            reason, fix = oom_floor_reason(s, c.micro_split)
-            await self._hold("needs_attention", reason, fix=fix, failure="OutOfMemory",
-                             evidence=details.get("evidence", failure.message))
-            return
-        fix = details.get("fix") or f"fix the cause, then `mainspring run resume {s.run_id}`"
-        await self._hold("needs_attention", failure.message, fix=fix, failure=failure.type,
-                         fingerprint=details.get("fingerprint", ""),
-                         repeats=details.get("repeats"), evidence=details.get("evidence", ""))
+        d = decide(s, c.micro_split, failure)
+        c.after_fault = d.after_fault or c.after_fault  # the next segment's recovery names it
+        if d.micro_split:
+            await self._event("oom_adapted", f"oom_adapted/{lo}/{d.micro_split}", **d.payload)
+            c.micro_split = d.micro_split
+        else:
+            await self._hold("needs_attention", d.reason, **d.payload)
 
     async def _unless_aborted(self, handle):
         """Await a stage's activity or child workflow; an `abort` cancels it and ends the run."""

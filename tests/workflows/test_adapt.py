@@ -53,3 +53,22 @@ def test_only_the_failures_that_need_a_decision_go_to_the_workflow():
     for kind in ("BadConfig", "BadData", "Diverged"):
         assert needs_decision(activity_error(ApplicationError("x", type=kind))) is None
     assert needs_decision(ValueError("not an activity's")) is None
+
+
+def test_a_decision_names_the_fault_the_next_segment_answers():
+    from workflows.adapt import decide
+
+    oom = ApplicationError("out of memory", {"evidence": "can't allocate", "fault_event_id":
+                                             "fault/0-10/x/1", "fault_ts": 5.0, "last_step": 3},
+                           type="OutOfMemory")
+    d = decide(spec(), 1, oom)
+    assert d.micro_split == 2 and d.payload["micro_batch"] == {"from": 8, "to": 4}
+    assert d.after_fault == {"event_id": "fault/0-10/x/1", "fault_ts": 5.0, "detected_ts": 5.0,
+                             "last_step": 3}
+    floor = decide(spec(), 8, oom)
+    assert floor.micro_split == 0 and "cannot be halved" in floor.reason
+    assert floor.payload["failure"] == "OutOfMemory"
+    repeated = decide(spec(), 1, ApplicationError("3 times", {"fix": "do x"},
+                                                  type="RepeatedFailure"))
+    assert (repeated.micro_split, repeated.reason, repeated.payload["fix"]) == (0, "3 times", "do x")
+    assert repeated.after_fault is None

@@ -334,3 +334,20 @@ async def test_a_repeated_failure_pauses_in_needs_attention_with_its_evidence_an
     assert result["status"] == "completed"
     assert [s.micro_split for s in h.stubs.segments] == [1, 1, 1]
     assert h.stubs.segments[1].after_fault["event_id"] == "fault/9"
+
+
+@scenario
+async def test_a_full_disk_pauses_in_needs_attention_instead_of_failing_the_run(h: Harness):
+    # before issue 14 DiskFull (non-retryable) failed the whole run; a human frees the disk
+    spec = spec_for(f"stub-disk-{uuid.uuid4().hex[:6]}")
+    h.stubs.fail_with = [ApplicationError(
+        "storage.fast: /fast has 10 bytes free; a segment keeps up to 900 bytes of checkpoints "
+        "there. Fix: free space on that disk", {"path": "/fast", "free": 10, "need": 900},
+        type="DiskFull", non_retryable=True)]
+    handle = await h.start(spec)
+    held = await h.until(handle, "needs_attention", lambda s: s["stage"] == "needs_attention")
+    assert "10 bytes free" in held["needs_attention"]
+    [attention] = h.stubs.payloads("needs_attention")
+    assert attention["failure"] == "DiskFull" and "resume" in attention["fix"]
+    await handle.execute_update("resume", {"note": "disk freed"})
+    assert (await handle.result())["status"] == "completed"
