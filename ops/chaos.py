@@ -20,6 +20,12 @@ cooperation from the code under test and hit whatever the run is doing at the ti
   SIGKILL the ranks so the retry has to resume: the checksum check reports each copy
   (`checkpoint_corrupt`) and resume falls back to the previous committed checkpoint.
 - `s3_outage`: stop the S3 server for some seconds, then start it on the same port and data.
+- `server_restart`: stop the Temporal server, wait some seconds (20 by default: the 20-30 s
+  restart issue 14 names), start it on the same database and port
+  (ops/services.TemporalDevServer.restart). The trainer trains on meanwhile; its worker
+  records a `server_unavailable` fault and its `recovered` (activities/server_watch.py).
+  With a heartbeat timeout shorter than the outage the server times the attempt out when
+  it is back: the old attempt stops at a commit of its current step, the retry resumes there.
 """
 
 from __future__ import annotations
@@ -38,7 +44,8 @@ from storage.checkpoints import CheckpointStore
 log = structlog.get_logger(__name__)
 
 CHAOS_KINDS = ("kill_worker", "drain_worker", "kill_rank", "hang", "corrupt_checkpoint",
-               "s3_outage")
+               "s3_outage", "server_restart")
+SERVER_DOWN_S = 20.0  # server_restart's default outage (issue 14: a 20-30 s restart)
 RANK_MODULE = "trainer.segment"
 LAUNCHER_MODULE = "torch.distributed.run"
 
@@ -145,13 +152,15 @@ def wait_stopped(pid: int, timeout_s: float = 5.0) -> bool:
 @dataclass
 class Chaos:
     """Applies CHAOS_KINDS to one run: its trainer worker (looked up anew each time: the
-    fleet replaces it), its stores, and optionally the S3 server (stop / start)."""
+    fleet replaces it), its stores, and optionally the S3 server (stop / start) and the
+    Temporal server (restart after the given seconds down)."""
 
     worker_pid: Callable[[], int]  # the current trainer worker's pid
     durable: CheckpointStore
     fast_root: str  # storage.fast/<run_id>: segment workdirs (and their fast tiers) below
     s3_down: Callable[[], None] | None = None
     s3_up: Callable[[], None] | None = None
+    temporal_restart: Callable[[float], object] | None = None  # stop, wait the seconds, start
     log: list[dict] = field(default_factory=list)
 
     def ranks(self) -> tuple[dict[int, int], list[ProcInfo]]:
@@ -219,3 +228,11 @@ class Chaos:
         down = time.time()
         self.s3_up()
         return {"seconds": seconds, "down_s": round(down - t0, 2), "restarted_ts": time.time()}
+
+    def server_restart(self, seconds: float = SERVER_DOWN_S) -> dict:
+        if self.temporal_restart is None:
+            return {"skipped": "no Temporal server to restart"}
+        t0 = time.time()
+        self.temporal_restart(seconds)  # returns once the server serves again
+        back = time.time()
+        return {"seconds": seconds, "down_s": round(back - t0, 2), "restarted_ts": back}

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import glob
+import json
+import os
+import threading
 import time
 
 from activities.contracts import STAGES
+from ops.chaos import Chaos
+from ops.cli import main
 from ops.client import connect, localize, start_run
 from spec import RunSpec, preset
+from storage import fast_tier
 from storage.checkpoints import CheckpointStore
 from storage.events import read_events
 
@@ -63,3 +70,84 @@ def assert_completed_five_stages(result: dict, spec: RunSpec) -> list[dict]:
     assert committed == expected
     assert any(e["kind"] == "promoted" for e in events)
     return events
+
+
+def run_in_background(address: str, spec: RunSpec, timeout_s: float = 900
+                      ) -> tuple[threading.Thread, dict]:
+    """run_to_end in a thread (the test strikes meanwhile); its result lands in box."""
+    box: dict = {}
+    runner = threading.Thread(target=lambda: box.update(
+        result=asyncio.run(run_to_end(address, spec, timeout_s=timeout_s))), daemon=True)
+    runner.start()
+    return runner, box
+
+
+def chaos_for(fleet, spec: RunSpec) -> Chaos:
+    """Chaos against the fleet's current trainer worker and the run's stores."""
+    return Chaos(worker_pid=lambda: fleet.procs["trainer"].pid,
+                 durable=CheckpointStore(spec.storage.durable, spec.run_id),
+                 fast_root=fast_tier.run_dir(spec.storage.fast, spec.run_id))
+
+
+def position(spec: RunSpec) -> tuple[int, int, int] | None:
+    """(from, to, latest step) of the segment the trainer wrote progress for last."""
+    newest = max(glob.glob(os.path.join(fast_tier.run_dir(spec.storage.fast, spec.run_id),
+                                        "segments", "*", "progress.jsonl")),
+                 key=os.path.getmtime, default=None)
+    if newest is None:
+        return None
+    lo, hi = (int(x) for x in os.path.basename(os.path.dirname(newest)).split("-"))
+    with open(newest) as f:
+        steps = [json.loads(line)["step"] for line in f if line.startswith('{"type": "step"')]
+    return lo, hi, max(steps, default=lo)
+
+
+def strike(chaos: Chaos, spec: RunSpec, kind: str, segment: tuple[int, int],
+           steps: tuple[int, int], timeout_s: float = 300) -> dict:
+    """Apply `kind` while segment [lo, hi) runs and its latest step is within `steps` (a
+    rank between two segments, or one about to finish, is not there to strike)."""
+    def ready() -> bool:
+        at = position(spec)
+        return at is not None and at[:2] == segment and steps[0] <= at[2] <= steps[1]
+
+    return wait_for(lambda: ready() and "skipped" not in (done := chaos.apply(kind)) and done,
+                    timeout_s, f"segment {segment} at steps {steps} to {kind}", every_s=0.2)
+
+
+def newest_commit_at_or_before(spec: RunSpec, step: int) -> int:
+    """The newest checkpoint committed on either tier at or before `step`: what a retry on
+    this machine resumes from (the fast tier holds a commit whose upload was cut)."""
+    stores = [CheckpointStore(spec.storage.durable, spec.run_id),
+              CheckpointStore.local(fast_tier.store_dir(spec.storage.fast, spec.run_id))]
+    return max(s for store in stores for s in store.list_committed() if s <= step)
+
+
+def first_fault(spec: RunSpec, kind: str, timeout_s: float = 120) -> dict:
+    """The run's first real `fault` event of `kind`, once it is there."""
+    return wait_for(lambda: next((e for e in read_events(spec.storage.durable, spec.run_id,
+                                                          kinds=("fault",))
+                                  if e["payload"]["kind"] == kind), None),
+                    timeout_s, f"a {kind} fault event")
+
+
+def assert_recovered_from(spec: RunSpec, fault: dict, resume_from: int,
+                          committed_at_fault: list[int]) -> list[dict]:
+    """The fault was the run's only one, its `recovered` resumed from `resume_from`, and
+    no committed checkpoint was lost (every one the run should have is there)."""
+    events = read_events(spec.storage.durable, spec.run_id)
+    recovered = [e for e in events if e["kind"] == "recovered"]
+    assert [e["payload"]["fault_event_id"] for e in recovered] == [fault["event_id"]]
+    assert recovered[0]["payload"]["resumed_step"] == resume_from
+    final = CheckpointStore(spec.storage.durable, spec.run_id).list_committed()
+    assert set(committed_at_fault) <= set(final)
+    assert final == list(range(0, spec.train.total_steps + 1, spec.train.checkpoint_every))
+    faults = [e["payload"]["kind"] for e in events if e["kind"] == "fault"]
+    assert faults == [fault["payload"]["kind"]], faults
+    return events
+
+
+def cli_status(capsys, run_id: str, address: str) -> dict:
+    """`mainspring run status` as an operator runs it, parsed."""
+    capsys.readouterr()
+    assert main(["run", "status", run_id, "--address", address]) == 0
+    return json.loads(capsys.readouterr().out)

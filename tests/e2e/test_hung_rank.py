@@ -5,20 +5,23 @@ commit. Real Temporal dev server, real workers, real torchrun children on CPU/gl
 
 from __future__ import annotations
 
-import asyncio
 import json
 import pathlib
-import threading
 import time
 
 import pytest
 
 from activities.hang import checkpoint_io_s, hang_deadline
-from ops.chaos import Chaos
 from storage import fast_tier
-from storage.checkpoints import CheckpointStore
-from storage.events import read_events
-from tests.e2e.runs import run_to_end, tiny_spec, wait_for
+from tests.e2e.runs import (
+    assert_recovered_from,
+    chaos_for,
+    first_fault,
+    newest_commit_at_or_before,
+    run_in_background,
+    strike,
+    tiny_spec,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -30,28 +33,7 @@ HUNG = {"train.procs_per_node": 2, "train.total_steps": 60, "train.segment_steps
         "train.segments_per_run": 1, "train.checkpoint_every": 10,
         "train.micro_batch_tokens": 4096, "sweep.enabled": False,
         "ops.hang_floor_s": 1.0, "ops.heartbeat_timeout_s": 8.0}
-MID_SEGMENT = (10, 30)  # strike while the newest commit is here (before the eval at 40)
-
-
-def strike_mid_segment(chaos: Chaos, spec, kind: str, timeout_s: float = 120) -> dict:
-    """Apply `kind` to a running rank once the newest commit is in MID_SEGMENT (a rank that
-    is not there yet, or between attempts, is not there to strike: try again)."""
-    lo, hi = MID_SEGMENT
-    store = CheckpointStore(spec.storage.durable, spec.run_id)
-
-    def ready() -> bool:
-        return lo <= max(store.list_committed(), default=0) <= hi
-
-    return wait_for(lambda: ready() and "skipped" not in (done := chaos.apply(kind)) and done,
-                    timeout_s, f"a running rank to {kind} mid-segment", every_s=0.2)
-
-
-def newest_commit_at_or_before(spec, step: int) -> int:
-    """The newest checkpoint committed on either tier at or before `step`: what a retry on
-    this machine resumes from (the fast tier holds a commit whose upload was cut)."""
-    stores = [CheckpointStore(spec.storage.durable, spec.run_id),
-              CheckpointStore.local(fast_tier.store_dir(spec.storage.fast, spec.run_id))]
-    return max(s for store in stores for s in store.list_committed() if s <= step)
+MID_SEGMENT = ((0, 60), (12, 32))  # strike here: the segment, its latest step (the eval: 40)
 
 
 def attempt_step_times(spec, attempt: int) -> list[float]:
@@ -68,31 +50,17 @@ def attempt_step_times(spec, attempt: int) -> list[float]:
     return times
 
 
-def run_in_background(address: str, spec) -> tuple[threading.Thread, dict]:
-    box: dict = {}
-    runner = threading.Thread(target=lambda: box.update(
-        result=asyncio.run(run_to_end(address, spec, timeout_s=300))), daemon=True)
-    runner.start()
-    return runner, box
-
-
 def test_a_sigstopped_rank_of_two_is_detected_within_the_auto_timeout_plus_5s_and_retried_from_the_last_commit(  # noqa: E501
         temporal_server, fleet_factory, tmp_path):
     t0 = time.monotonic()
     spec = tiny_spec("e2e-hung-rank", str(tmp_path / "store"), str(tmp_path / "fast"), **HUNG)
     assert spec.ops.hang_timeout_s == "auto"
-    fleet = fleet_factory()
-    durable = CheckpointStore(spec.storage.durable, spec.run_id)
-    chaos = Chaos(worker_pid=lambda: fleet.procs["trainer"].pid, durable=durable,
-                  fast_root=str(tmp_path / "fast" / spec.run_id))
-    runner, box = run_in_background(temporal_server.address, spec)
-    stopped = strike_mid_segment(chaos, spec, "hang")
+    chaos = chaos_for(fleet_factory(), spec)
+    runner, box = run_in_background(temporal_server.address, spec, 300)
+    stopped = strike(chaos, spec, "hang", *MID_SEGMENT)
     assert stopped["rank"] == 1 and stopped["stopped"], stopped
-    fault = wait_for(lambda: next((e for e in read_events(spec.storage.durable, spec.run_id,
-                                                           kinds=("fault",))
-                                   if e["payload"]["kind"] == "hang"), None), 120,
-                     "the hang's fault event")
-    committed_at_fault = durable.list_committed()
+    fault = first_fault(spec, "hang")
+    committed_at_fault = chaos.durable.list_committed()
     p = fault["payload"]
     resume_from = newest_commit_at_or_before(spec, p["last_step"])
     runner.join(300)
@@ -114,18 +82,9 @@ def test_a_sigstopped_rank_of_two_is_detected_within_the_auto_timeout_plus_5s_an
     assert fault["ts"] - stopped["ts"] <= p["timeout_s"] + 5.0, (fault["ts"] - stopped["ts"], p)
     assert p["waited_s"] > p["timeout_s"]
 
-    events = read_events(spec.storage.durable, spec.run_id)
-    recovered = [e for e in events if e["kind"] == "recovered"]
-    assert [e["payload"]["fault_event_id"] for e in recovered] == [fault["event_id"]]
-    assert recovered[0]["payload"]["resumed_step"] == resume_from
+    events = assert_recovered_from(spec, fault, resume_from, committed_at_fault)
     restarted = [e for e in events if e["kind"] == "segment_started"
                  and e["payload"]["attempt"] == p["attempt"] + 1]
     assert restarted and restarted[0]["ts"] > fault["ts"]
-    # no committed checkpoint was lost, and every one the run should have is there
-    final = durable.list_committed()
-    assert set(committed_at_fault) <= set(final)
-    assert final == list(range(0, spec.train.total_steps + 1, spec.train.checkpoint_every))
-    faults = [e["payload"]["kind"] for e in events if e["kind"] == "fault"]
-    assert faults == ["hang"], faults
     print(f"\nhung-rank e2e: {time.monotonic() - t0:.1f}s; timeout {p['timeout_s']}s "
           f"({p['timeout_how']}), detected {fault['ts'] - stopped['ts']:.1f}s after the stop")

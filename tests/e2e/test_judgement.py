@@ -6,7 +6,6 @@ attempts in needs_attention, and `mainspring run resume` after the fix completes
 from __future__ import annotations
 
 import asyncio
-import json
 
 import pytest
 
@@ -14,7 +13,7 @@ from ops.cli import main
 from ops.client import connect, start_run
 from storage.checkpoints import CheckpointStore
 from storage.events import read_events
-from tests.e2e.runs import tiny_spec, wait_for
+from tests.e2e.runs import cli_status, tiny_spec, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -83,9 +82,7 @@ def test_a_repeated_crash_at_a_fixed_step_pauses_in_needs_attention_and_resume_a
     address = temporal_server.address
 
     def status() -> dict:
-        capsys.readouterr()
-        assert main(["run", "status", spec.run_id, "--address", address]) == 0
-        return json.loads(capsys.readouterr().out)
+        return cli_status(capsys, spec.run_id, address)
 
     asyncio.run(_start(address, spec))
     held = wait_for(lambda: (s := status())["stage"] == "needs_attention" and s, 420,

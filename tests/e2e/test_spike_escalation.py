@@ -11,7 +11,7 @@ import pytest
 
 from ops.cli import main
 from ops.client import connect, start_run
-from tests.e2e.runs import assert_completed_five_stages, tiny_spec, wait_for
+from tests.e2e.runs import assert_completed_five_stages, cli_status, tiny_spec, wait_for
 from trainer.schedule import lr_at
 
 pytestmark = pytest.mark.e2e
@@ -34,9 +34,7 @@ def test_repeated_spikes_lower_the_lr_then_pause_until_resumed(temporal_server, 
     address = temporal_server.address
 
     def status() -> dict:
-        capsys.readouterr()
-        assert main(["run", "status", spec.run_id, "--address", address]) == 0
-        return json.loads(capsys.readouterr().out)
+        return cli_status(capsys, spec.run_id, address)
 
     async def paused_runs() -> list[str]:
         client = await connect(address)

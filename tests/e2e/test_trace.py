@@ -6,10 +6,8 @@ a real OTLP/HTTP receiver."""
 from __future__ import annotations
 
 import asyncio
-import glob
 import http.server
 import json
-import os
 import subprocess
 import threading
 import time
@@ -26,7 +24,7 @@ from ops.trace_view import TRACE_EVENT_SCHEMA
 from storage.checkpoints import CheckpointStore
 from storage.events import read_events
 from storage.spans import read_spans
-from tests.e2e.runs import run_to_end, tiny_spec, wait_for
+from tests.e2e.runs import run_to_end, strike, tiny_spec, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -48,32 +46,6 @@ def committed(spec) -> int:
 
 def recoveries(spec) -> int:
     return len(read_events(spec.storage.durable, spec.run_id, kinds=("recovered",)))
-
-
-def position(spec) -> tuple[int, int, int] | None:
-    """(from, to, latest step) of the segment the trainer wrote progress for last."""
-    newest = max(glob.glob(os.path.join(spec.storage.fast, spec.run_id, "segments", "*",
-                                        "progress.jsonl")), key=os.path.getmtime, default=None)
-    if newest is None:
-        return None
-    lo, hi = (int(x) for x in os.path.basename(os.path.dirname(newest)).split("-"))
-    with open(newest) as f:
-        steps = [json.loads(line)["step"] for line in f if line.startswith('{"type": "step"')]
-    return lo, hi, max(steps, default=lo)
-
-
-def strike(chaos: Chaos, spec, kind: str, segment: tuple[int, int],
-           timeout_s: float = 300) -> dict:
-    """Apply `kind` while segment [lo, hi) runs, past its first steps and not near its end
-    (a rank between two segments, or one about to finish, is not there to strike)."""
-    lo, hi = segment
-
-    def ready() -> bool:
-        at = position(spec)
-        return at is not None and at[:2] == (lo, hi) and lo + 3 <= at[2] <= hi - 10
-
-    return wait_for(lambda: ready() and "skipped" not in (done := chaos.apply(kind)) and done,
-                    timeout_s, f"segment {lo}-{hi} running to {kind}", every_s=0.2)
 
 
 def by_id(spans: list[dict]) -> dict[str, dict]:
@@ -131,11 +103,11 @@ def test_a_faulted_w2_run_leaves_every_fault_recovery_and_one_trace_in_the_store
     # later in the first segment (0-40), a rank is killed in the middle of the second
     # (40-80), and one hangs in the third (80-120): four kinds, no human action
     wait_for(lambda: recoveries(spec) >= 1, 300, "the first recovery")
-    strike(chaos, spec, "drain_worker", (0, 40))
+    strike(chaos, spec, "drain_worker", (0, 40), (13, 30))
     wait_for(lambda: recoveries(spec) >= 2, 300, "the second recovery")
-    strike(chaos, spec, "kill_rank", (40, 80))
+    strike(chaos, spec, "kill_rank", (40, 80), (43, 70))
     wait_for(lambda: recoveries(spec) >= 3, 300, "the third recovery")
-    strike(chaos, spec, "hang", (80, 120))
+    strike(chaos, spec, "hang", (80, 120), (83, 110))
     runner.join(900)
     result = box["result"]
     assert result["status"] == "completed" and result["workflow_runs"] >= 2

@@ -120,3 +120,24 @@ def test_s3_outage_stops_then_starts_the_server_after_the_given_time():
     record = chaos.apply("s3_outage", seconds=0.3)
     assert [c[0] for c in calls] == ["down", "up"]
     assert calls[1][1] - calls[0][1] >= 0.3 and record["seconds"] == 0.3
+
+
+def test_server_restart_restarts_the_temporal_server_after_the_given_time():
+    calls = []
+
+    def restart(down_s: float) -> None:  # TemporalDevServer.restart: stop, wait, start
+        calls.append(("stop", time.time()))
+        time.sleep(down_s)
+        calls.append(("started", time.time()))
+    chaos = Chaos(worker_pid=lambda: 0, durable=None, fast_root="", temporal_restart=restart)
+    record = chaos.apply("server_restart", seconds=0.3)
+    assert [c[0] for c in calls] == ["stop", "started"]
+    assert record["seconds"] == 0.3 and record["down_s"] >= 0.3
+    # the outage is over when the record comes back: restarted_ts is after the start
+    assert record["ts"] <= calls[0][1] and record["restarted_ts"] >= calls[1][1]
+    assert chaos.log == [record]
+
+
+def test_server_restart_without_a_server_to_restart_injects_nothing():
+    chaos = Chaos(worker_pid=lambda: 0, durable=None, fast_root="")
+    assert "skipped" in chaos.apply("server_restart")
