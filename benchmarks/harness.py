@@ -22,12 +22,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 import subprocess
+import time
 
 import psutil
 import structlog
 
 # Progress on stderr: stdout carries the one JSON line of the figure.
 structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+log = structlog.get_logger(__name__)
 
 from common.procs import WorkerFleet
 from ops.client import connect, localize, start_run
@@ -132,10 +134,36 @@ def bench_spec(run_id: str, services: Services, **overrides) -> RunSpec:
 
 
 async def run_workflow(address: str, spec: RunSpec, timeout_s: float) -> dict:
+    """Start the run and wait for its result, through Temporal server restarts (the goodput
+    soak's `server_restart` fault): a wait the server broke off is taken up again on a new
+    connection once the server is back (the client's own retries give up after ~10 s)."""
+    from temporalio.service import RPCError
+
     client = await connect(address)
     await start_run(client, spec)
-    result = await asyncio.wait_for(client.get_workflow_handle(spec.run_id).result(), timeout_s)
-    return result if isinstance(result, dict) else result.__dict__
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            result = await asyncio.wait_for(client.get_workflow_handle(spec.run_id).result(),
+                                            max(1.0, deadline - time.monotonic()))
+            return result if isinstance(result, dict) else result.__dict__
+        except RPCError as exc:
+            log.warning("run_result_wait_broken", run_id=spec.run_id, error=str(exc)[:200])
+        client = await reconnect(address, deadline)
+
+
+async def reconnect(address: str, deadline: float):
+    """A new client once the server answers again (Client.connect raises RuntimeError while
+    it is away); TimeoutError at `deadline` (time.monotonic)."""
+    while True:
+        try:
+            return await connect(address)
+        except RuntimeError as exc:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"the Temporal server at {address} did not come back") \
+                    from exc
+            log.info("server_not_back", address=address, error=str(exc)[:100])
+            await asyncio.sleep(1.0)
 
 
 def progress_lines(spec: RunSpec) -> list[dict]:

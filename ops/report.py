@@ -46,7 +46,8 @@ KEY_FIELDS: dict[str, tuple[str, ...]] = {
     "recovered": ("resumed_step", "lost_steps", "mttr_s", "attempt", "heartbeat_step",
                   "last_step_seen"),
     "lr_adjusted": ("scale", "from_step", "until_step", "reason", "rollback_steps"),
-    "needs_attention": ("reason", "rollback_steps", "fix"),
+    "needs_attention": ("reason", "failure", "fingerprint", "repeats", "rollback_steps", "fix"),
+    "oom_adapted": ("micro_batch", "grad_accum", "global_batch_sequences", "evidence"),
     "run_resumed": ("note", "paused_for"),
     "operator": ("command", "args", "who", "note", "accepted_at_step"),
     "checkpoint_corrupt": ("file", "expected", "actual"),
@@ -138,7 +139,7 @@ def fault_rows(events: Iterable[dict]) -> list[dict]:
                          "evidence": evidence(e), "handled_by": [], "lost_steps": 0,
                          "mttr_s": None})
         elif rows and e["kind"] in ("recovered", "rollback", "batch_skipped", "lr_adjusted",
-                                    "needs_attention"):
+                                    "needs_attention", "oom_adapted"):
             row, p = rows[-1], e["payload"]
             row["handled_by"].append(f"{e['kind']}@{e['step']}")
             row["lost_steps"] += p.get("lost_steps") or 0

@@ -295,3 +295,19 @@ def test_report_of_a_run_without_spans_says_goodput_is_unknown_not_zero(url, tmp
     assert "<td>kill_worker</td>" in page  # the injected kill is no real fault: no MTTR row
     section = page.split("MTTR per fault kind (real faults)</h3>", 1)[1].split("<h2>", 1)[0]
     assert section.startswith("<p><em>none</em></p>")
+
+
+def test_an_oom_is_paired_with_its_adaptation_and_recovery(tmp_path):
+    store = str(tmp_path / "oom")
+    log = EventLog(store, "oom-run", "supervisor", attempt=1)
+    log.emit("fault", step=None, event_id="fault/0-20/x/1", kind="oom", injected=False,
+             evidence="rank 0: DefaultCPUAllocator: can't allocate memory")
+    log.emit("oom_adapted", step=0, event_id="oom_adapted/0/2",
+             micro_batch={"from": 256, "to": 128}, grad_accum={"from": 1, "to": 2},
+             global_batch_sequences=256, evidence="can't allocate memory")
+    log.emit("recovered", step=0, event_id="recovered/0-20/1", fault_event_id="fault/0-20/x/1",
+             resumed_step=0, lost_steps=0, mttr_s=11.0)
+    log.flush()
+    [row] = fault_rows(read_events(store, "oom-run"))
+    assert row["kind"] == "oom" and row["handled_by"] == ["oom_adapted@0", "recovered@0"]
+    assert row["mttr_s"] == 11.0
