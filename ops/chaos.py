@@ -157,7 +157,7 @@ class Chaos:
 
     worker_pid: Callable[[], int]  # the current trainer worker's pid
     durable: CheckpointStore
-    fast_root: str  # storage.fast/<run_id>: segment workdirs (and their fast tiers) below
+    fast_root: str  # storage.fast/<run_id>: segment workdirs and the fast tier (ckpt) below
     s3_down: Callable[[], None] | None = None
     s3_up: Callable[[], None] | None = None
     temporal_restart: Callable[[float], object] | None = None  # stop, wait the seconds, start
@@ -211,14 +211,16 @@ class Chaos:
         ranks, tree = self.ranks()
         if not ranks:
             return {"skipped": "no trainer rank running"}
-        workdir = cmdline_arg(next(p.cmdline for p in tree if p.pid in ranks.values()),
-                              "--workdir")
+        # the node's tier: the ranks' --fast-dir (storage/fast_tier.store_dir), not a
+        # directory under the segment's workdir
+        fast = cmdline_arg(next(p.cmdline for p in tree if p.pid in ranks.values()),
+                           "--fast-dir") or os.path.join(self.fast_root, "ckpt")
         for pid in ranks.values():  # the ranks' writer process dies with rank 0
             os.kill(pid, signal.SIGKILL)
         wait_gone([p.pid for p in tree if LAUNCHER_MODULE not in p.cmdline])
         stores = [self.durable]
-        if workdir and os.path.isdir(os.path.join(workdir, "ckpt")):
-            stores.append(CheckpointStore.local(os.path.join(workdir, "ckpt")))
+        if os.path.isdir(fast):
+            stores.append(CheckpointStore.local(fast))
         return {"ranks": sorted(ranks), "corrupted": corrupt_newest(stores)}
 
     def s3_outage(self, seconds: float = 15.0) -> dict:

@@ -60,7 +60,7 @@ from trainer.data import PackedBatches, TrainBatches, skip_past, val_batches
 from trainer.engine import build_engine, micro_batch_size, set_lr, tokens_per_step, veto_next_update
 from trainer.faults import FaultInjector, FaultyBatches
 from trainer.guard import SpikeGuard, finite_or_none, recorded_skip_ranges
-from trainer.model import GPT
+from trainer.model import GPT, IGNORE
 from trainer.online_eval import OnlineEval
 from trainer.schedule import LRSchedule
 from trainer.spikes import merge_ranges
@@ -135,16 +135,32 @@ def forward_backward(engine, batches: FaultyBatches, state: TrainState, step: in
     for _ in range(micro_batches):
         state.data_cursor = skip_past(state.data_cursor, state.skip_ranges)
         tensors = [t.to(engine.device) for t in batches.get(state.data_cursor, step)]
-        for x, y, *packed in zip(*(t.chunk(split) for t in tensors)):
+        chunks = list(zip(*(t.chunk(split) for t in tensors)))
+        weights = chunk_weights([c[1] for c in chunks])
+        for (x, y, *packed), weight in zip(chunks, weights):
             if passes:
                 engine.step()  # a gradient-accumulation boundary is not reached: no update
             # Packed rows also carry (position_ids, doc_ids): attention stays per document.
             _, loss = engine(x, y, **dict(zip(("position_ids", "doc_ids"), packed)))
+            if weight is not None:
+                loss = torch.where(weight > 0, loss * weight, torch.zeros_like(loss))
             engine.backward(loss)
             loss_sum += loss.detach().float()
             passes += 1
         state.data_cursor += 1
     return loss_sum
+
+
+def chunk_weights(targets: list[torch.Tensor]) -> list[torch.Tensor | None]:
+    """Per chunk of a split micro-batch, the factor that makes the chunks' mean losses add
+    up to the whole micro-batch's mean over its scored targets (a chunk's share of them,
+    times the number of chunks: DeepSpeed divides by the accumulation). None for an unsplit
+    micro-batch: its loss is used as it is. On the device, no host sync."""
+    if len(targets) == 1:
+        return [None]
+    counts = [(y != IGNORE).sum().float() for y in targets]
+    total = torch.clamp(sum(counts), min=1.0)
+    return [c / total * len(targets) for c in counts]
 
 
 # ---- the segment -----------------------------------------------------------------------

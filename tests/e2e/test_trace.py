@@ -29,7 +29,9 @@ from tests.e2e.runs import run_to_end, strike, tiny_spec, wait_for
 pytestmark = pytest.mark.e2e
 
 FAULTY = {
+    # 2048 tokens a micro-batch: ~0.1 s steps at W=2, so a strike finds the step it aims for
     "train.procs_per_node": 2, "train.total_steps": 120, "train.segment_steps": 40,
+    "train.micro_batch_tokens": 2048,
     "train.segments_per_run": 2, "train.checkpoint_every": 10, "sweep.enabled": False,
     "ops.hang_floor_s": 5.0, "ops.heartbeat_timeout_s": 8.0, "train.lr": 1e-2,
     "spikes.window": 20, "spikes.warmup": 10, "spikes.skip_window": 6,
@@ -103,11 +105,11 @@ def test_a_faulted_w2_run_leaves_every_fault_recovery_and_one_trace_in_the_store
     # later in the first segment (0-40), a rank is killed in the middle of the second
     # (40-80), and one hangs in the third (80-120): four kinds, no human action
     wait_for(lambda: recoveries(spec) >= 1, 300, "the first recovery")
-    strike(chaos, spec, "drain_worker", (0, 40), (13, 30))
+    strike(chaos, spec, "drain_worker", (0, 40), (13, 34))
     wait_for(lambda: recoveries(spec) >= 2, 300, "the second recovery")
-    strike(chaos, spec, "kill_rank", (40, 80), (43, 70))
+    strike(chaos, spec, "kill_rank", (40, 80), (43, 72))
     wait_for(lambda: recoveries(spec) >= 3, 300, "the third recovery")
-    strike(chaos, spec, "hang", (80, 120), (83, 110))
+    strike(chaos, spec, "hang", (80, 120), (83, 99))
     runner.join(900)
     result = box["result"]
     assert result["status"] == "completed" and result["workflow_runs"] >= 2

@@ -112,6 +112,34 @@ def test_corrupting_the_newest_checkpoint_on_both_tiers_makes_resume_fall_back(t
     assert [c.step for c in corrupt] == [2, 2]  # the fast copy, then the durable one
 
 
+def test_corrupt_checkpoint_hits_the_ranks_fast_dir_and_the_durable_tier(tmp_path):
+    durable, fast_dir = str(tmp_path / "durable"), tmp_path / "fast" / "r" / "ckpt"
+    ckpt = tiered(durable, fast_dir)
+    save(ckpt, 1, size=4096)
+    ckpt.drain()
+    ckpt.close()
+    rank = "import time; time.sleep(60)"
+    args = f"-m trainer.segment --workdir {tmp_path}/w --fast-dir {fast_dir}"
+    worker = subprocess.Popen(["sh", "-c", f"RANK=0 {PY} -c '{rank}' {args} & wait"],
+                              start_new_session=True)
+    try:
+        chaos = Chaos(worker_pid=lambda: worker.pid, durable=CheckpointStore(durable, "r"),
+                      fast_root=str(tmp_path / "elsewhere"))
+        deadline = time.monotonic() + 10
+        while not chaos.ranks()[0] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        record = chaos.apply("corrupt_checkpoint")
+        assert worker.wait(10) is not None  # the rank was killed: the shell's wait returned
+    finally:
+        if worker.poll() is None:
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.wait()
+    assert record["ranks"] == [0]
+    assert sorted(h["url"] for h in record["corrupted"]) == sorted(
+        [CheckpointStore(durable, "r").url, CheckpointStore.local(str(fast_dir)).url])
+    assert [p.step for p in CheckpointStore.local(str(fast_dir)).verify(1)] == [1]
+
+
 def test_s3_outage_stops_then_starts_the_server_after_the_given_time():
     calls = []
     chaos = Chaos(worker_pid=lambda: 0, durable=None, fast_root="",

@@ -327,10 +327,13 @@ def test_a_micro_split_run_trains_the_same_global_batch_to_the_same_weights(tmp_
     assert (ma.data_cursor, ma.tokens_seen) == (mb.data_cursor, mb.tokens_seen) == (8, 8 * 256)
     wa = load_tensors(a / CKPT.format(8) / "mp_rank_00_model_states.pt")
     wb = load_tensors(b / CKPT.format(8) / "mp_rank_00_model_states.pt")
+    # Adam divides by sqrt(v): float-order differences in tiny gradients grow a little, so
+    # the measure is against what training moved the weights by, not bitwise
+    w4 = load_tensors(a / CKPT.format(4) / "mp_rank_00_model_states.pt")
     module = [k for k in wa if k.startswith("/module/")]
-    assert module and all(torch.allclose(wa[k], wb[k], rtol=1e-4, atol=1e-5) for k in module)
-    w0 = load_tensors(a / CKPT.format(4) / "mp_rank_00_model_states.pt")
-    assert not torch.equal(w0["/module/embed.weight"], wa["/module/embed.weight"])
+    drift = max((wa[k] - wb[k]).abs().max().item() for k in module)
+    moved = max((wa[k] - w4[k]).abs().max().item() for k in module)
+    assert module and moved > 0 and drift < 1e-3 * moved, (drift, moved)
     losses = [[p["loss"] for p in read_jsonl(tmp_path / w / "progress.jsonl") if p["type"] == "step"]
               for w in ("wa", "wb2")]
     assert losses[0][4:] == pytest.approx(losses[1], rel=1e-4)
@@ -340,6 +343,6 @@ def test_a_micro_split_that_does_not_divide_the_micro_batch_is_refused_naming_th
         tmp_path, dataset_uri):
     spec = write_spec(tiny_spec(tmp_path / "s"), tmp_path / "s.json")  # 4 sequences of 32
     proc = run_segment(spec, dataset_uri, 2, tmp_path / "w", extra=("--micro-split", "3"))
-    assert proc.returncode == 3
+    assert proc.returncode != 0  # torchrun exits 1 whatever its rank's code (3) was
     err = json.loads((tmp_path / "w" / "error.json").read_text())
     assert err["type"] == "BadConfig" and "--micro-split" in err["message"]
