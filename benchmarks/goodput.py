@@ -25,8 +25,9 @@ max(hang_floor_s, 10 x p99 step time)) with a 30 s floor; the start-up timeout i
 - from inside, at steps (RunSpec faults, trainer/faults.py): corrupted batches (a sustained
   spike -> rollback + skip window), a NaN loss, an LR burst, and an out-of-memory: a real
   RLIMIT_DATA from the last segment's first step on, OOM_MB above what each rank holds
-  then (calibrated: the full micro-batch fails, the halved one fits), so the workflow halves
-  the micro-batch (`oom_adapted`, same global batch) and the run goes on.
+  then (calibrated: the full micro-batch fails within tens of steps, the halved one fits
+  for hundreds), so the workflow halves the micro-batch (`oom_adapted`, same global batch)
+  and the run goes on.
 
 Figures (one JSON line; definitions in ops/goodput.py): `value` = goodput = productive step
 time (the final trajectory's applied updates) ÷ the train stage's wall time, at
@@ -60,6 +61,8 @@ import threading
 import time
 from pathlib import Path
 
+import structlog
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.harness import (
@@ -89,14 +92,20 @@ from storage.checkpoints import CheckpointStore
 from storage.events import read_events
 from storage.spans import read_spans
 
+log = structlog.get_logger(__name__)
+
 HEARTBEAT_S = 10.0
 HANG_FLOOR_S, STARTUP_S = 30.0, 120.0  # ops.hang_floor_s (hang_timeout_s "auto"), fixed start-up
-# 16 sequences of 128 tokens per rank. The real trainer (W=2, CPU, after a restore) under
-# RLIMIT_DATA = what a rank holds (~378 MiB) + M MiB, calibrated 2026-12-01: M = 45 fails
-# 16 and 8 sequences (fits 4), 70 and 95 fail 16 and fit 8, 120 fits 16. 80 sits between
-# the halved micro-batch (fits by 70) and the full one (fails at 95). With the old 8 the gap
-# is half as wide (a bare model + AdamW: 8 sequences need 40-45 MiB, 4 about 20).
-MICRO_BATCH_TOKENS, OOM_MB = 2048, 80
+# 16 sequences of 128 tokens per rank, and the memory limit's headroom, calibrated on the
+# real trainer (W=2, CPU, SeaweedFS, the limit at a segment's first step, each rank holding
+# ~495 MiB then; 2026-12-01). A rank's data segment keeps growing while it trains (~+100 MiB
+# over 200 steps at 1024 or 2048 tokens, RSS too; not in a bare GPT + AdamW loop), so no
+# headroom fits the halved micro-batch for ever and fails the full one at once: with
+# M = 100 MiB 16 sequences failed at their 2nd step and 8 at their 110th; with 130, 16
+# failed at their 44th and 8 ran the 175 left; with 160, 16 failed at their 176th.
+# (Without S3 and over 10 steps: 16 failed at 95 and fitted at 120, 8 fitted at 70.)
+MICRO_BATCH_TOKENS, OOM_MB = 2048, 130
+OOM_WAIT_STEPS = 150  # no chaos this long past the limit's step while its OOM is due
 # (kind, fraction of the run, steps, LR factor), off the checkpoint grid like benchmarks/spikes.py
 SPIKES = [("corrupt_batches", 0.30, 4, 1.0), ("nan_loss", 0.50, 1, 1.0),
           ("lr_burst", 0.70, 2, 100.0)]
@@ -146,12 +155,14 @@ def settled(last: dict, lines: list[dict], now: float, every_s: float,
 
 def soak(chaos: Chaos, spec, kinds: list[str], cfg: dict, done: threading.Event) -> None:
     """Inject `kinds` in rotation (module doc: when), while a trainer is stepping, until the
-    run is within a few checkpoint intervals of its end."""
+    run is within a few checkpoint intervals of its end. None from two checkpoint intervals
+    before the memory limit's step until its OOM was adapted to (or OOM_WAIT_STEPS past it):
+    the OOM is then the previous fault, measured alone like the others."""
     margin = 3 * spec.train.checkpoint_every
-    quiet = memory_limit_step(spec.train.total_steps, spec.train.segment_steps)
-    quiet = (quiet - 2 * spec.train.checkpoint_every, quiet + spec.train.checkpoint_every)
+    limit_at = memory_limit_step(spec.train.total_steps, spec.train.segment_steps)
+    quiet = (limit_at - 2 * spec.train.checkpoint_every, limit_at + OOM_WAIT_STEPS)
     seconds = {"s3_outage": cfg["outage_s"], "server_restart": cfg["server_down_s"]}
-    last, i = None, 0
+    last, i, oom_seen, poll_at = None, 0, False, 0.0
     while not done.is_set():
         time.sleep(0.5)
         lines = progress_lines(spec)
@@ -159,7 +170,13 @@ def soak(chaos: Chaos, spec, kinds: list[str], cfg: dict, done: threading.Event)
         if steps and steps[-1]["step"] >= spec.train.total_steps - margin:
             return
         now = time.time()
-        if not steps or now - steps[-1]["ts"] > 2 or quiet[0] <= steps[-1]["step"] < quiet[1]:
+        if not steps or now - steps[-1]["ts"] > 2:
+            continue
+        if not oom_seen and quiet[0] <= steps[-1]["step"] < quiet[1]:
+            if now >= poll_at:
+                poll_at, adapted = now + 5.0, oom_adapted_event(spec)
+                if adapted is not None:
+                    oom_seen, last = True, {"kind": "oom", "ts": adapted["ts"]}
             continue
         if last is not None and not settled(last, lines, now, cfg["every_s"],
                                             cfg["min_train_s"]):
@@ -170,6 +187,16 @@ def soak(chaos: Chaos, spec, kinds: list[str], cfg: dict, done: threading.Event)
         record = chaos.apply(kind, **({"seconds": seconds[kind]} if kind in seconds else {}))
         if "skipped" not in record:
             last, i = record, i + 1
+
+
+def oom_adapted_event(spec) -> dict | None:
+    """The run's first `oom_adapted` event, if there is one yet (None while unreadable)."""
+    try:
+        found = read_events(spec.storage.durable, spec.run_id, kinds=("oom_adapted",))
+    except Exception as exc:  # noqa: BLE001 - the soak asks again; it must not stop here
+        log.warning("events_not_read", run_id=spec.run_id, error=repr(exc)[:200])
+        return None
+    return found[0] if found else None
 
 
 def injected(chaos_log: list[dict], events: list[dict]) -> list[dict]:

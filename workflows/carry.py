@@ -25,7 +25,9 @@ def status_view(spec: RunSpec | None, c: RunCarry, *, stage: str, evals: dict[in
             "early_stopped": c.early_stopped or None,
             "operator_queue": [q["name"] for q in c.operator_queue],
             "pending_rollback": c.pending_rollback.to_dict() if c.pending_rollback else None,
-            "segment_running": list(running) if running else None}
+            "segment_running": list(running) if running else None,
+            # after OOMs: each micro-batch runs as this many chunks (workflows/adapt.py)
+            "micro_split": c.micro_split}
 
 
 def bounded(c: RunCarry, cfg: SpikeConfig) -> tuple[list[int], list[int], list[list[float]]]:

@@ -292,6 +292,7 @@ async def test_each_oom_halves_the_micro_batch_until_one_sequence_then_pauses_fo
     handle = await h.start(spec)
     held = await h.until(handle, "needs_attention", lambda s: s["stage"] == "needs_attention")
     assert "1 sequence(s) per micro-batch" in held["needs_attention"]
+    assert held["micro_split"] == 8
     adapted = h.stubs.payloads("oom_adapted")
     assert [a["micro_batch"] for a in adapted] == [{"from": 8, "to": 4}, {"from": 4, "to": 2},
                                                     {"from": 2, "to": 1}]
