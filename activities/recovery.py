@@ -36,7 +36,7 @@ from common.errors import (
 )
 from common.fault_kinds import TRANSIENT_KINDS
 from common.protocol import StartLine, StepLine
-from storage.events import EventLog
+from storage.events import EventLog, read_events
 
 log = structlog.get_logger(__name__)
 
@@ -167,6 +167,25 @@ class FaultRecorder:
         return None
 
 
+def server_outage(events: EventLog, inp: TrainSegmentInput, execution: str,
+                  attempt: int) -> dict[str, Any] | None:
+    """The Temporal outage the server watch recorded for `attempt` (activities/
+    server_watch.py), as a fault to answer: with a heartbeat timeout shorter than the
+    outage the server retries the attempt when it is back, although its worker was never
+    lost — this retry answers the outage instead of recording a worker_lost."""
+    prefix = f"fault/server_unavailable/{inp.from_step}-{inp.to_step}/{execution}/{attempt}/"
+    try:
+        seen = [e for e in read_events(events.url, events.run_id, kinds=("fault",))
+                if e["event_id"].startswith(prefix)]
+    except StorageUnavailable:
+        return None
+    if not seen:
+        return None
+    p = seen[-1]["payload"]
+    return {"event_id": seen[-1]["event_id"], "fault_ts": p.get("fault_ts"),
+            "detected_ts": p.get("detected_ts"), "last_step": p.get("last_step")}
+
+
 class Recovery:
     """Attempt N+1's view of attempt N's fault (read before its child starts) and of its own
     recovery (the child's `start` line, then its first step)."""
@@ -177,6 +196,7 @@ class Recovery:
         the workflow scheduled again after a decision (an OOM adapted, a pause for a
         repeated failure), from `inp.after_fault`."""
         self.events, self.inp, self.attempt, self.reported = events, inp, attempt, False
+        self.execution = execution
         info = activity.info()
         beat = info.heartbeat_details[0] if info.heartbeat_details and isinstance(
             info.heartbeat_details[0], dict) else {}
@@ -185,7 +205,8 @@ class Recovery:
                                         from_start=True).read() if isinstance(p, StepLine)]
         local_step = seen[-1].step if seen else None
         local_ts = seen[-1].ts if seen else None
-        fault = (beat.get("fault") if attempt > 1 else None) or inp.after_fault or {}
+        fault = (beat.get("fault") if attempt > 1 else None) or inp.after_fault or \
+            (server_outage(events, inp, execution, attempt - 1) if attempt > 1 else None) or {}
         self.fault_event_id = fault.get("event_id") or fault_id(inp, execution, attempt - 1)
         # this attempt was scheduled when Temporal gave up on the last one (the timeout)
         scheduled = info.current_attempt_scheduled_time.timestamp() \
@@ -229,7 +250,8 @@ class Recovery:
         restore_began = (start.ts - restore_s) if start else None
         self.events.emit(
             "recovered", step=resumed,
-            event_id=f"recovered/{self.inp.from_step}-{self.inp.to_step}/{self.attempt}",
+            event_id=f"recovered/{self.inp.from_step}-{self.inp.to_step}/{self.execution}/"
+                     f"{self.attempt}",
             fault_event_id=self.fault_event_id, resumed_step=resumed,
             heartbeat_step=self.beat_step, last_step_seen=self.last_step,
             lost_steps=max(0, self.last_step - (resumed or 0)), attempt=self.attempt,

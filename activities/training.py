@@ -105,7 +105,9 @@ def _train_segment(spec: RunSpec, inp: TrainSegmentInput) -> TrainSegmentResult:
     recovery = Recovery(events, workdir, inp, attempt, execution) \
         if attempt > 1 or inp.after_fault else None
     events.emit("segment_started", step=inp.from_step,
-                event_id=f"segment_started/{inp.from_step}-{inp.to_step}/{attempt}",
+                # the execution too: a segment scheduled again after a decision (an OOM)
+                # starts over at attempt 1
+                event_id=f"segment_started/{inp.from_step}-{inp.to_step}/{execution}/{attempt}",
                 from_step=inp.from_step, to_step=inp.to_step, attempt=attempt)
     events.flush()
     prior = prior_repeat(activity.info().heartbeat_details)

@@ -222,7 +222,8 @@ def outcomes(faults: list[dict], lines: list[dict], events: list[dict],
         recorded = real_faults(events, f["ts"], nxt)
         o["recorded"] = [e["payload"]["kind"] for e in recorded]
         if f["kind"] in ("s3_outage", "server_restart"):  # trained through: how long a stall?
-            o["longest_step_gap_s"] = longest_gap(lines, f["ts"], min(nxt, f["restarted_ts"] + 60))
+            o["longest_step_gap_s"], o["stall_ends_ts"] = stall(lines, f["ts"], min(
+                nxt, f["restarted_ts"] + 60))
         if f["kind"] == "corrupt_checkpoint":
             o["corrupted"] = f["corrupted"]
         if f["kind"] == "hang":
@@ -232,6 +233,14 @@ def outcomes(faults: list[dict], lines: list[dict], events: list[dict],
         o.pop("first_step_ts", None)
         out.append({k: round(v, 2) if isinstance(v, float) else v for k, v in o.items()})
     return out
+
+
+def stall(lines: list[dict], t0: float, t1: float) -> tuple[float, float]:
+    """The longest time without a finished step in [t0, t1] and when it ended."""
+    gap = longest_gap(lines, t0, t1)
+    ends = [s["ts"] for s in lines if s["type"] == "step" and t0 < s["ts"] < t1] + [t1]
+    before = [t0] + ends[:-1]
+    return gap, next((b for a, b in zip(before, ends) if b - a >= gap), t1)
 
 
 def hang_detection(fault: dict, recorded: list[dict]) -> dict:
@@ -329,6 +338,9 @@ def segment_startups(events: list[dict], lines: list[dict], faults: list[dict]) 
     a restarted fault's recovery is that fault's downtime already; one whose trainer failed
     before its first step counts up to the fault, the rest is the fault's)."""
     down = [(f["ts"], f["ts"] + f["recovery_s"]) for f in faults if f.get("restarted")]
+    # a trained-through fault's stall (counted as outage_stall_s) may hold a segment's start
+    down += [(f["stall_ends_ts"] - f["longest_step_gap_s"], f["stall_ends_ts"])
+             for f in faults if not f.get("restarted") and "stall_ends_ts" in f]
     started = sorted(e["ts"] for e in events if e["kind"] == "segment_started")
     total = 0.0
     for e in (e for e in events if e["kind"] == "segment_started" and e["payload"]["attempt"] == 1
@@ -386,7 +398,8 @@ def report(raw: dict) -> dict:
                                                  detection_timeouts(cfg, faults))),
         "projected_goodput": rounded(projected_goodput(budget, faults, len(faults) + len(spikes),
                                                        (600.0, 3600.0))),
-        "faults": [{k: v for k, v in f.items() if k != "ts"} for f in faults],
+        "faults": [{k: v for k, v in f.items() if k not in ("ts", "stall_ends_ts")}
+                   for f in faults],
         "oom_adapted": oom_adaptations(events),
         "s3_durable_catch_up_s": durable_catch_up(raw["chaos"], events),
         "spikes": spikes,

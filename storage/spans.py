@@ -50,6 +50,8 @@ class DurableSpanExporter(SpanExporter):
         self.default = run
         self.routes: dict[str, tuple[str, str]] = {}
         self.pending: list[tuple[float, dict]] = []
+        # batches the store refused (an outage): written again with the next export
+        self.unsent: list[tuple[str, str, list[dict]]] = []
         self._seq = 0
         self._lock = threading.Lock()
 
@@ -80,8 +82,11 @@ class DurableSpanExporter(SpanExporter):
                     by_run.setdefault(route, []).append(rec)
             self.pending = [(t, r) for t, r in self.pending if now - t < PENDING_TTL_S]
             del self.pending[:-PENDING_MAX]
+        with self._lock:
+            batches, self.unsent = self.unsent, []
+        batches += [(url, run_id, recs) for (url, run_id), recs in by_run.items()]
         ok = True
-        for (url, run_id), recs in by_run.items():
+        for url, run_id, recs in batches:
             ok = self._write(url, run_id, recs) and ok
         return SpanExportResult.SUCCESS if ok else SpanExportResult.FAILURE
 
@@ -96,7 +101,12 @@ class DurableSpanExporter(SpanExporter):
             put_new(fs, join(directory, f"{self.writer}-{seq:06d}.jsonl"), body)
             return True
         except Exception as exc:  # never let tracing break the work it traces
-            log.warning("spans_not_stored", run_id=run_id, spans=len(recs), error=repr(exc)[:200])
+            with self._lock:  # kept for the next export (a repeat on read is dropped)
+                self.unsent.append((durable_url, run_id, recs))
+                while sum(len(b[2]) for b in self.unsent) > PENDING_MAX:
+                    self.unsent.pop(0)
+            log.warning("spans_not_stored_yet", run_id=run_id, spans=len(recs),
+                        error=repr(exc)[:200])
             return False
 
     def shutdown(self) -> None:

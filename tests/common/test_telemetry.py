@@ -90,3 +90,40 @@ def test_without_an_endpoint_nothing_is_exported_over_otlp(monkeypatch):
     ("[::1]:4318", "http://[::1]:4318/v1/traces")])
 def test_an_endpoint_becomes_the_otlp_http_traces_url(endpoint, url):
     assert telemetry.traces_url(endpoint) == url
+
+
+def test_span_ids_do_not_repeat_when_the_trainer_restores_the_global_random_state():
+    # A resume restores Python's `random` state (trainer/state.py); the SDK's default id
+    # generator draws from it, so the spans after a restore reused earlier ids and the
+    # store kept one of each (issue 14's goodput soak: 64 steps' spans lost).
+    import random
+
+    gen = telemetry.OwnRandomIdGenerator()
+    random.seed(7)
+    first = [gen.generate_span_id() for _ in range(5)]
+    random.seed(7)
+    again = [gen.generate_span_id() for _ in range(5)]
+    assert len(set(first + again)) == 10
+    assert telemetry.OwnRandomIdGenerator().generate_trace_id() != gen.generate_trace_id()
+
+
+def test_spans_the_store_refused_during_an_outage_are_written_with_the_next_export(tmp_path):
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    from storage.spans import DurableSpanExporter, read_spans
+
+    store = tmp_path / "store"
+    exporter = DurableSpanExporter("t", run=(str(store), "r1"))
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("t")
+    store.write_text("not a directory: the store is unavailable")
+    with tracer.start_as_current_span("steps 1-25"):
+        pass
+    assert exporter.unsent  # kept, not dropped
+    store.unlink()
+    with tracer.start_as_current_span("steps 26-50"):
+        pass
+    assert not exporter.unsent
+    assert sorted(s["name"] for s in read_spans(str(store), "r1")) == ["steps 1-25", "steps 26-50"]
