@@ -6,10 +6,6 @@ without waiting for a heartbeat timeout, and the drained worker exits."""
 from __future__ import annotations
 
 import asyncio
-import glob
-import json
-import os
-import signal
 import threading
 import time
 
@@ -18,7 +14,7 @@ import pytest
 from ops.chaos import Chaos
 from storage.checkpoints import CheckpointStore
 from storage.events import read_events
-from tests.e2e.runs import run_to_end, tiny_spec, wait_for
+from tests.e2e.runs import run_to_end, strike, tiny_spec, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -28,9 +24,10 @@ def test_sigterm_to_the_trainer_worker_moves_the_segment_to_another_worker_withi
     # a heartbeat timeout far above the 10 s the handover may take: a move that waited for
     # it could not pass
     spec = tiny_spec("e2e-drain", str(tmp_path / "store"), str(tmp_path / "fast"),
-                     **{"train.total_steps": 60, "train.segment_steps": 60,
-                        "train.checkpoint_every": 50, "sweep.enabled": False,
-                        "ops.heartbeat_timeout_s": 60.0})
+                     # 4096 tokens a micro-batch: ~0.2 s steps, so the drain lands mid-segment
+                     **{"train.total_steps": 100, "train.segment_steps": 100,
+                        "train.checkpoint_every": 50, "train.micro_batch_tokens": 4096,
+                        "sweep.enabled": False, "ops.heartbeat_timeout_s": 60.0})
     first = fleet_factory()
     chaos = Chaos(worker_pid=lambda: first.procs["trainer"].pid,
                   durable=CheckpointStore(spec.storage.durable, spec.run_id),
@@ -46,9 +43,8 @@ def test_sigterm_to_the_trainer_worker_moves_the_segment_to_another_worker_withi
     second = fleet_factory(roles=("trainer",), log_dir="logs-second")
     wait_for(lambda: b"workers_started" in open(tmp_path / "logs-second" / "worker-trainer.log",
                                                  "rb").read(), 60, "the second trainer worker")
-    wait_for(lambda: progress_step(spec) >= 12, 120, "a few steps past the start")
-    sigterm_at = time.time()
-    first.kill("trainer", signal.SIGTERM)
+    # SIGTERM to the first worker while its segment is well inside (steps 12-40 of 100)
+    sigterm_at = strike(chaos, spec, "drain_worker", (0, 100), (12, 40))["ts"]
     # the drained worker exits once its child has stopped at a commit
     first.procs["trainer"].wait(60)
     exited_s = time.time() - sigterm_at
@@ -69,16 +65,5 @@ def test_sigterm_to_the_trainer_worker_moves_the_segment_to_another_worker_withi
     assert started and started[0]["ts"] - sigterm_at < 10, (started, sigterm_at)
     assert exited_s < 30
     committed = CheckpointStore(spec.storage.durable, spec.run_id).list_committed()
-    assert stopped_at in committed_at_drain and committed[-1] == 60
+    assert stopped_at in committed_at_drain and committed[-1] == 100
     assert set(committed_at_drain) <= set(committed)  # nothing committed was lost
-
-
-def progress_step(spec) -> int:
-    """The newest step in the running segment's progress file (the trainer's own record)."""
-    steps = [0]
-    for path in glob.glob(os.path.join(spec.storage.fast, spec.run_id, "segments", "*",
-                                       "progress.jsonl")):
-        with open(path) as f:
-            steps += [json.loads(line)["step"] for line in f
-                      if line.startswith('{"type": "step"')]
-    return max(steps)
