@@ -31,6 +31,53 @@ SWEEP_WORKFLOW_TYPE = "Sweep"
 # TrainingRun's stages, in order (workflows/training_run.py runs them from this)
 STAGES = ("prepare_data", "warmup_sweep", "train", "evaluate", "promote")
 
+# ---- nodes: the trainer workers a multi-node segment is gang-scheduled on --------------
+# (workflows/nodes.py: the registry; workflows/gang.py: the choice and the launch)
+NODE_REGISTRY_TYPE = "NodeRegistry"
+NODE_REGISTRY_ID = "mainspring-nodes"  # one long-lived registry workflow per namespace
+ANNOUNCE = "announce"  # the registry's signal: a node's NodeInfo, every few seconds
+LEAVE = "leave"  # ... and its name, when its worker stops
+LIST_NODES = "list_nodes"  # local activity of the orchestrator: the registry's nodes, now
+NODE_TTL_S = 15.0  # a node that has not announced itself for this long is not healthy
+
+
+def node_queue(name: str) -> str:
+    """The task queue of one node's trainer worker (it also polls TRAINER_QUEUE)."""
+    return f"{TRAINER_QUEUE}@{name}"
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """A trainer worker as it announces itself (`mainspring worker --node ...`)."""
+
+    name: str
+    queue: str
+    address: str  # where the other nodes reach it (the rendezvous store when it leads)
+    rdzv_port: int
+    procs: int  # ranks it runs (GPUs on a GPU node)
+    gpus: int = 0
+    busy: str = ""  # what it runs now ("" idle): a segment from another run keeps it
+    seen: float = 0.0  # when the registry last heard from it (the registry's clock)
+    worker: str = ""  # the worker process's identity (a restarted worker has a new one)
+
+
+@dataclass
+class ListNodesResult:
+    nodes: list[NodeInfo]
+    now: float  # the activity's clock, against which `seen` says how old an announcement is
+
+
+@dataclass(frozen=True)
+class GangMember:
+    """One node's share of a multi-node segment: torchrun's static rendezvous (node ranks
+    are the workflow's choice; docs/decisions.md) and the launch's id."""
+
+    node: str
+    node_rank: int
+    nnodes: int
+    master: str  # host:port of node 0's rendezvous store
+    session: str  # unique per launch: a part left by an earlier launch is never merged
+
 
 @dataclass
 class PrepareDataInput:
@@ -67,6 +114,8 @@ class TrainSegmentInput:
     # the fault a decision answered ({event_id, fault_ts, detected_ts, last_step}): this
     # segment's first attempt records the `recovered` naming it (activities/recovery.py)
     after_fault: dict[str, Any] | None = None
+    # a multi-node segment: this node's share (None: one node, the shared trainer queue)
+    gang: GangMember | None = None
 
     def __post_init__(self) -> None:
         if self.rewind and self.rollback is None:
@@ -313,6 +362,15 @@ class RunCarry:
     # (workflows/adapt.py), with the oom_adapted events saying why
     micro_split: int = 1
     after_fault: dict[str, Any] | None = None  # TrainSegmentInput.after_fault, until it ran
+    # multi-node runs (workflows/gang.py): nodes the segments run on now (0: train.nodes;
+    # fewer once elastic), each node's gang failures in a row, the nodes set aside (name ->
+    # evidence), gang launches so far (their sessions), and why the run waits for nodes
+    nodes_used: int = 0
+    node_failures: dict[str, int] = field(default_factory=dict)
+    set_aside: dict[str, str] = field(default_factory=dict)
+    gang_launches: int = 0
+    waiting: dict[str, Any] | None = None
+    gang_repeat: dict[str, Any] = field(default_factory=dict)  # {fingerprint, repeats}
 
     @classmethod
     def from_json(cls, raw: dict[str, Any] | None) -> RunCarry:

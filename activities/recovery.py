@@ -208,6 +208,8 @@ class Recovery:
         fault = (beat.get("fault") if attempt > 1 else None) or inp.after_fault or \
             (server_outage(events, inp, execution, attempt - 1) if attempt > 1 else None) or {}
         self.fault_event_id = fault.get("event_id") or fault_id(inp, execution, attempt - 1)
+        # a multi-node launch's other faults (its peers' broken collectives): answered too
+        self.also = [str(x) for x in fault.get("also") or []]
         # this attempt was scheduled when Temporal gave up on the last one (the timeout)
         scheduled = info.current_attempt_scheduled_time.timestamp() \
             if info.current_attempt_scheduled_time else time.time()
@@ -253,6 +255,7 @@ class Recovery:
             event_id=f"recovered/{self.inp.from_step}-{self.inp.to_step}/{self.execution}/"
                      f"{self.attempt}",
             fault_event_id=self.fault_event_id, resumed_step=resumed,
+            **({"also_answers": self.also} if self.also else {}),
             heartbeat_step=self.beat_step, last_step_seen=self.last_step,
             lost_steps=max(0, self.last_step - (resumed or 0)), attempt=self.attempt,
             tier=start.restore_tier if start else "",

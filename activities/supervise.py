@@ -23,6 +23,7 @@ from typing import Callable
 import structlog
 from temporalio.exceptions import ApplicationError, CancelledError
 
+from activities.contracts import GangMember
 from activities.hang import HangLimits, HangWatch, Timeout
 from common.cgroup import oom_kill_count, oom_kills_since
 from common.errors import NON_RETRYABLE, HardwareFault
@@ -34,7 +35,7 @@ from common.procs import (
     set_parent_death_signal,
     with_repo_on_path,
 )
-from common.protocol import ErrorReport, ProgressLine, parse_line
+from common.protocol import ErrorReport, ProgressLine, StepLine, parse_line
 from common.redact import redact, redact_value
 
 log = structlog.get_logger(__name__)
@@ -68,10 +69,19 @@ class ChildFailure:
                 "detection_s": round(max(0.0, self.detected_ts - self.fault_ts), 3)}
 
 
-def trainer_command(module: str, world_size: int, args: list[str]) -> list[str]:
-    """torchrun for the trainer entry points (one launcher for world size 1 and N)."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc_per_node={world_size}", "-m", module, *args]
+def trainer_command(module: str, procs: int, args: list[str],
+                    gang: GangMember | None = None) -> list[str]:
+    """torchrun for the trainer entry points: `procs` ranks on this node — one node
+    (`--standalone`), or this node's share of a multi-node segment with the static
+    rendezvous the workflow chose (node ranks fixed, node 0's store; docs/decisions.md)."""
+    if gang is None:
+        launch = ["--standalone"]
+    else:
+        host, _, port = gang.master.rpartition(":")
+        launch = [f"--nnodes={gang.nnodes}", f"--node-rank={gang.node_rank}",
+                  f"--master-addr={host}", f"--master-port={port}", "--max-restarts=0"]
+    return [sys.executable, "-m", "torch.distributed.run", *launch,
+            f"--nproc_per_node={procs}", "-m", module, *args]
 
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -119,7 +129,8 @@ def supervise(cmd: list[str], *, workdir: str, env: dict[str, str],
               hang: HangLimits | float = 600.0, stop_grace_s: float = 300.0,
               poll_s: float = 1.0,
               on_failure: Callable[[ChildFailure], None] = lambda _: None,
-              draining: Callable[[], str] = lambda: "") -> None:
+              draining: Callable[[], str] = lambda: "",
+              stop_quiet_s: float | None = None) -> None:
     """Run a child to completion; raise a classified error if it does not succeed.
 
     On cancellation, or when `draining()` gives a reason (the worker got SIGTERM,
@@ -128,6 +139,9 @@ def supervise(cmd: list[str], *, workdir: str, env: dict[str, str],
     before it is killed; a child that stopped that way counts as success (its result says
     so; the caller tells a drain from a cancel).
     A retryable failure is described to `on_failure` (ChildFailure) before it is raised.
+    With `stop_quiet_s` (a multi-node segment) a child that shows no step within that long
+    after the stop request (and 3 of its recent step times) is killed at once: its peers
+    are gone or stuck, and it cannot stop at a step without them.
     A child whose progress file stays quiet past the timeout `hang` sets (activities/hang.py;
     a number: that many seconds, fixed) is hung: it is killed and a HardwareFault raised.
     """
@@ -144,6 +158,7 @@ def supervise(cmd: list[str], *, workdir: str, env: dict[str, str],
                                 start_new_session=True, preexec_fn=set_parent_death_signal)
     log.info("child_started", pid=proc.pid, cmd=" ".join(cmd[-8:]), log=log_path)
     last_progress_ts, stop_at, lost_rank = time.time(), None, None
+    seen_since_stop, steps = False, StepGaps()
     watch = HangWatch(hang if isinstance(hang, HangLimits) else HangLimits.fixed(hang),
                       started=time.monotonic())
     launcher = LauncherLog(log_path)
@@ -153,6 +168,8 @@ def supervise(cmd: list[str], *, workdir: str, env: dict[str, str],
             for line in tail.read() if tail else ():
                 watch.seen(line, time.monotonic())
                 last_progress_ts = time.time()
+                seen_since_stop = seen_since_stop or stop_at is not None
+                steps.seen(line, time.monotonic())
                 on_progress(line)
             heartbeat()
             if rc is not None:
@@ -162,6 +179,11 @@ def supervise(cmd: list[str], *, workdir: str, env: dict[str, str],
                 request_stop(workdir, why)
                 stop_at, watch.stopping = time.monotonic(), True
                 log.info("child_stop_requested", pid=proc.pid, grace_s=stop_grace_s, reason=why)
+            if (stop_at is not None and stop_quiet_s is not None and not seen_since_stop
+                    and time.monotonic() - stop_at > max(stop_quiet_s, 3 * steps.last_gap)):
+                raise CancelledError(f"activity cancelled; no step within "
+                                     f"{time.monotonic() - stop_at:.1f}s of the stop request "
+                                     "(its peers are gone): killed")
             if stop_at is not None and time.monotonic() - stop_at > stop_grace_s:
                 raise CancelledError(f"activity cancelled; trainer did not stop within "
                                      f"{stop_grace_s:.0f}s and was killed")
@@ -188,6 +210,20 @@ def supervise(cmd: list[str], *, workdir: str, env: dict[str, str],
         raise CancelledError(f"activity cancelled; trainer exited with {rc} while stopping")
     _classify_exit(rc, workdir, log_path, on_failure, oom_kills=oom_kills_since(oom_before),
                    lost_rank=lost_rank)
+
+
+class StepGaps:
+    """The time between the child's last two step lines (0 before two were seen)."""
+
+    def __init__(self) -> None:
+        self.last_ts: float | None = None
+        self.last_gap = 0.0
+
+    def seen(self, line: ProgressLine, now: float) -> None:
+        if isinstance(line, StepLine):
+            if self.last_ts is not None:
+                self.last_gap = now - self.last_ts
+            self.last_ts = now
 
 
 class LauncherLog:

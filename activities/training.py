@@ -13,14 +13,15 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
 import time
 
 import structlog
 from temporalio import activity
-from temporalio.exceptions import CancelledError
+from temporalio.exceptions import ApplicationError, CancelledError
 
-from activities import drain
+from activities import drain, nodes
 from activities.contracts import (
     EVALUATE,
     TRAIN_SEGMENT,
@@ -36,7 +37,8 @@ from activities.metrics import MetricsForwarder
 from activities.recovery import FaultRecorder, Recovery, execution_key, prior_repeat
 from activities.supervise import ChildFailure, child_env, supervise, trainer_command
 from activities.tracing import activity_span
-from common.errors import Preempted
+from common.errors import MainspringError, NodeFailed, Preempted
+from common.fault_kinds import TRANSIENT_KINDS
 from common.procs import WORKER_PID_ENV
 from common.protocol import CommitLine, ProgressLine, SegmentResult
 from common.telemetry import child_trace_env
@@ -47,6 +49,11 @@ from storage.events import EventLog
 from trainer.extensions import clear_stale_build_locks
 
 log = structlog.get_logger(__name__)
+
+# what a rank sees when another node's rank is gone (gloo, NCCL)
+PEER_LOST = re.compile(r"Connection (reset|closed) by (remote )?peer|Broken pipe|"
+                       r"NCCL (error|timeout)|gloo.*Timed out|Connection refused", re.IGNORECASE)
+GANG_STOP_QUIET_S = 5.0  # a stopping gang member with no step since the stop request
 
 
 def segment_workdir(spec: RunSpec, from_step: int, to_step: int) -> str:
@@ -89,9 +96,11 @@ class DurableCommit:
 @activity.defn(name=TRAIN_SEGMENT)
 @classified
 def train_segment(inp: TrainSegmentInput) -> TrainSegmentResult:
-    spec = RunSpec.from_dict(inp.spec)
-    with activity_span(f"segment {inp.from_step}-{inp.to_step}", spec,
-                       from_step=inp.from_step, to_step=inp.to_step), \
+    spec = nodes.on_this_node(RunSpec.from_dict(inp.spec))
+    where = {"node": inp.gang.node, "node_rank": inp.gang.node_rank} if inp.gang else {}
+    with nodes.occupying(f"{spec.run_id} {inp.from_step}-{inp.to_step}", activity.heartbeat), \
+            activity_span(f"segment {inp.from_step}-{inp.to_step}", spec,
+                          from_step=inp.from_step, to_step=inp.to_step, **where), \
             fast_tier.lease(spec.storage.fast, spec.run_id, spec.storage.durable):
         return _train_segment(spec, inp)
 
@@ -104,12 +113,14 @@ def _train_segment(spec: RunSpec, inp: TrainSegmentInput) -> TrainSegmentResult:
     events = EventLog(spec.storage.durable, spec.run_id, "supervisor", attempt=attempt)
     recovery = Recovery(events, workdir, inp, attempt, execution) \
         if attempt > 1 or inp.after_fault else None
-    events.emit("segment_started", step=inp.from_step,
-                # the execution too: a segment scheduled again after a decision (an OOM)
-                # starts over at attempt 1
-                event_id=f"segment_started/{inp.from_step}-{inp.to_step}/{execution}/{attempt}",
-                from_step=inp.from_step, to_step=inp.to_step, attempt=attempt)
-    events.flush()
+    lead = inp.gang is None or inp.gang.node_rank == 0  # a gang's node 0 speaks for it
+    if lead:
+        events.emit("segment_started", step=inp.from_step,
+                    # the execution too: a segment scheduled again after a decision (an OOM)
+                    # starts over at attempt 1
+                    event_id=f"segment_started/{inp.from_step}-{inp.to_step}/{execution}/{attempt}",
+                    from_step=inp.from_step, to_step=inp.to_step, attempt=attempt)
+        events.flush()
     prior = prior_repeat(activity.info().heartbeat_details)
     tracker = DurableCommit(None, "", prior)
 
@@ -131,7 +142,29 @@ def _train_segment(spec: RunSpec, inp: TrainSegmentInput) -> TrainSegmentResult:
         if decided is not None:
             log.warning("segment_needs_decision", kind=decided.kind, error=str(decided)[:300])
             raise decided from None
+        if inp.gang is not None and faults.fault and retryable(exc):
+            raise node_failed(inp.gang.node, faults) from None  # the gang decides (gang.py)
         raise
+
+
+def retryable(exc: BaseException) -> bool:
+    if isinstance(exc, ApplicationError):
+        return not exc.non_retryable
+    return not isinstance(exc, MainspringError) or exc.retryable
+
+
+def node_failed(node: str, faults: FaultRecorder) -> NodeFailed:
+    """This node's failure for the gang's blame (workflows/gang.py): a rank that lost its
+    peer (a connection closed, a collective broken) without a signal of its own failed
+    because another node did."""
+    f = faults.fault
+    peer = f["kind"] in ("rank_lost", "nccl") and not f.get("signal") and bool(
+        PEER_LOST.search(" ".join([str(f.get("evidence", "")), *f.get("log_tail", [])])))
+    return NodeFailed(node, f["kind"], str(f.get("evidence", ""))[:500],
+                      fault_event_id=faults.event_id, fault_ts=f.get("fault_ts"),
+                      detected_ts=f.get("detected_ts"), last_step=faults.last_step,
+                      fingerprint=str(f.get("fingerprint", "")), peer=peer,
+                      transient=f["kind"] in TRANSIENT_KINDS)
 
 
 def _supervise_segment(spec: RunSpec, inp: TrainSegmentInput, workdir: str,
@@ -164,6 +197,8 @@ def _supervise_segment(spec: RunSpec, inp: TrainSegmentInput, workdir: str,
             "--fast-dir", fast_tier.store_dir(spec.storage.fast, spec.run_id),
             "--lr-windows-file", windows_file, "--max-rollbacks", str(inp.max_rollbacks),
             "--micro-split", str(inp.micro_split)]
+    if inp.gang:
+        args += ["--nnodes", str(inp.gang.nnodes), "--session", inp.gang.session]
     if inp.rollback:
         args += ["--rollback", inp.rollback.to_json()]
     result_file = os.path.join(workdir, "result.json")
@@ -171,7 +206,8 @@ def _supervise_segment(spec: RunSpec, inp: TrainSegmentInput, workdir: str,
         # A cancel (operator pause/rollback/abort) must not interrupt this thread: the
         # supervisor asks the trainer to stop at a checkpoint and waits for it.
         with activity.shield_thread_cancel_exception():
-            supervise(trainer_command("trainer.segment", spec.train.world_size, args),
+            supervise(trainer_command("trainer.segment", spec.train.procs_per_node, args,
+                                      inp.gang),
                       workdir=workdir,
                       env=child_env({**child_trace_env(), WORKER_PID_ENV: str(os.getpid())}),
                       on_failure=faults.on_failure,
@@ -181,11 +217,16 @@ def _supervise_segment(spec: RunSpec, inp: TrainSegmentInput, workdir: str,
                       is_cancelled=activity.is_cancelled, draining=drain.reason,
                       hang=HangLimits.of(spec, inp.to_step, checkpoint_bytes=store.manifest(
                           latest).total_bytes if latest is not None else 0),
-                      stop_grace_s=spec.ops.stop_grace_s)
+                      stop_grace_s=spec.ops.stop_grace_s,
+                      # a gang member that cannot finish a step after a stop has lost its
+                      # peers: killed, not left in a collective (workflows/gang.py)
+                      stop_quiet_s=GANG_STOP_QUIET_S if inp.gang else None)
     except CancelledError:
         if not os.path.exists(result_file):  # killed before it stopped: a plain cancel
             raise
         log.info("segment_stopped_on_cancel", workdir=workdir)  # report where it stopped
+    if inp.gang and inp.gang.node_rank > 0:
+        return follower_result(store, inp, attempt)  # a gang's other node: node 0 reports
     with open(result_file) as f:
         res = SegmentResult.from_json(f.read())
     if drain.draining() and res.outcome.stopped == "interrupted":
@@ -199,6 +240,17 @@ def _supervise_segment(spec: RunSpec, inp: TrainSegmentInput, workdir: str,
                 train_loss=res.train_loss, resumed_from=res.resumed_from)
     events.flush()
     return segment_result(res, attempt, store.list_committed())
+
+
+def follower_result(store: CheckpointStore, inp: TrainSegmentInput,
+                    attempt: int) -> TrainSegmentResult:
+    """What a gang's node other than 0 returns when its ranks left no result: where the
+    durable store stands (the workflow reads node 0's result)."""
+    last = store.latest_committed(at_or_before=inp.to_step)
+    return TrainSegmentResult(final_step=last if last is not None else inp.from_step,
+                              last_committed_step=last if last is not None else -1,
+                              last_committed_uri=store.uri(last) if last is not None else "",
+                              train_loss=None, resumed_from=None, attempt=attempt)
 
 
 def preempted(faults: FaultRecorder, committed: int | None) -> Preempted:
@@ -228,8 +280,9 @@ def segment_result(res: SegmentResult, attempt: int, committed: list[int]) -> Tr
 @activity.defn(name=EVALUATE)
 @classified
 def evaluate(inp: EvaluateInput) -> EvaluateResult:
-    spec = RunSpec.from_dict(inp.spec)
-    with activity_span("evaluate", spec, steps=",".join(map(str, inp.steps))), \
+    spec = nodes.on_this_node(RunSpec.from_dict(inp.spec))
+    with nodes.occupying(f"{spec.run_id} evaluate", activity.heartbeat), \
+            activity_span("evaluate", spec, steps=",".join(map(str, inp.steps))), \
             fast_tier.lease(spec.storage.fast, spec.run_id, spec.storage.durable):
         result = _evaluate(spec, inp)
     # Training is over: this machine's fast tier of the run is a cache of durable commits.

@@ -124,9 +124,27 @@ class Preempted(MainspringError):
         super().__init__(f"preempted at step {step}: {reason}")
 
 
+class NodeFailed(MainspringError):
+    """One node's share of a multi-node segment failed (workflows/gang.py): the fault it
+    recorded (kind, event id, times), so the workflow can tell the node at fault from the
+    peers that lost it, and retry the whole gang from the last commit."""
+
+    def __init__(self, node: str, kind: str, evidence: str, fault_event_id: str = "",
+                 fault_ts: float | None = None, detected_ts: float | None = None,
+                 last_step: int | None = None, fingerprint: str = "", peer: bool = False,
+                 transient: bool = False) -> None:
+        self.node, self.fault_kind, self.evidence = node, kind, evidence
+        self.fault_event_id, self.fault_ts, self.detected_ts = fault_event_id, fault_ts, detected_ts
+        self.last_step, self.fingerprint = last_step, fingerprint
+        # peer: it failed by losing a peer (a connection closed, a collective broken), not
+        # of its own; transient: a kind that does not count towards the repeat budget
+        self.peer, self.transient = peer, transient
+        super().__init__(f"node {node}: {kind}: {evidence}")
+
+
 ERROR_TYPES: dict[str, type[MainspringError]] = {
     c.__name__: c for c in (BadConfig, BadData, StorageUnavailable, HardwareFault, DiskFull,
-                            Diverged, OutOfMemory, RepeatedFailure, Preempted)
+                            Diverged, OutOfMemory, RepeatedFailure, Preempted, NodeFailed)
 }
 # the ones the workflow decides on rather than fails the run with (workflows/adapt.py)
 NEEDS_DECISION = ("OutOfMemory", "RepeatedFailure", "DiskFull")

@@ -27,6 +27,8 @@ log = structlog.get_logger(__name__)
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 # The trainer worker's pid, set by the supervisor for its children (the kill_worker fault).
 WORKER_PID_ENV = "MAINSPRING_WORKER_PID"
+# The node a trainer worker is (`mainspring worker --node`), for its children.
+NODE_ENV = "MAINSPRING_NODE"
 
 
 def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
@@ -117,9 +119,12 @@ def with_repo_on_path(env: dict[str, str]) -> dict[str, str]:
     return {**env, "PYTHONPATH": os.pathsep.join([root, *paths])}
 
 
-def worker_command(role: str, address: str, namespace: str = "default") -> list[str]:
-    return [sys.executable, "-m", "ops.cli", "worker", "--role", role, "--address", address,
-            "--namespace", namespace]
+def worker_command(role: str, address: str, namespace: str = "default",
+                   args: tuple[str, ...] = (), wrap: tuple[str, ...] = ()) -> list[str]:
+    """`mainspring worker --role …` with `args` appended, behind the prefix `wrap` (e.g.
+    `ip netns exec <ns>`, which execs the worker: it keeps the pid Popen returns)."""
+    return [*wrap, sys.executable, "-m", "ops.cli", "worker", "--role", role,
+            "--address", address, "--namespace", namespace, *args]
 
 
 @dataclass
@@ -129,6 +134,10 @@ class WorkerFleet:
     log_dir: str = ".mainspring/logs"
     restart: bool = True
     env: dict[str, str] = field(default_factory=dict)
+    # A command prefix for every worker (("ip", "netns", "exec", ns): a host of a multi-host
+    # test) and extra worker flags appended to its command line; both empty by default.
+    wrap: tuple[str, ...] = ()
+    args: tuple[str, ...] = ()
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     restarts: dict[str, int] = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -140,7 +149,8 @@ class WorkerFleet:
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env = {**os.environ, **self.env}
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
-        proc = subprocess.Popen(worker_command(role, self.address), stdout=out,
+        cmd = worker_command(role, self.address, args=self.args, wrap=self.wrap)
+        proc = subprocess.Popen(cmd, stdout=out,
                                 stderr=subprocess.STDOUT, env=env, start_new_session=True,
                                 preexec_fn=set_parent_death_signal)
         self.procs[role] = proc

@@ -7,6 +7,7 @@ import asyncio
 import getpass
 import json
 import os
+import re
 import signal
 import socket
 import sys
@@ -77,10 +78,32 @@ def cmd_worker(args: argparse.Namespace) -> int:
     try:
         asyncio.run(run_workers({args.role}, args.address, args.namespace, args.trainer_slots,
                                 args.metrics_port, args.temporal_metrics_port,
-                                drain_timeout_s=args.drain_timeout_s))
+                                drain_timeout_s=args.drain_timeout_s, node=_node(args),
+                                fast_root=os.path.abspath(args.fast_root) if args.fast_root else ""))
     finally:
         telemetry.flush()
     return 0
+
+
+def _node(args: argparse.Namespace):
+    """The node this trainer worker is (`--node`), or None: the shared trainer queue only."""
+    from activities.contracts import NodeInfo, node_queue
+    from activities.nodes import default_address
+
+    if not args.node:
+        return None
+    if args.role not in ("trainer", "all"):
+        raise BadConfig("--node", f"a {args.role} worker runs no training",
+                        "give --node to `mainspring worker --role trainer`")
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", args.node):
+        raise BadConfig("--node", f"{args.node!r} is not a node name",
+                        "use 1-63 letters, digits, '.', '_' or '-' (a hostname works)")
+    if not 1 <= args.rdzv_port <= 65535 or args.procs < 1 or args.gpus < 0:
+        raise BadConfig("--rdzv-port/--procs/--gpus", f"got {args.rdzv_port}/{args.procs}/"
+                        f"{args.gpus}", "a port in 1..65535, --procs >= 1, --gpus >= 0")
+    return NodeInfo(name=args.node, queue=node_queue(args.node),
+                    address=args.node_address or default_address(), rdzv_port=args.rdzv_port,
+                    procs=args.procs, gpus=args.gpus, worker=f"{args.node}-{os.getpid()}")
 
 
 async def _run_start(args: argparse.Namespace) -> int:
@@ -315,6 +338,19 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--drain-timeout-s", type=float, default=300.0,
                         help="on SIGTERM, how long running segments get to commit at their "
                              "current step and hand over before they are killed")
+    node = worker.add_argument_group("node (trainer role): multi-node segments, docs/multinode.md")
+    node.add_argument("--node", default=os.environ.get("MAINSPRING_NODE", ""),
+                      help="this node's name: the worker announces itself to the node registry "
+                           "and polls its own queue too (env MAINSPRING_NODE; default: not a node)")
+    node.add_argument("--node-address", default="",
+                      help="where the other nodes reach this one (default: its hostname's address)")
+    node.add_argument("--rdzv-port", type=int, default=29400,
+                      help="the rendezvous store's port when this node leads a segment")
+    node.add_argument("--procs", type=int, default=1, help="ranks this node runs (its GPUs)")
+    node.add_argument("--gpus", type=int, default=0, help="GPUs this node has (announced)")
+    node.add_argument("--fast-root", default="",
+                      help="this node's fast checkpoint tier (local NVMe); default the spec's "
+                           "storage.fast")
     temporal_flags(worker)
     worker.set_defaults(fn=cmd_worker)
 

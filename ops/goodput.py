@@ -372,7 +372,8 @@ def injected(event: dict) -> bool:
 
 def fault_summary(events: list[dict]) -> tuple[dict, int]:
     """({kind: count, recovered, mttr_s_median, mttr_s_max, lost_steps} of real faults,
-    injected fault count). A `recovered` event answers the fault its fault_event_id names,
+    injected fault count). A `recovered` event answers the fault its fault_event_id names
+    (and those its also_answers lists: the peers of a multi-node launch),
     else the newest real fault before it still open; MTTR is its mttr_s, else the time from
     the fault to it."""
     evs = sorted(events, key=lambda e: (e["ts"], e["event_id"]))
@@ -385,6 +386,8 @@ def fault_summary(events: list[dict]) -> tuple[dict, int]:
             None)
         if fault is not None and fault["event_id"] not in answer:
             answer[fault["event_id"]] = r
+        for also in r["payload"].get("also_answers") or ():  # a multi-node launch's peers
+            answer.setdefault(also, r)
     out: dict[str, dict] = {}
     for f in real:
         row = out.setdefault(str(f["payload"].get("kind")), {"count": 0, "recovered": 0,

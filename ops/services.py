@@ -53,8 +53,8 @@ def port_free(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
-def require_free(port: int, flag: str) -> None:
-    if not port_free(port):
+def require_free(port: int, flag: str, host: str = "127.0.0.1") -> None:
+    if not port_free(port, host):
         raise BadConfig(flag, f"port {port} is already in use",
                         f"pick another with {flag} or stop the process that holds it")
 
@@ -84,13 +84,13 @@ def _ephemeral_low() -> int:
 
 
 def wait_for_port(port: int, proc: subprocess.Popen, timeout_s: float, what: str,
-                  log_path: str) -> None:
+                  log_path: str, host: str = "127.0.0.1") -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"{what} exited with code {proc.returncode}; see {log_path}")
         with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
+            if s.connect_ex((host, port)) == 0:
                 return
         time.sleep(0.2)
     raise TimeoutError(f"{what} did not listen on port {port} within {timeout_s}s; see {log_path}")
@@ -110,25 +110,30 @@ def stop_process(proc: subprocess.Popen | None, grace_s: float = 5.0) -> None:
 
 @dataclass
 class TemporalDevServer:
-    """`temporal server start-dev` with a SQLite file (state survives restarts)."""
+    """`temporal server start-dev` with a SQLite file (state survives restarts).
+
+    `ip` is the address the frontend (and UI) bind to: loopback by default; a multi-host
+    test binds it to the address of a bridge its network namespaces reach.
+    """
 
     state_dir: str
     port: int = 7233
     ui_port: int = 8233
     headless: bool = False
     namespace: str = "default"
+    ip: str = "127.0.0.1"
     proc: subprocess.Popen | None = field(default=None, repr=False)
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.ip}:{self.port}"
 
     @property
     def ui_url(self) -> str:
-        return f"http://127.0.0.1:{self.ui_port}"
+        return f"http://{self.ip}:{self.ui_port}"
 
     def command(self) -> list[str]:
-        cmd = [find_binary("temporal"), "server", "start-dev", "--ip", "127.0.0.1",
+        cmd = [find_binary("temporal"), "server", "start-dev", "--ip", self.ip,
                "--port", str(self.port), "--db-filename",
                os.path.join(self.state_dir, "temporal.sqlite"), "--namespace", self.namespace,
                "--log-level", "warn"]
@@ -146,15 +151,16 @@ class TemporalDevServer:
         workers and clients that keep the address reconnect to the same state."""
         if self.running:
             raise RuntimeError(f"temporal dev server already running on {self.address}")
-        require_free(self.port, "--port")
+        require_free(self.port, "--port", self.ip)
         if not self.headless:
-            require_free(self.ui_port, "--ui-port")
+            require_free(self.ui_port, "--ui-port", self.ip)
         os.makedirs(self.state_dir, exist_ok=True)
         log_path = os.path.join(self.state_dir, "temporal.log")
         self.proc = subprocess.Popen(self.command(), stdout=open(log_path, "ab"),
                                      stderr=subprocess.STDOUT, start_new_session=True,
                                      preexec_fn=set_parent_death_signal)
-        wait_for_port(self.port, self.proc, timeout_s, "temporal dev server", log_path)
+        wait_for_port(self.port, self.proc, timeout_s, "temporal dev server", log_path,
+                      self.ip)
         log.info("temporal_started", address=self.address, ui=None if self.headless else self.ui_url)
         return self
 
@@ -165,7 +171,7 @@ class TemporalDevServer:
             return
         stop_process(self.proc)
         deadline = time.monotonic() + timeout_s
-        while not port_free(self.port) and time.monotonic() < deadline:
+        while not port_free(self.port, self.ip) and time.monotonic() < deadline:
             time.sleep(0.1)
 
     def restart(self, down_s: float = 0.0, timeout_s: float = 60.0) -> "TemporalDevServer":

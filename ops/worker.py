@@ -4,6 +4,7 @@ trainer activities only supervise child processes (DESIGN §5)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import signal
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
@@ -11,8 +12,17 @@ from datetime import timedelta
 import structlog
 from temporalio.worker import Worker
 
-from activities import drain, server_watch
-from activities.contracts import DATA_QUEUE, ORCHESTRATOR_QUEUE, TRAINER_QUEUE
+from activities import drain, nodes, server_watch
+from activities.contracts import (
+    ANNOUNCE,
+    DATA_QUEUE,
+    LEAVE,
+    NODE_REGISTRY_ID,
+    NODE_REGISTRY_TYPE,
+    ORCHESTRATOR_QUEUE,
+    TRAINER_QUEUE,
+    NodeInfo,
+)
 from common import telemetry
 from common.metrics import serve_metrics, serve_temporal_metrics
 from ops.client import connect
@@ -21,43 +31,75 @@ from storage.spans import DurableSpanExporter
 log = structlog.get_logger(__name__)
 
 ROLES = ("orchestrator", "data", "trainer", "all")
+ANNOUNCE_EVERY_S = 5.0  # a node's liveness (contracts.NODE_TTL_S: three missed ones)
 
 
 def build_workers(client, roles: set[str], trainer_slots: int = 1,
-                  drain_timeout_s: float = 300.0) -> list[Worker]:
+                  drain_timeout_s: float = 300.0, node: NodeInfo | None = None) -> list[Worker]:
+    """The role's workers; a trainer that is a node (`--node`) polls its own queue too."""
     from activities.data import prepare_data, promote
     from activities.events import pin_rollback, record_event
     from activities.runs import claim_run
     from activities.suggest import suggest_trials
     from activities.training import evaluate, train_segment
+    from workflows.nodes import NodeRegistry
     from workflows.sweep import Sweep
     from workflows.training_run import TrainingRun
 
     workers = []
     if roles & {"orchestrator", "all"}:
-        workers.append(Worker(client, task_queue=ORCHESTRATOR_QUEUE, workflows=[TrainingRun, Sweep],
-                              activities=[record_event, suggest_trials, claim_run, pin_rollback],
+        workers.append(Worker(client, task_queue=ORCHESTRATOR_QUEUE,
+                              workflows=[TrainingRun, Sweep, NodeRegistry],
+                              activities=[record_event, suggest_trials, claim_run, pin_rollback,
+                                          nodes.list_nodes],
                               activity_executor=ThreadPoolExecutor(4)))
     if roles & {"data", "all"}:
         workers.append(Worker(client, task_queue=DATA_QUEUE, activities=[prepare_data, promote],
                               activity_executor=ThreadPoolExecutor(2), max_concurrent_activities=2))
     if roles & {"trainer", "all"}:
         # One training job per trainer worker: the child uses every core (GPU) it is given.
-        workers.append(Worker(client, task_queue=TRAINER_QUEUE, activities=[train_segment, evaluate],
-                              activity_executor=ThreadPoolExecutor(trainer_slots + 1),
-                              max_concurrent_activities=trainer_slots,
-                              # a heartbeat at least every 5 s: an outage of the server is
-                              # survived by the attempt when shorter than the heartbeat
-                              # timeout (activities/server_watch.py)
-                              max_heartbeat_throttle_interval=timedelta(seconds=5),
-                              # a drain: running segments stop at a commit and fail over
-                              graceful_shutdown_timeout=timedelta(seconds=drain_timeout_s)))
+        for queue in [TRAINER_QUEUE, *([node.queue] if node else [])]:
+            workers.append(Worker(client, task_queue=queue, activities=[train_segment, evaluate],
+                                  activity_executor=ThreadPoolExecutor(trainer_slots + 1),
+                                  max_concurrent_activities=trainer_slots,
+                                  # a heartbeat at least every 5 s: an outage of the server
+                                  # is survived by the attempt when shorter than the
+                                  # heartbeat timeout (activities/server_watch.py)
+                                  max_heartbeat_throttle_interval=timedelta(seconds=5),
+                                  # a drain: running segments stop at a commit and fail over
+                                  graceful_shutdown_timeout=timedelta(seconds=drain_timeout_s)))
     return workers
+
+
+async def announce(client, stop: asyncio.Event) -> None:
+    """Tell the node registry this node is alive, every ANNOUNCE_EVERY_S, until `stop`
+    (signal-with-start: the first node's announcement starts the registry). A failed
+    announcement is logged and tried again: the server may be restarting."""
+    while not stop.is_set():
+        info = nodes.announcement()
+        if info is None:
+            return
+        try:
+            await client.start_workflow(
+                NODE_REGISTRY_TYPE, args=[None], id=NODE_REGISTRY_ID, task_queue=ORCHESTRATOR_QUEUE,
+                start_signal=ANNOUNCE, start_signal_args=[dataclasses.asdict(info)])
+        except Exception as exc:  # noqa: BLE001 - liveness is best effort, retried
+            log.warning("node_announce_failed", node=info.name, error=str(exc)[:200])
+        try:
+            await asyncio.wait_for(stop.wait(), ANNOUNCE_EVERY_S)
+        except asyncio.TimeoutError:
+            pass
+    me = nodes.identity()
+    try:  # stopping: no new gang may choose this node
+        await client.get_workflow_handle(NODE_REGISTRY_ID).signal(LEAVE, me.name)
+    except Exception as exc:  # noqa: BLE001 - its announcements stop anyway (NODE_TTL_S)
+        log.warning("node_leave_failed", node=me.name, error=str(exc)[:200])
 
 
 async def run_workers(roles: set[str], address: str = "", namespace: str = "",
                       trainer_slots: int = 1, metrics_port: int = 0,
-                      temporal_metrics_port: int = 0, drain_timeout_s: float = 300.0) -> None:
+                      temporal_metrics_port: int = 0, drain_timeout_s: float = 300.0,
+                      node: NodeInfo | None = None, fast_root: str = "") -> None:
     """Run the role's workers until SIGTERM or SIGINT. Then the worker drains
     (activities/drain.py): it stops polling, each running segment commits at its current
     step and fails over with a retryable Preempted at once, and the worker exits when they
@@ -69,13 +111,16 @@ async def run_workers(roles: set[str], address: str = "", namespace: str = "",
     telemetry.add_exporter(DurableSpanExporter(f"worker-{'-'.join(sorted(roles))}"))
     client = await connect(address, namespace)
     server_watch.configure(client.service_client.config)  # its segments probe this server
-    workers = build_workers(client, roles, trainer_slots, drain_timeout_s)
+    nodes.configure(node, fast_root)
+    workers = build_workers(client, roles, trainer_slots, drain_timeout_s, node)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     log.info("workers_started", roles=sorted(roles), address=address)
     tasks = [asyncio.create_task(w.run()) for w in workers]
+    if node is not None:  # a drained node stops announcing: no new gang chooses it
+        tasks.append(asyncio.create_task(announce(client, stop)))
     await stop.wait()
     drain.begin()
     log.info("workers_stopping", draining=drain.reason())

@@ -26,13 +26,14 @@ class FaultSpec:
     - nan_loss: the loss of step `at_step` is NaN (its gradients too), once;
     - crash: step `at_step` raises RuntimeError on every attempt — a bug at a fixed step —
       while the file `path` exists (always, when `path` is empty): removing it is the fix;
+      on the node named `node` only, when it names one (a bad host);
     - memory_limit: from step `at_step` on, every rank's data segment may grow by at most
       `mb` MiB over what it holds then (a real RLIMIT_DATA, on every attempt: an allocation
       past it fails like any out-of-memory).
     """
 
     # added fields at their default: out of spec_hash (spec/run.py, OpsConfig.ADDED)
-    ADDED: ClassVar[dict[str, Any]] = {"path": "", "mb": 256}
+    ADDED: ClassVar[dict[str, Any]] = {"path": "", "mb": 256, "node": ""}
 
     kind: str
     at_step: int = num(lo=1, hi=STEPS)
@@ -41,6 +42,7 @@ class FaultSpec:
     steps: int = num(1, 1, STEPS)
     factor: float = num(30.0, 0, 1e6)
     path: str = ""  # crash: fires while this file exists
+    node: str = ""  # crash: fires on this node only (`mainspring worker --node`; "" any)
     mb: int = num(256, 1, 1 << 30)  # memory_limit: MiB of headroom
 
     def __post_init__(self) -> None:

@@ -24,7 +24,8 @@ class OpsConfig:
     # so a run claimed before they existed keeps its hash (spec/run.py).
     ADDED: ClassVar[dict[str, Any]] = {
         "repeat_failure_limit": 3, "hang_floor_s": 60.0, "hang_step_factor": 10.0,
-        "startup_timeout_s": "auto", "startup_floor_s": 600.0, "checkpoint_mb_per_s": 50.0}
+        "startup_timeout_s": "auto", "startup_floor_s": 600.0, "checkpoint_mb_per_s": 50.0,
+        "node_wait_s": 300.0, "node_failure_limit": 2}
 
     # >= 1 s: Temporal reads a timeout that rounds to 0 as "none" and refuses the activity
     heartbeat_timeout_s: float = num(30.0, 1, DAY)
@@ -61,6 +62,12 @@ class OpsConfig:
     # the retrying: the run pauses in needs_attention with the evidence (activities/
     # recovery.py); transient kinds (worker_lost, storage_outage, preempted) never count
     repeat_failure_limit: int = num(3, 1, 1000)
+    # Multi-node segments (workflows/gang.py): a node whose failure ended this many gang
+    # launches in a row is set aside for the rest of the run (a `node_set_aside` event);
+    # with fewer healthy nodes than train.nodes the run waits this long for more to register
+    # (stage waiting_for_nodes), then goes on with fewer when train.min_nodes allows.
+    node_failure_limit: int = num(2, 1, 1000)
+    node_wait_s: float = num(300.0, 0, 30 * DAY)
 
     def __post_init__(self) -> None:
         _positive(self, "heartbeat_timeout_s", "segment_budget_s",

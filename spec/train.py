@@ -6,14 +6,21 @@ the workflow (segments, continue-as-new). Stdlib only; re-exported by spec."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from spec.codec import STEPS, num
 from spec.codec import positive as _positive
 from spec.codec import require as _require
 
+MAX_NODES = 4096  # the largest cluster a spec may ask for
+
 
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
+    # Added fields, with the default they came with: out of spec_hash at that default
+    # (spec/run.py), so a run claimed before they existed keeps its hash.
+    ADDED: ClassVar[dict[str, Any]] = {"min_nodes": 0}
+
     total_steps: int = num(200, 1, STEPS)
     segment_steps: int = num(100, 1, STEPS)  # steps per train_segment activity
     # continue-as-new after this many segments (history bound)
@@ -30,7 +37,13 @@ class TrainConfig:
     grad_clip: float = num(1.0, 0, 1e6)
     precision: str = "fp32"  # fp32 | bf16 | fp16
     zero_stage: int = num(0, 0, 3)
+    # Nodes a segment spans (docs/multinode.md): one trainer worker per node, gang-scheduled
+    # by the workflow (workflows/gang.py). More than MAX_NODES is not a cluster anyone has.
     nodes: int = num(1, 1, 10**4)
+    # Elastic: with fewer healthy nodes than `nodes` for ops.node_wait_s, the run goes on
+    # with fewer - a divisor of `nodes` >= min_nodes - and the same global batch (gradient
+    # accumulation x nodes / nodes used; the ZeRO <= 2 checkpoint is resharded). 0: `nodes`.
+    min_nodes: int = num(0, 0, 10**4)
     procs_per_node: int = num(1, 1, 1024)
     checkpoint_every: int = num(25, 1, STEPS)
     eval_batches: int = num(8, 1, 10**6)  # validation micro-batches per evaluation
@@ -79,7 +92,29 @@ class TrainConfig:
         _require(self.weight_decay >= 0, "weight_decay", "must be >= 0", "use e.g. 0.1")
         _require(self.eval_every >= 0, "eval_every", "must be >= 0", "use 0 to turn it off")
         _positive(self, "overfit_evals")
+        _require(self.nodes <= MAX_NODES, "nodes",
+                 f"{self.nodes} nodes is larger than any cluster this runs on (at most "
+                 f"{MAX_NODES})", f"use at most {MAX_NODES} nodes, more processes per node")
+        _require(self.min_nodes <= self.nodes, "min_nodes",
+                 f"must be <= nodes ({self.nodes}), got {self.min_nodes}",
+                 "set min_nodes between 1 and nodes, or 0 (not elastic)")
+        _require(self.min_nodes == 0 or self.nodes % self.min_nodes == 0, "min_nodes",
+                 f"{self.min_nodes} does not divide nodes ({self.nodes}): on fewer nodes the "
+                 "global batch is kept by accumulating nodes/nodes_used times more",
+                 "use a divisor of nodes")
+        _require(self.min_nodes in (0, self.nodes) or self.zero_stage <= 2, "min_nodes",
+                 "a ZeRO-3 checkpoint cannot be resharded to fewer nodes here",
+                 "use zero_stage <= 2, or min_nodes 0")
 
     @property
     def world_size(self) -> int:
         return self.nodes * self.procs_per_node
+
+    @property
+    def fewest_nodes(self) -> int:
+        return self.min_nodes or self.nodes
+
+    def node_counts(self) -> list[int]:
+        """The node counts a segment may run on, most first: divisors of `nodes` down to
+        `fewest_nodes` (the global batch stays whole at each)."""
+        return [n for n in range(self.nodes, self.fewest_nodes - 1, -1) if self.nodes % n == 0]

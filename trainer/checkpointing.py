@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from fractions import Fraction
 
 import structlog
 import torch
@@ -39,16 +40,20 @@ log = structlog.get_logger(__name__)
 
 # ---- resume and commit -----------------------------------------------------------------
 def _checkpointer(ctx: SegmentContext) -> TieredCheckpointer:
-    """Rank 0's checkpointer (its writer process uploads): fast tier → durable store, made on
-    first use — in the main thread, which the writer's parent-death signal is tied to. The
-    writer's cleanup (the newest durable copy and what is uploading stay) bounds the fast
-    tier across segments."""
+    """A node leader's checkpointer (its writer process uploads the node's files): fast tier
+    → durable store, made on first use — in the main thread, which the writer's
+    parent-death signal is tied to. The writer's cleanup (the newest durable copy and what
+    is uploading stay) bounds the fast tier across segments. On a multi-node segment the
+    other nodes' writers upload their ranks' files as parts and rank 0's commits the one
+    manifest once every part of the launch (`session`) is durable."""
     if ctx.checkpointer is None:
         ctx.checkpointer = TieredCheckpointer(
             ctx.store, ctx.fast_store, TierPolicy.from_storage(
                 ctx.spec.storage, spike_reach(ctx.spec.spikes.window)
                 if ctx.spec.spikes.enabled else 0),
-            events=ctx.events, on_commit=lambda man, uri: _on_durable_commit(ctx, man, uri))
+            events=ctx.events, on_commit=(lambda man, uri: _on_durable_commit(ctx, man, uri))
+            if ctx.rank == 0 else None,
+            node_rank=ctx.node_rank, nnodes=ctx.nnodes, session=ctx.args.session)
     return ctx.checkpointer
 
 
@@ -167,7 +172,9 @@ def _choose(ctx: SegmentContext, bound: int, corrupt: list[int]
             _report_corrupt(ctx, exc)
             corrupt.append(exc.step)
 
-        found = _checkpointer(ctx).resume(root, at_or_before=bound, on_corrupt=on_corrupt)
+        # a node's fast tier holds its own ranks' files only: multi-node resumes are durable
+        found = _checkpointer(ctx).resume(root, at_or_before=bound, on_corrupt=on_corrupt,
+                                          fast=ctx.nnodes == 1)
         if found:
             man, _, tier = found
             pick = (man.step, tier)
@@ -189,9 +196,9 @@ def _load(ctx: SegmentContext, engine, step: int, tier: str, man: CheckpointMani
         man = man or ctx.fast_store.manifest(step)
     elif ctx.rank != 0:
         man = ctx.store.fetch(step, os.path.join(root, tag))
-    if man.config_hash != ctx.spec.spec_hash():
+    if man.config_hash != ctx.config_hash:
         log.warning("checkpoint_config_differs", step=step, checkpoint=man.config_hash,
-                    spec=ctx.spec.spec_hash())
+                    spec=ctx.config_hash)
     try:
         load_path, _ = engine.load_checkpoint(root, tag=tag)
         state = TrainState.load(os.path.join(root, tag, state_file(ctx.rank)))
@@ -208,6 +215,22 @@ def _load(ctx: SegmentContext, engine, step: int, tier: str, man: CheckpointMani
     if state.step != step:
         raise RuntimeError(f"train state says step {state.step}, manifest says {step}")
     state.restore_rng()
+    return resharded(state, int(man.extra.get("world_size", ctx.world)), ctx.world)
+
+
+def resharded(state: TrainState, saved_world: int, world: int) -> TrainState:
+    """Pure: the train state of a checkpoint written at `saved_world` ranks, read at `world`
+    (an elastic run on fewer nodes, trainer/elastic.py). The data cursor counts one rank's
+    micro-batches, so the same global sample index is cursor x saved_world / world; skip
+    ranges likewise. The optimizer's shards are DeepSpeed's to reshard."""
+    if saved_world == world:
+        return state
+    scale = Fraction(saved_world, world)
+    if (state.data_cursor * scale).denominator != 1:
+        raise RuntimeError(f"data cursor {state.data_cursor} at world size {saved_world} "
+                           f"is not a whole cursor at world size {world}")
+    state.data_cursor = int(state.data_cursor * scale)
+    state.skip_ranges = [(int(a * scale), int(b * scale)) for a, b in state.skip_ranges]
     return state
 
 
@@ -235,7 +258,7 @@ def _commit(ctx: SegmentContext, engine, state: TrainState) -> None:
     t0 = time.perf_counter()
     fast = ctx.fast_store
     tag = step_dir(state.step)
-    if ctx.rank == 0:
+    if ctx.leader:  # each node's fast tier
         _checkpointer(ctx).prepare(state.step)  # clears a partial save from an earlier attempt
     ctx.barrier()
     failure = None
@@ -250,18 +273,20 @@ def _commit(ctx: SegmentContext, engine, state: TrainState) -> None:
             raise ctx.checkpointer.write_failed(state.step, failure or RuntimeError(
                 f"{failed_ranks:.0f} other rank(s) failed to write the fast tier"))
         raise StorageUnavailable(fast.url, f"writing step {state.step} failed: {failure!r}")
-    if ctx.rank != 0:
+    if not ctx.leader:
         return
     ckpt = ctx.checkpointer
     waited = ckpt.submit(
         state.step, tokens_seen=state.tokens_seen, data_cursor=state.data_cursor,
         skip_ranges=tuple(tuple(r) for r in state.skip_ranges), detector_state=state_file(0),
-        config_hash=ctx.spec.spec_hash(), parent=ckpt.last_step,
+        config_hash=ctx.config_hash, parent=ckpt.last_step,
         writer=f"trainer-attempt{ctx.args.attempt}",
         extra={"world_size": ctx.world, "zero_stage": ctx.spec.train.zero_stage})
     if not ctx.spec.storage.async_upload:
         ckpt.drain()
     pause = time.perf_counter() - t0
+    if ctx.events is None:  # another node's leader: rank 0 records the checkpoint
+        return
     ctx.events.emit("checkpoint_saved", step=state.step, tier="fast", pause_s=round(pause, 4),
                     waited_s=round(waited, 4),
                     event_id=f"checkpoint_saved/{state.step}/{ctx.args.attempt}")
@@ -275,8 +300,9 @@ def rollback_to(ctx: SegmentContext, engine, at_or_before: int) -> tuple[TrainSt
     again (storage/rollback.py). Waits for in-flight uploads first so none lands after the
     uncommit. (None, []) when no checkpoint is left there: nothing is deleted."""
     stores: list[CheckpointStore] = []
-    if ctx.rank == 0:
+    if ctx.leader:  # every node's uploads in, before rank 0 uncommits
         _checkpointer(ctx).drain()
+    if ctx.rank == 0:
         stores = [ctx.store, ctx.fast_store]
     return roll_back(at_or_before, lambda bound: restore(ctx, engine, bound),
                      lambda state: state.step, stores)

@@ -42,10 +42,12 @@ class SegmentArgs:
     rollback: OperatorRollback | None = None  # an operator's, applied once per id
     max_rollbacks: int = -1  # end the segment early after this many rollbacks (-1: no limit)
     micro_split: int = 1  # each micro-batch as this many chunks (after an OOM: workflows/adapt.py)
+    nnodes: int = 1  # nodes this segment spans (a multi-node gang: workflows/gang.py)
+    session: str = ""  # the gang launch's id: its nodes' checkpoint parts carry it
 
 
 class Progress:
-    """Rank 0's append-only progress file (common/protocol.py lines), one O_APPEND write per
+    """A node leader's append-only progress file (common/protocol.py lines), one O_APPEND write per
     line — atomic next to the checkpointer thread's `commit` lines — so the supervisor can
     tail it."""
 
@@ -74,8 +76,17 @@ def on_sigterm(signum: int, frame: object) -> None:
 class SegmentContext:
     """What one segment process knows: arguments, spec, rank, stores, and rank 0's outputs."""
 
-    def __init__(self, args: SegmentArgs, spec: RunSpec, rank: int, world: int) -> None:
+    def __init__(self, args: SegmentArgs, spec: RunSpec, rank: int, world: int,
+                 config_hash: str = "") -> None:
         self.args, self.spec, self.rank, self.world = args, spec, rank, world
+        # the run's spec hash (checkpoint manifests): `spec` may be its elastic form
+        self.config_hash = config_hash or spec.spec_hash()
+        # torchrun's: this rank on its node, and the node's rank. A node's first rank leads
+        # it: the node's progress file, its stop file, its fast tier's checkpointer.
+        self.local_rank = int(os.environ.get("LOCAL_RANK", rank))
+        self.node_rank = int(os.environ.get("GROUP_RANK", 0))
+        self.nnodes = args.nnodes
+        self.leader = self.local_rank == 0
         self.workdir, self.target = args.workdir, args.to_step
         self.store = CheckpointStore(spec.storage.durable, spec.run_id)
         self.events = None
@@ -85,7 +96,7 @@ class SegmentContext:
             self.events = EventLog(spec.storage.durable, spec.run_id, "trainer",
                                    attempt=args.attempt, trace_id=trace_id)
         self.windows = StepWindows(rank)  # the step-window spans (rank 0 writes step lines)
-        self.progress = Progress(os.path.join(self.workdir, "progress.jsonl") if rank == 0
+        self.progress = Progress(os.path.join(self.workdir, "progress.jsonl") if self.leader
                                  else None, self.windows)
         self.last_commit: tuple[int, str] | None = None  # (step, uri), durable
         # rank 0's checkpointer, made on first use (trainer/checkpointing.py)
@@ -112,7 +123,8 @@ class SegmentContext:
         why to stop after this step ('' to go on) — SIGTERM (a preemption notice) on any
         rank, or the supervisor's stop file, which rank 0 reads — so every rank stops at
         the same step. `loss` stays on the device until here."""
-        reason = SIGNALLED[-1] if SIGNALLED else (stop_requested(self.workdir) if self.rank == 0 else "")
+        reason = SIGNALLED[-1] if SIGNALLED else (
+            stop_requested(self.workdir) if self.leader else "")  # each node's supervisor
         if self.world == 1:
             return loss.item(), reason  # sync point: the step's loss to the host
         flag = torch.tensor(1.0 if reason else 0.0, device=loss.device)

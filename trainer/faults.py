@@ -9,7 +9,8 @@ symptoms downstream:
   skipping that data window gets past it;
 - `lr_burst` multiplies the LR for a few steps, once per process (a transient bad update);
 - `nan_loss` makes one step's loss (and so its gradients) NaN, once per process;
-- `crash` raises in one step on every attempt (a bug), while its file exists;
+- `crash` raises in one step on every attempt (a bug), while its file exists (on the
+  node `node` names only, when it names one: a bad host);
 - `memory_limit` caps each rank's data segment (RLIMIT_DATA) a fixed headroom above what
   it holds when training starts: an allocation past it fails for real (an OOM).
 """
@@ -24,7 +25,7 @@ from collections.abc import Iterable
 import structlog
 import torch
 
-from common.procs import WORKER_PID_ENV
+from common.procs import NODE_ENV, WORKER_PID_ENV
 from spec import FaultSpec
 
 log = structlog.get_logger(__name__)
@@ -113,7 +114,8 @@ class FaultInjector:
             elif f.kind == "nan_loss" and f.at_step == step and (f.kind, step) not in self.fired:
                 self._announce(f, step)
                 self.poisoned = True
-            elif f.kind == "crash" and f.at_step == step and (not f.path or os.path.exists(f.path)):
+            elif (f.kind == "crash" and f.at_step == step and (not f.path or os.path.exists(f.path))
+                  and (not f.node or os.environ.get(NODE_ENV) == f.node)):
                 self._announce(f, step, path=f.path)
                 raise RuntimeError(f"injected crash at step {step}")
             elif f.kind == "memory_limit" and step >= f.at_step and not self.limited:

@@ -57,6 +57,7 @@ from trainer.checkpointing import commit_checkpoint, finish_uploads, restore, ro
 from trainer.child import load_spec, run_classified, write_json
 from trainer.context import SegmentArgs, SegmentContext, on_sigterm
 from trainer.data import PackedBatches, TrainBatches, skip_past, val_batches
+from trainer.elastic import on_nodes
 from trainer.engine import build_engine, micro_batch_size, set_lr, tokens_per_step, veto_next_update
 from trainer.faults import FaultInjector, FaultyBatches
 from trainer.guard import SpikeGuard, finite_or_none, recorded_skip_ranges
@@ -194,18 +195,19 @@ def make_meter(spec: RunSpec, model: GPT, vocab_size: int, device: torch.device,
 
 
 def run_segment(args: SegmentArgs, rank: int, world: int) -> None:
-    spec = load_spec(args.spec)
+    run_spec = load_spec(args.spec)
+    spec = on_nodes(run_spec, args.nnodes)  # fewer nodes: the same global batch (elastic)
     if world != spec.train.world_size:
         raise BadConfig("train.procs_per_node", f"spec wants world size {spec.train.world_size} "
                         f"(nodes x procs_per_node), launched with {world}",
                         "launch nproc_per_node x nnodes processes matching the spec")
     if args.to_step < 1:
         raise BadConfig("--to-step", f"must be >= 1, got {args.to_step}", "pass a positive step")
-    ctx = SegmentContext(args, spec, rank, world)
+    ctx = SegmentContext(args, spec, rank, world, config_hash=run_spec.spec_hash())
     # (an operator rollback must first uncommit the abandoned trajectory's checkpoints)
     done = None if args.rollback else finished_manifest(ctx.store, args.to_step)
     if done is not None:
-        if rank == 0:  # idempotent retry: the segment already finished
+        if ctx.leader:  # idempotent retry: the segment already finished
             write_result(ctx, SegmentResult(
                 final_step=args.to_step, last_committed_step=args.to_step,
                 last_committed_uri=ctx.store.uri(args.to_step), train_loss=None,
@@ -278,7 +280,7 @@ def run_segment(args: SegmentArgs, rank: int, world: int) -> None:
     if ctx.events is not None:
         ctx.events.flush()  # decisions after the last checkpoint (evaluations) too
     loss = spikes.recent_loss()
-    if rank == 0:
+    if ctx.leader:  # each node's supervisor reads its own (rank 0's is the segment's)
         last = ctx.last_commit
         write_result(ctx, SegmentResult(
             final_step=state.step, last_committed_step=last[0] if last else None,
@@ -368,6 +370,11 @@ def parse_args(argv: list[str] | None = None) -> SegmentArgs:
     p.add_argument("--micro-split", type=int, default=1,
                    help="run each micro-batch as this many equal chunks (after an OOM; the "
                         "same global batch and data order)")
+    p.add_argument("--nnodes", type=int, default=1,
+                   help="nodes this segment spans (fewer than train.nodes: elastic, the same "
+                        "global batch)")
+    p.add_argument("--session", default="",
+                   help="the multi-node launch's id (its checkpoint parts carry it)")
     ns = p.parse_args(argv)
     windows = ns.lr_windows
     if ns.lr_windows_file:
@@ -376,7 +383,8 @@ def parse_args(argv: list[str] | None = None) -> SegmentArgs:
     return SegmentArgs(spec=ns.spec, dataset=ns.dataset, to_step=ns.to_step, workdir=ns.workdir,
                        fast_dir=ns.fast_dir, attempt=ns.attempt,
                        lr_windows=tuple(tuple(w) for w in windows), rollback=ns.rollback,
-                       max_rollbacks=ns.max_rollbacks, micro_split=ns.micro_split)
+                       max_rollbacks=ns.max_rollbacks, micro_split=ns.micro_split,
+                       nnodes=ns.nnodes, session=ns.session)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -389,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
         f.write(str(os.getpid()))
     structlog.contextvars.bind_contextvars(rank=rank, attempt=args.attempt)
     process = trace_process(args, rank)
-    if rank == 0:
+    if int(os.environ.get("LOCAL_RANK", rank)) == 0:  # each node's leader: its workdir
         for name in ("result.json", "error.json"):  # stale files from an earlier attempt
             if os.path.exists(os.path.join(args.workdir, name)):
                 os.unlink(os.path.join(args.workdir, name))

@@ -27,7 +27,11 @@ def status_view(spec: RunSpec | None, c: RunCarry, *, stage: str, evals: dict[in
             "pending_rollback": c.pending_rollback.to_dict() if c.pending_rollback else None,
             "segment_running": list(running) if running else None,
             # after OOMs: each micro-batch runs as this many chunks (workflows/adapt.py)
-            "micro_split": c.micro_split}
+            "micro_split": c.micro_split,
+            # multi-node runs (workflows/gang.py)
+            "nodes_used": c.nodes_used or (spec.train.nodes if spec else 1),
+            "waiting_for_nodes": c.waiting["reason"] if c.waiting else None,
+            "set_aside": dict(c.set_aside)}
 
 
 def bounded(c: RunCarry, cfg: SpikeConfig) -> tuple[list[int], list[int], list[list[float]]]:

@@ -63,9 +63,12 @@ def trial_spec(spec: RunSpec, index: int, params: dict[str, float]) -> RunSpec:
     steps = spec.sweep.trial_steps
     overrides = {f"train.{k}": (int(v) if k == "warmup_steps" else v) for k, v in params.items()}
     overrides.setdefault("train.warmup_steps", min(spec.train.warmup_steps, steps // 5))
+    # one node (a trial is short), the run's global batch (workflows/gang.py)
+    one_node = {"train.nodes": 1, "train.min_nodes": 0,
+                "train.grad_accum": spec.train.grad_accum * spec.train.nodes}
     return spec.replace(**{"run_id": trial_run_id(spec.run_id, index), "faults": [],
                            "train.total_steps": steps, "train.segment_steps": steps,
-                           "train.checkpoint_every": steps, **overrides})
+                           "train.checkpoint_every": steps, **one_node, **overrides})
 
 
 def with_params(spec: RunSpec, params: dict[str, float]) -> RunSpec:

@@ -25,6 +25,7 @@ with workflow.unsafe.imports_passed_through():
         TRAINER_QUEUE,
         EvaluateInput,
         EvaluateResult,
+        GangMember,
         PrepareDataInput,
         PrepareDataResult,
         PromoteInput,
@@ -37,6 +38,7 @@ with workflow.unsafe.imports_passed_through():
         TrainSegmentResult,
     )
     from spec import RunSpec
+    from workflows.gang import gang_options
     from workflows.policy import rollback_allowance, segment_options, short_options
     from workflows.sweep import Sweep
 
@@ -54,20 +56,26 @@ async def start_sweep(spec: dict[str, Any],
         task_queue=workflow.info().task_queue)
 
 
-def start_train_segment(train_spec: RunSpec, c: RunCarry, lo: int,
-                        hi: int) -> ActivityHandle[TrainSegmentResult]:
+def start_train_segment(train_spec: RunSpec, c: RunCarry, lo: int, hi: int,
+                        gang: GangMember | None = None,
+                        queue: str = TRAINER_QUEUE) -> ActivityHandle[TrainSegmentResult]:
     """Steps (lo, hi] with the carry's LR windows, what is left of the rollback budget and
-    the pending operator rollback. A cancel waits for the trainer's graceful stop."""
+    the pending operator rollback. A cancel waits for the trainer's graceful stop. With
+    `gang`: one node's share of a multi-node segment, on that node's queue, tried once
+    (workflows/gang.py); its node 0 records the recovery from the last fault."""
+    lead = gang is None or gang.node_rank == 0
     return workflow.start_activity(
         TRAIN_SEGMENT, TrainSegmentInput(
             train_spec.to_dict(), c.dataset_uri, lo, hi, lr_windows=c.lr_windows,
             max_rollbacks=rollback_allowance(c.rollback_steps, c.budget_from, lo,
                                              train_spec.spikes),
             rollback=c.pending_rollback, micro_split=c.micro_split,
-            after_fault=c.after_fault),
-        task_queue=TRAINER_QUEUE, result_type=TrainSegmentResult,
+            after_fault=c.after_fault if lead else None, gang=gang),
+        task_queue=queue, result_type=TrainSegmentResult,
         cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
-        **segment_options(train_spec))
+        **({"summary": f"segment {lo}-{hi}, node {gang.node_rank} of {gang.nnodes}: "
+                       f"{gang.node}", **gang_options(train_spec)} if gang
+           else segment_options(train_spec)))
 
 
 def start_evaluate(train_spec: RunSpec, dataset_uri: str,

@@ -32,6 +32,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.adapt import decide, needs_decision
     from workflows.carry import apply_rollback, bound, escalation, record_segment, status_view
     from workflows.failures import FAILURE_EXCEPTION_TYPES
+    from workflows.gang import blame, members, pick_nodes, run_gang
     from workflows.operator import (
         UPDATES_PER_RUN,
         aborting,
@@ -282,6 +283,8 @@ class TrainingRun:
         cancelled, its trainer commits a checkpoint at its current step and the activity
         returns that (stopped="interrupted"); None when it was stopped before it ran."""
         c = self._carry
+        if train_spec.train.nodes > 1:
+            return await self._gang_segment(train_spec, lo, hi)
         handle = start_train_segment(train_spec, c, lo, hi)
         self._running = (lo, hi)
         try:
@@ -295,6 +298,61 @@ class TrainingRun:
             self._running = None
         await self._decide(train_spec, lo, failure)
         return None  # the loop schedules the segment again, from storage
+
+    async def _gang_segment(self, s: RunSpec, lo: int, hi: int) -> TrainSegmentResult | None:
+        """A multi-node segment (workflows/gang.py): choose the nodes (or wait for them),
+        launch one member per node, all or nothing. None: launch again from storage."""
+        c = self._carry
+        nodes = await pick_nodes(s, c, waiting=self._waiting_for_nodes,
+                                 stop=lambda: bool(c.operator_queue) or self._history_full())
+        if nodes is None:
+            return None
+        used = c.nodes_used or s.train.nodes
+        if len(nodes) != used:
+            await self._event("nodes_changed", f"nodes_changed/{lo}/{len(nodes)}",
+                              from_nodes=used, to_nodes=len(nodes), set_aside=c.set_aside,
+                              reason=f"{len(nodes)} healthy nodes after {s.ops.node_wait_s:.0f}s "
+                                     f"waiting; train.min_nodes={s.train.min_nodes}")
+            c.nodes_used = len(nodes)
+        launch = c.gang_launches
+        c.gang_launches += 1
+        team = members(nodes, f"{s.run_id}/{lo}-{hi}/{launch}")
+        handles = [start_train_segment(s, c, lo, hi, gang=m, queue=n.queue)
+                   for m, n in zip(team, nodes)]
+        self._running = (lo, hi)
+        try:
+            out = await run_gang(handles, [n.name for n in nodes], lambda: bool(c.operator_queue))
+        finally:
+            self._running = None
+        if out.fatal is not None:
+            raise out.fatal
+        if out.decision is not None:
+            await self._decide(s, lo, out.decision)
+            return None
+        if not out.failures:
+            c.node_failures, c.gang_repeat = {}, {}
+            return out.result
+        verdict = blame(c, s, out.failures, lo=lo, hi=hi, launch=launch,
+                        now=workflow.now().timestamp())
+        for kind, event_id, payload in verdict.events:
+            await self._event(kind, event_id, **payload)
+        c.after_fault = verdict.after_fault or c.after_fault
+        if verdict.hold:
+            await self._hold("needs_attention", verdict.hold, **verdict.hold_payload)
+        return None
+
+    async def _waiting_for_nodes(self, reason: str | None) -> None:
+        """Too few healthy nodes: say so (status, stage, an event), or that it is over."""
+        c = self._carry
+        if reason is None:
+            await self._event("nodes_available", f"nodes_available/{c.next_step}/{c.gang_launches}",
+                              waited_s=round(workflow.now().timestamp() - c.waiting["since"], 1))
+            c.waiting, self._stage = None, "train"
+        else:
+            self._stage = "waiting_for_nodes"
+            await self._event("waiting_for_nodes",
+                              f"waiting_for_nodes/{c.next_step}/{c.gang_launches}", reason=reason)
+        show_stage(self._stage)
 
     async def _decide(self, s: RunSpec, lo: int, failure: ApplicationError) -> None:
         """A failure a plain retry would repeat (workflows/adapt.py:decide): adapt the

@@ -33,10 +33,11 @@ def fleet_factory(temporal_server, tmp_path, request):
 
     def make(restart: bool = False, env: dict | None = None,
              roles: tuple[str, ...] = ("orchestrator", "data", "trainer"),
-             log_dir: str = "logs") -> WorkerFleet:
-        fleet = WorkerFleet(temporal_server.address, roles=roles,
+             log_dir: str = "logs", args: tuple[str, ...] = (),
+             wrap: tuple[str, ...] = (), address: str = "") -> WorkerFleet:
+        fleet = WorkerFleet(address or temporal_server.address, roles=roles,
                             log_dir=str(tmp_path / log_dir), restart=restart,
-                            env=env or {}).start()
+                            env=env or {}, args=args, wrap=wrap).start()
         fleets.append(fleet)
         return fleet
 
