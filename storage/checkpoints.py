@@ -10,22 +10,33 @@ Issue 11 (docs/decisions.md): a malformed manifest, or one naming a file outside
 `FILE_PATTERNS` (storage/manifest.py, re-exported here), is a `CorruptCheckpoint` on
 MANIFEST.json, so readers fall back past it as past a bad data file. Commits are crash-safe on disk (temporary name, fsync, rename,
 directory fsync) and never replace a data file of a step whose manifest exists.
+
+Multi-node segments: each node holds only its own ranks' files on its fast tier. A node
+other than 0 puts them on the durable tier and then its part record
+(`step-N/parts/node-<k>.json`, `commit_part`); node 0 waits for every part of this launch
+(`parts`, matched by `session`) and commits once, listing every rank's files
+(`commit(..., remote=...)`). A part is not a commit: no reader looks at one, and a part
+left by an earlier, failed launch of the step carries another session and is ignored.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import time
 from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import structlog
 
-from common.errors import StorageUnavailable
+from common.errors import BadData, StorageUnavailable
 from storage.fs import (
     commit_lock,
     copy_durable,
     is_unavailable,
     join,
+    pipe_durable,
     put_file_durable,
     put_new,
     resolve,
@@ -36,6 +47,7 @@ from storage.fs import (
 from storage.manifest import (
     FILE_PATTERNS,
     MANIFEST,
+    PARTS,
     STEP_DIR,
     CheckpointManifest,
     CorruptCheckpoint,
@@ -47,9 +59,10 @@ from storage.manifest import (
     step_dir,
 )
 
-__all__ = ["FILE_PATTERNS", "MANIFEST", "STEP_DIR", "CheckpointManifest", "CheckpointStore",
-           "CorruptCheckpoint", "FileEntry", "check_file_names", "emit_corrupt", "file_name_problem",
-           "hash_dir", "manifest_problem", "step_dir"]
+__all__ = ["FILE_PATTERNS", "MANIFEST", "PARTS", "STEP_DIR", "CheckpointManifest",
+           "CheckpointStore", "CorruptCheckpoint", "FileEntry", "NodePart", "check_file_names",
+           "emit_corrupt", "file_name_problem", "hash_dir", "manifest_problem", "part_problem",
+           "step_dir", "union_files"]
 
 log = structlog.get_logger(__name__)
 
@@ -79,6 +92,11 @@ class CheckpointStore:
     # ---- naming ---------------------------------------------------------------
     def path(self, step: int, name: str = "") -> str:
         return join(self.root, step_dir(step), name)
+
+    def part_path(self, step: int, node_rank: int) -> str:
+        """Node `node_rank`'s part record of a multi-node step: inside the step's directory,
+        so deleting the step removes it; under `parts/`, which no manifest may name."""
+        return self.path(step, f"{PARTS}/node-{node_rank}.json")
 
     def uri(self, step: int) -> str:
         return f"{self.fs.unstrip_protocol(self.path(step))}"
@@ -116,6 +134,47 @@ class CheckpointStore:
         """The checked manifest of a committed step; CorruptCheckpoint if it is malformed."""
         with self.fs.open(self.path(step, MANIFEST), "rb") as f:
             return CheckpointManifest.from_json(f.read(), step=step)
+
+    def committed_manifest(self, step: int) -> CheckpointManifest | None:
+        """The step's manifest if it exists and reads; None if it is absent or corrupt (every
+        reader skips a corrupt one, and the next commit of the step replaces it). Unlike
+        commit's own check this changes nothing."""
+        try:
+            return self.manifest(step)
+        except (FileNotFoundError, CorruptCheckpoint):
+            return None
+        except Exception as exc:
+            if is_unavailable(exc):
+                raise self._unavailable(exc) from exc
+            raise
+
+    def parts(self, step: int, session: str, nnodes: int) -> dict[int, dict[str, FileEntry]]:
+        """The files of nodes 1..nnodes-1 that wrote their part of `step` in launch `session`.
+        A part of another session (an earlier, failed launch of the step) or a malformed one
+        is left out, so node 0 waits on as if it were missing."""
+        found: dict[int, dict[str, FileEntry]] = {}
+        for node in range(1, nnodes):
+            try:
+                with self.fs.open(self.part_path(step, node), "rb") as f:
+                    text = f.read()
+            except FileNotFoundError:
+                continue
+            except Exception as exc:
+                if is_unavailable(exc):
+                    raise self._unavailable(exc) from exc
+                raise
+            try:
+                part = NodePart.from_json(text, step=step, node_rank=node)
+            except ValueError as exc:
+                log.warning("checkpoint_part_malformed", step=step, node_rank=node,
+                            problem=str(exc)[:200])
+                continue
+            if part.session != session:
+                log.debug("checkpoint_part_stale", step=step, node_rank=node,  # a log key
+                          launch=part.session, this_launch=session)  # "session" is masked
+                continue
+            found[node] = part.files
+        return found
 
     def verify(self, step: int) -> list[CorruptCheckpoint]:
         """Every file's problem (missing, wrong size, wrong hash) — or the manifest's own,
@@ -170,25 +229,32 @@ class CheckpointStore:
 
     # ---- writing --------------------------------------------------------------
     def commit(self, step: int, local_dir: str, *, files: dict[str, FileEntry] | None = None,
-               **meta: Any) -> CheckpointManifest:
+               remote: dict[str, FileEntry] | None = None, **meta: Any) -> CheckpointManifest:
         """Upload every file under local_dir, then write MANIFEST.json last (the commit point).
 
-        `files` (already hashed, e.g. by the fast tier) skips re-hashing. Idempotent, and a
-        no-op for a second writer: if the step is committed — before we start, between two
-        of our uploads, or by a racing writer whose conditional manifest put won — the
+        `files` (already hashed, e.g. by the fast tier) skips re-hashing. `remote`: files
+        already on the durable tier (other nodes' parts), listed in the manifest but not
+        uploaded; a name in both must have the same entry (BadData otherwise). Idempotent,
+        and a no-op for a second writer: if the step is committed — before we start, between
+        two of our uploads, or by a racing writer whose conditional manifest put won — the
         existing manifest is returned and none of its data files is replaced (module doc).
         """
+        remote = remote or {}
         try:
             with commit_lock(self.fs, self.path(step)):
                 if (existing := self._existing(step)) is not None:
                     return existing
                 files = files if files is not None else hash_dir(local_dir)
                 check_file_names(step, local_dir, files)
+                check_file_names(step, self.path(step), remote)
+                listed = union_files(step, self.path(step), files, remote)
                 for rel in files:
+                    if rel in remote:  # the same bytes are on the durable tier already
+                        continue
                     if (existing := self._existing(step)) is not None:  # S3: per-file window
                         return existing
                     put_file_durable(self.fs, os.path.join(local_dir, rel), self.path(step, rel))
-                man = CheckpointManifest(step=step, files=files, **meta)
+                man = CheckpointManifest(step=step, files=listed, **meta)
                 put_new(self.fs, self.path(step, MANIFEST), man.to_json().encode())
         except FileExistsError:
             log.warning("checkpoint_commit_lost_race", step=step)
@@ -215,6 +281,41 @@ class CheckpointStore:
             return None
         log.info("checkpoint_already_committed", step=step)
         return man
+
+    def commit_part(self, step: int, local_dir: str, *, files: dict[str, FileEntry],
+                    node_rank: int, session: str) -> bool:
+        """Node `node_rank` (> 0) of a multi-node step: its files onto the durable tier, then
+        its part record, last — what node 0 waits for before it writes the one manifest.
+
+        True once the part is written. False, and nothing (more) written, when the step is
+        committed — before we start or between two uploads (a retry of a committed step):
+        a committed step's data files are never replaced. Under the step's commit lock like
+        `commit` (node 0 takes it only once every part is there, so neither waits for the
+        other). The part is overwritten plainly: it is not a commit, and only its session's
+        node 0 reads it.
+        """
+        if node_rank < 1:
+            raise ValueError(f"node {node_rank} commits the step; parts come from nodes >= 1")
+        check_file_names(step, local_dir, files)
+        part = NodePart(step=step, node_rank=node_rank, session=session, files=files)
+        try:
+            with commit_lock(self.fs, self.path(step)):
+                for rel in [*files, None]:  # None: the last check, before the part itself
+                    if self.committed_manifest(step) is not None:
+                        log.info("checkpoint_part_skipped", step=step, node_rank=node_rank,
+                                 reason="already committed")
+                        return False
+                    if rel is not None:
+                        put_file_durable(self.fs, os.path.join(local_dir, rel),
+                                         self.path(step, rel))
+                pipe_durable(self.fs, self.part_path(step, node_rank), part.to_json().encode())
+        except Exception as exc:
+            if is_unavailable(exc):
+                raise self._unavailable(exc) from exc
+            raise
+        log.info("checkpoint_part_written", step=step, node_rank=node_rank, launch=session,
+                 files=len(files), bytes=sum(f.size for f in files.values()))
+        return True
 
     def commit_in_place(self, step: int, **meta: Any) -> CheckpointManifest:
         """Local tier: the files already sit at path(step); hash them and write the manifest.
@@ -263,6 +364,69 @@ class CheckpointStore:
             pass  # a racing retry promoted the same verified bytes
         log.info("checkpoint_promoted", step=step, uri=uri, bytes=man.total_bytes)
         return uri, man
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodePart:
+    """One node's share of a multi-node step on the durable tier: its files (already put
+    there) and the launch (`session`) that wrote them."""
+
+    step: int
+    node_rank: int
+    session: str
+    files: dict[str, FileEntry]
+    created: float = field(default_factory=time.time)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str | bytes, *, step: int, node_rank: int) -> NodePart:
+        """Parse and check the part at part_path(step, node_rank); ValueError saying why not."""
+        try:
+            raw = json.loads(text)
+        except (ValueError, RecursionError) as exc:
+            raise ValueError(f"not JSON ({type(exc).__name__})") from None
+        if problem := part_problem(raw, step=step, node_rank=node_rank):
+            raise ValueError(problem)
+        return cls(step=step, node_rank=node_rank, session=raw["session"],
+                   created=raw["created"], files={
+                       k: FileEntry(size=v["size"], sha256=v["sha256"])
+                       for k, v in raw["files"].items()})
+
+
+def part_problem(raw: object, *, step: int, node_rank: int) -> str | None:
+    """Why a parsed part record cannot be merged (None: it can). Pure; its files are held to
+    a manifest's rules, since they end up in one."""
+    if not isinstance(raw, dict):
+        return "not a JSON object"
+    if not (type(raw.get("step")) is int and type(raw.get("node_rank")) is int
+            and raw["step"] == step and raw["node_rank"] == node_rank):
+        return (f"says step {raw.get('step')!r:.20} node {raw.get('node_rank')!r:.20}, "
+                f"not step {step} node {node_rank}")
+    if not isinstance(raw.get("session"), str):
+        return "session is not a string"
+    created = raw.get("created")
+    if not isinstance(created, (int, float)) or isinstance(created, bool):
+        return "created is not a number"
+    return manifest_problem({"step": step, "files": raw.get("files")})
+
+
+def union_files(step: int, where: str, *sets: dict[str, FileEntry]) -> dict[str, FileEntry]:
+    """Every file of `sets` (one node's files each) as one manifest's list; a name listed
+    twice must be the same bytes, else BadData naming it — one manifest cannot hold both,
+    and picking one would leave some rank loading the other's."""
+    merged: dict[str, FileEntry] = {}
+    for files in sets:
+        for name, entry in files.items():
+            if merged.setdefault(name, entry) != entry:
+                raise BadData(join(where, name), f"checkpoint step {step}: {name} comes with two "
+                              f"different contents ({merged[name].size} bytes, sha256 "
+                              f"{merged[name].sha256[:12]}…; {entry.size} bytes, sha256 "
+                              f"{entry.sha256[:12]}…)",
+                              "each file of a checkpoint is written by one node; check that "
+                              "every node saves only its own ranks' files")
+    return merged
 
 
 def _inside(local_dir: str, name: str, step: int) -> str:

@@ -23,6 +23,10 @@ from common.errors import BadData, MainspringError
 from storage.fs import sha256_stream, walk_files
 
 MANIFEST = "MANIFEST.json"
+# A multi-node step's per-node records (storage/checkpoints.py:part_path) sit in this
+# subdirectory of the step's durable directory, so deleting the step removes them. They are
+# bookkeeping, never checkpoint files: hash_dir skips them and no pattern below admits them.
+PARTS = "parts"
 STEP_DIR = re.compile(r"^step-(\d{9})$")
 
 # Every file name a checkpoint may hold: what DeepSpeed 0.19's save_checkpoint writes into
@@ -171,10 +175,13 @@ def step_dir(step: int) -> str:
 
 
 def hash_dir(local_dir: str) -> dict[str, FileEntry]:
-    """sha256 and size of every file under local_dir (hashlib releases the GIL per chunk)."""
+    """sha256 and size of every file under local_dir (hashlib releases the GIL per chunk).
+    Skipped: the manifest, dot-files (temporaries, the commit lock) and `parts/` (node
+    records), none of which is checkpoint data."""
     files = {}
     for rel in walk_files(local_dir):
-        if rel == MANIFEST or os.path.basename(rel).startswith("."):
+        if (rel == MANIFEST or os.path.basename(rel).startswith(".")
+                or rel.split(os.sep, 1)[0] == PARTS):
             continue
         with open(os.path.join(local_dir, rel), "rb") as f:
             digest, size = sha256_stream(f)

@@ -16,6 +16,13 @@ While the durable tier is unreachable the writer retries with exponential backof
 (`durable_unavailable` once, `durable_recovered` when an upload succeeds again), and
 training continues: a queued snapshot that has not started uploading is superseded by a
 newer one (`checkpoint_superseded`) instead of blocking the loop.
+
+A multi-node segment has one checkpointer per node (its local rank 0), each with the
+node's own fast tier: `node_rank`, `nnodes` and `session` (unique to the launch) go to its
+writer. Node k > 0 hands over its part (said as `committed` with `part: true`: not a
+commit, so no `on_commit`); node 0's writer commits once every part of the session is
+durable. A resume then comes from the durable tier (`resume(fast=False)`): a node's fast
+tier holds only its own ranks' files.
 """
 
 from __future__ import annotations
@@ -44,7 +51,7 @@ from storage.checkpoints import (
     step_dir,
 )
 from storage.retention import RetentionPolicy
-from storage.tiered_writer import WriterConfig, manifest_meta
+from storage.tiered_writer import WriterConfig, gang_problem, manifest_meta
 
 log = structlog.get_logger(__name__)
 
@@ -91,25 +98,31 @@ def free_bytes(path: str) -> int | None:
     return st.f_bavail * st.f_frsize
 
 
-def start_writer(durable: CheckpointStore, fast: CheckpointStore, policy: TierPolicy,
-                 ) -> subprocess.Popen:
+def start_writer(durable: CheckpointStore, fast: CheckpointStore, policy: TierPolicy, *,
+                 node_rank: int = 0, nnodes: int = 1, session: str = "",
+                 parts_timeout_s: float = 900.0) -> subprocess.Popen:
     """The writer process (`python -m storage.tiered_writer`): it arms PR_SET_PDEATHSIG
-    itself, so it dies with the thread that starts it here — keep that thread alive."""
+    itself, so it dies with the thread that starts it here — keep that thread alive.
+    `node_rank`/`nnodes`/`session`: its place in a multi-node gang (module doc)."""
     if durable.url.startswith("memory://"):
         raise BadConfig("storage.durable", "a memory:// store lives inside one process, and "
                         "checkpoints are uploaded by a separate writer process",
                         "use a local path, file:// or s3:// URL")
+    if problem := gang_problem(node_rank, nnodes, session):
+        raise ValueError(f"checkpoint writer: {problem}")
     cfg = WriterConfig(durable_url=durable.url, durable_root=durable.root, fast_dir=fast.root,
                        retry_s=policy.retry_s, retry_max_s=policy.retry_max_s,
                        retention=asdict(policy.retention), parent_pid=os.getpid(),
-                       run_id=durable.run_id)
+                       run_id=durable.run_id, node_rank=node_rank, nnodes=nnodes,
+                       session=session, parts_timeout_s=parts_timeout_s)
     # Only what an upload needs (storage credentials, the interpreter): never the worker's
     # Temporal credentials (issue 11 item 7).
     env = with_repo_on_path(allowed_env())
     proc = subprocess.Popen([sys.executable, "-m", "storage.tiered_writer", cfg.to_json()],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True,
                             bufsize=1)
-    log.info("checkpoint_writer_started", pid=proc.pid, durable=durable.url, fast=fast.root)
+    log.info("checkpoint_writer_started", pid=proc.pid, durable=durable.url, fast=fast.root,
+             node_rank=node_rank, nnodes=nnodes, launch=session)  # a `session` key is masked
     return proc
 
 
@@ -128,9 +141,11 @@ class TieredCheckpointer:
     """Fast tier (local) → durable tier (any fsspec URL) through a bounded writer process."""
 
     def __init__(self, durable: CheckpointStore, fast: CheckpointStore, policy: TierPolicy, *,
-                 events: Any = None, on_commit: OnCommit | None = None) -> None:
+                 events: Any = None, on_commit: OnCommit | None = None, node_rank: int = 0,
+                 nnodes: int = 1, session: str = "", parts_timeout_s: float = 900.0) -> None:
         self.durable, self.fast, self.policy = durable, fast, policy
         self.events, self.on_commit = events, on_commit
+        self.node_rank, self.nnodes, self.session = node_rank, nnodes, session
         self._pending: dict[int, str] = {}  # submitted, not yet durable: step -> state
         self._outbox: collections.deque[_Job | dict[str, Any]] = collections.deque()
         self._cond = threading.Condition()
@@ -138,8 +153,10 @@ class TieredCheckpointer:
         self._error: BaseException | None = None
         self._outage_since: float | None = None
         self.committed: list[int] = []  # durable commits made by this checkpointer, in order
+        self.parts: list[int] = []  # steps whose part this node (k > 0) handed to node 0
         self.last_step: int | None = None  # newest snapshot submitted (the next one's parent)
-        self._proc = start_writer(durable, fast, policy)
+        self._proc = start_writer(durable, fast, policy, node_rank=node_rank, nnodes=nnodes,
+                                  session=session, parts_timeout_s=parts_timeout_s)
         self.writer_pid = self._proc.pid
         self._feeder = threading.Thread(target=self._feed, name="ckpt-feeder", daemon=True)
         self._reader = threading.Thread(target=self._read, name="ckpt-reader", daemon=True)
@@ -319,6 +336,9 @@ class TieredCheckpointer:
             with self._cond:
                 if step in self._pending:
                     self._pending[step] = UPLOADING
+        elif op == "committed" and msg.get("part"):  # node 0 commits it: not a durable fact
+            self.parts.append(step)
+            log.info("checkpoint_part_handed_over", step=step, node_rank=msg.get("node_rank"))
         elif op == "committed":  # before `done`, so drain() waits for on_commit
             self.committed.append(step)
             if self.on_commit:
@@ -352,24 +372,28 @@ class TieredCheckpointer:
 
     # ---- resume ----------------------------------------------------------------------
     def resume(self, local_root: str, at_or_before: int | None,
-               on_corrupt: Callable[[CorruptCheckpoint], None] | None = None,
-               ) -> tuple[CheckpointManifest, str, str] | None:
+               on_corrupt: Callable[[CorruptCheckpoint], None] | None = None, *,
+               fast: bool = True) -> tuple[CheckpointManifest, str, str] | None:
         """(manifest, load_root, tier) of the newest checkpoint that verifies on either tier.
 
         A fast-tier copy is verified by hashing it in place and loads from `fast.root`; a
         durable one is fetched (verified while copying) into `local_root/step-…`. A corrupt
         copy is reported and skipped (a corrupt fast copy is deleted). Fast-only steps
         newer than the durable tier's newest are queued for upload so it catches up.
+        `fast=False` never picks (nor touches) a fast copy: on a multi-node segment a
+        node's fast tier holds only its own ranks' files, which verify but are not the
+        whole checkpoint — only the durable manifest lists every rank's.
         """
         def wanted(steps: list[int]) -> list[int]:
             return [s for s in steps if at_or_before is None or s <= at_or_before]
 
-        fast, durable = wanted(self.fast.list_committed()), wanted(self.durable.list_committed())
-        for step in sorted(set(fast) | set(durable), reverse=True):
-            if step in fast:
+        local = wanted(self.fast.list_committed()) if fast else []
+        durable = wanted(self.durable.list_committed())
+        for step in sorted(set(local) | set(durable), reverse=True):
+            if step in local:
                 problems = self.fast.verify(step)
                 if not problems:
-                    self._catch_up([s for s in fast if s <= step and s not in durable
+                    self._catch_up([s for s in local if s <= step and s not in durable
                                     and (not durable or s > durable[-1])])
                     return self.fast.manifest(step), self.fast.root, "fast"
                 _tell(problems[0], on_corrupt)

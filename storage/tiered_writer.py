@@ -12,6 +12,12 @@ logs go to stderr. Two threads, each in step order:
   point), retrying with exponential backoff while the durable tier is unreachable; then
   retention, and the fast tier keeps only the newest durable copy and what is in flight.
 
+A multi-node segment runs one writer per node (`node_rank`, `nnodes`, `session`): a node
+other than 0 puts its files on the durable tier and writes its part record
+(`CheckpointStore.commit_part`); node 0 waits for every other node's part of this launch —
+holding no lock meanwhile — and writes the one manifest that lists every rank's files.
+Only node 0 applies retention; every node cleans its own fast tier.
+
 The process runs at nice 10 and dies with its parent (PR_SET_PDEATHSIG, or stdin EOF), so a
 SIGKILLed trainer never leaves it uploading; a half-finished upload has no manifest and
 stays invisible (DESIGN §3).
@@ -26,19 +32,30 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 import structlog
 
 from common.errors import MainspringError, StorageUnavailable
-from storage.checkpoints import MANIFEST, CheckpointManifest, CheckpointStore
+from storage.checkpoints import (
+    MANIFEST,
+    CheckpointManifest,
+    CheckpointStore,
+    FileEntry,
+    union_files,
+)
 from storage.retention import RetentionPolicy, apply_retention
 
 log = structlog.get_logger(__name__)
 
 WRITER_NICE = 10  # below the training loop (nice 0): CFS gives it ~1/10 of a shared core
+# Node 0 polls for the other nodes' parts this often, doubling up to the max: a part lands
+# within a moment of its node's upload, and a poll is one small GET per node.
+PARTS_POLL_S, PARTS_POLL_MAX_S = 0.2, 2.0
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,6 +70,10 @@ class WriterConfig:
     retention: dict[str, int]
     parent_pid: int
     run_id: str = ""  # its spans go to this run's store (storage/spans.py)
+    node_rank: int = 0  # this node in a multi-node segment; node 0 writes the manifest
+    nnodes: int = 1
+    session: str = ""  # unique to this launch of the gang: parts of other launches are stale
+    parts_timeout_s: float = 900.0  # node 0 waits this long (the store answering) for parts
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__)
@@ -60,6 +81,32 @@ class WriterConfig:
     @classmethod
     def from_json(cls, text: str) -> WriterConfig:
         return cls(**json.loads(text))
+
+
+def gang_problem(node_rank: int, nnodes: int, session: str) -> str | None:
+    """Why a writer cannot take this place in a gang (None: it can). Pure. A multi-node
+    writer needs a session, or a part of an earlier launch would pass for this one's."""
+    if nnodes < 1 or not 0 <= node_rank < nnodes:
+        return f"node_rank {node_rank} is not in 0..nnodes-1 (nnodes {nnodes})"
+    if nnodes > 1 and not session:
+        return "a multi-node writer needs a session (an id unique to this launch)"
+    return None
+
+
+class PartsMissing(RuntimeError):
+    """Node 0 waited `parts_timeout_s` for other nodes' parts of a step and some never came
+    (a node died, hangs or cannot reach the store): nothing is committed, the writer stops,
+    and the segment is retried as after a crash."""
+
+    def __init__(self, step: int, missing: list[int], session: str, waited_s: float) -> None:
+        self.step, self.missing, self.session = step, missing, session
+        super().__init__(f"checkpoint step {step}: no part from node(s) "
+                         f"{', '.join(map(str, missing))} of session {session!r} after "
+                         f"{waited_s:.0f}s; the step is not committed")
+
+
+def missing_nodes(found: dict[int, Any], nnodes: int) -> list[int]:
+    return [node for node in range(1, nnodes) if node not in found]
 
 
 def next_backoff(current: float, retry_max_s: float) -> float:
@@ -209,30 +256,106 @@ class Writer:
             self.send(op="done", step=job.step)
 
     def _durable_commit(self, job: _Job) -> CheckpointManifest | None:
+        """The step's durable share from this node; None once closing. One node: the
+        commit. Node k > 0: its part (then the fast tier's manifest is returned, its own
+        files). Node 0 of several: every part of this launch, then the one commit."""
+        if self.cfg.nnodes == 1:
+            got = self._retrying(job.step, lambda: self._commit(job, remote=None))
+        elif self.cfg.node_rank > 0:
+            got = self._retrying(job.step, lambda: self._commit_part(job))
+        else:
+            return self._commit_gang(job)
+        return None if got is None else got[0]
+
+    def _commit(self, job: _Job, remote: dict[str, FileEntry] | None) -> CheckpointManifest:
         fast_man = job.manifest
+        return self.durable.commit(job.step, self.fast.path(job.step), files=fast_man.files,
+                                   remote=remote, **manifest_meta(fast_man))
+
+    def _commit_part(self, job: _Job) -> CheckpointManifest:
+        self.durable.commit_part(job.step, self.fast.path(job.step), files=job.manifest.files,
+                                 node_rank=self.cfg.node_rank, session=self.cfg.session)
+        return job.manifest
+
+    def _commit_gang(self, job: _Job) -> CheckpointManifest | None:
+        """Node 0: wait (no lock held: the other nodes take the step's lock to write their
+        parts) until every other node's part of this session is there, then commit this
+        node's files with theirs. A step committed already (a retry of it) is not waited for."""
+        found = self._await_parts(job.step)
+        if found is None or isinstance(found, CheckpointManifest):
+            return found
+        remote = union_files(job.step, self.durable.path(job.step), *found.values())
+        got = self._retrying(job.step, lambda: self._commit(job, remote=remote))
+        return None if got is None else got[0]
+
+    def _await_parts(self, step: int,
+                     ) -> dict[int, dict[str, FileEntry]] | CheckpointManifest | None:
+        """Poll (PARTS_POLL_S doubling to PARTS_POLL_MAX_S) until every other node's part of
+        this session is there — or the step's manifest, once committed. None once closing;
+        PartsMissing after `parts_timeout_s` of polls the store answered (an outage is
+        waited out as uploads are, and does not count: the other nodes wait it out too)."""
+        t0, outages, poll = time.monotonic(), 0.0, PARTS_POLL_S
+        while True:
+            got = self._retrying(step, lambda: self._poll_parts(step))
+            if got is None:
+                return None
+            found, outage_s = got
+            outages += outage_s
+            waited = time.monotonic() - t0
+            missing = [] if isinstance(found, CheckpointManifest) else missing_nodes(
+                found, self.cfg.nnodes)
+            if not missing:
+                log.info("checkpoint_parts_waited", step=step, nodes=self.cfg.nnodes,
+                         waited_s=round(waited, 3), committed=isinstance(found,
+                                                                         CheckpointManifest))
+                return found
+            if waited - outages > self.cfg.parts_timeout_s:
+                log.error("checkpoint_parts_missing", step=step, nodes=self.cfg.nnodes,
+                          missing=missing, waited_s=round(waited, 3))
+                raise PartsMissing(step, missing, self.cfg.session, waited)
+            if self._closed_within(poll):
+                return None
+            poll = min(poll * 2, PARTS_POLL_MAX_S)
+
+    def _poll_parts(self, step: int) -> dict[int, dict[str, FileEntry]] | CheckpointManifest:
+        if (committed := self.durable.committed_manifest(step)) is not None:
+            return committed
+        return self.durable.parts(step, self.cfg.session, self.cfg.nnodes)
+
+    def _retrying(self, step: int, call: Callable[[], T]) -> tuple[T, float] | None:
+        """`call()` until the durable tier answers, with backoff and the outage events:
+        (its value, seconds spent waiting out an outage); None once closing."""
         backoff, tries = self.cfg.retry_s, 0
         while True:
             try:
-                man = self.durable.commit(job.step, self.fast.path(job.step),
-                                          files=fast_man.files, **manifest_meta(fast_man))
+                value = call()
                 break
             except StorageUnavailable as exc:
                 tries += 1
-                self._outage(job.step, exc, backoff)
-                with self._cond:
-                    if self._cond.wait_for(lambda: self._closing, timeout=backoff):
-                        return None
+                self._outage(step, exc, backoff)
+                if self._closed_within(backoff):
+                    return None
                 backoff = next_backoff(backoff, self.cfg.retry_max_s)
-        self._recovered(job.step, tries)
-        return man
+        return value, self._recovered(step, tries)
+
+    def _closed_within(self, seconds: float) -> bool:
+        with self._cond:
+            return self._cond.wait_for(lambda: self._closing, timeout=seconds)
 
     def _after_commit(self, step: int, man: CheckpointManifest) -> None:
-        """Tell the parent at once (heartbeats), then retention and fast-tier cleanup."""
-        self.send(op="committed", step=step, manifest=man.to_json(), uri=self.durable.uri(step))
-        try:
-            apply_retention(self.durable, self.retention, newest_verified=step)
-        except StorageUnavailable as exc:  # retention is retried after the next commit
-            log.warning("retention_deferred", step=step, error=exc.cause[:200])
+        """Tell the parent at once (heartbeats), then retention and fast-tier cleanup. A
+        part (node k > 0) is said as one — it is not a commit — and only node 0, which
+        commits, applies retention."""
+        if self.cfg.node_rank > 0:
+            self.send(op="committed", step=step, part=True, node_rank=self.cfg.node_rank,
+                      manifest=man.to_json(), uri=self.durable.uri(step))
+        else:
+            self.send(op="committed", step=step, manifest=man.to_json(),
+                      uri=self.durable.uri(step))
+            try:
+                apply_retention(self.durable, self.retention, newest_verified=step)
+            except StorageUnavailable as exc:  # retention is retried after the next commit
+                log.warning("retention_deferred", step=step, error=exc.cause[:200])
         busy = self.in_flight()
         for old in self.fast.list_committed():  # the fast tier keeps the newest durable copy
             if old < step and old not in busy:
@@ -250,9 +373,10 @@ class Writer:
         log.warning("checkpoint_upload_retry", step=step, error=exc.cause[:200],
                     retry_in_s=retry_in)
 
-    def _recovered(self, step: int, tries: int) -> None:
+    def _recovered(self, step: int, tries: int) -> float:
+        """The store answers again: say so once; the outage's seconds (0.0: there was none)."""
         if self._outage_since is None:
-            return
+            return 0.0
         outage_s = round(time.monotonic() - self._outage_since, 2)
         self._outage_since = None
         self.emit("durable_recovered", step=step, flush=False, uri=self.durable.url,
@@ -261,6 +385,7 @@ class Writer:
         self.emit("recovered", step=step, flush=True, event_id=f"recovered/{fault}",
                   fault_event_id=fault, resumed_step=None, lost_steps=0, detection_s=0.0,
                   restart_s=0.0, restore_s=0.0, mttr_s=outage_s, waited_out=True)
+        return outage_s
 
     def _fail(self, step: int, stage: str, exc: BaseException) -> None:
         self.send(**failure_message(step, stage, exc))
