@@ -32,6 +32,7 @@ from storage.rollback import roll_back
 from storage.tiered import TieredCheckpointer, TierPolicy
 from trainer import tracing
 from trainer.context import SegmentContext
+from trainer.elastic import load_resharded
 from trainer.safe_load import UnsafeCheckpointFile, as_corrupt
 from trainer.state import TrainState, state_file
 
@@ -174,7 +175,7 @@ def _choose(ctx: SegmentContext, bound: int, corrupt: list[int]
 
         # a node's fast tier holds its own ranks' files only: multi-node resumes are durable
         found = _checkpointer(ctx).resume(root, at_or_before=bound, on_corrupt=on_corrupt,
-                                          fast=ctx.nnodes == 1)
+                                          fast=not ctx.args.session)
         if found:
             man, _, tier = found
             pick = (man.step, tier)
@@ -199,8 +200,14 @@ def _load(ctx: SegmentContext, engine, step: int, tier: str, man: CheckpointMani
     if man.config_hash != ctx.config_hash:
         log.warning("checkpoint_config_differs", step=step, checkpoint=man.config_hash,
                     spec=ctx.config_hash)
+    saved_world = int(man.extra.get("world_size", ctx.world))
     try:
-        load_path, _ = engine.load_checkpoint(root, tag=tag)
+        if saved_world != ctx.world and int(man.extra.get("zero_stage", 0)) in (1, 2):
+            # fewer nodes (elastic): DeepSpeed reshards its universal form of the ZeRO state
+            load_path = load_resharded(engine, root, tag, os.path.join(
+                ctx.workdir, f"universal-rank{ctx.rank}"))
+        else:
+            load_path, _ = engine.load_checkpoint(root, tag=tag)
         state = TrainState.load(os.path.join(root, tag, state_file(ctx.rank)))
     except UnsafeCheckpointFile as exc:
         raise as_corrupt(step, exc) from None
@@ -215,7 +222,7 @@ def _load(ctx: SegmentContext, engine, step: int, tier: str, man: CheckpointMani
     if state.step != step:
         raise RuntimeError(f"train state says step {state.step}, manifest says {step}")
     state.restore_rng()
-    return resharded(state, int(man.extra.get("world_size", ctx.world)), ctx.world)
+    return resharded(state, saved_world, ctx.world)
 
 
 def resharded(state: TrainState, saved_world: int, world: int) -> TrainState:

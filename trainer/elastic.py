@@ -9,6 +9,10 @@ the ZeRO <= 2 optimizer state.
 from __future__ import annotations
 
 import dataclasses
+import os
+import shutil
+import subprocess
+import sys
 
 from common.errors import BadConfig
 from spec import RunSpec
@@ -25,3 +29,28 @@ def on_nodes(spec: RunSpec, nnodes: int) -> RunSpec:
     train = dataclasses.replace(t, nodes=nnodes, min_nodes=0,
                                 grad_accum=t.grad_accum * (t.nodes // nnodes))
     return dataclasses.replace(spec, train=train)
+
+
+def load_resharded(engine, root: str, tag: str, scratch: str) -> str | None:
+    """Load a ZeRO-1/2 checkpoint written at another data-parallel world size: DeepSpeed's
+    own converter (`deepspeed.checkpoint.ds_to_universal`, with the state a non-Megatron
+    client lacks injected) turns `root/tag` into its universal form under `scratch`, which
+    the engine loads resharded to this world. A conversion that fails raises (the
+    supervisor retries; the checkpoint itself is untouched). Returns the path loaded."""
+    shutil.rmtree(scratch, ignore_errors=True)
+    src, dst = os.path.join(root, tag), os.path.join(scratch, tag)
+    os.makedirs(scratch, exist_ok=True)
+    done = subprocess.run([sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal",
+                           "--input_folder", src, "--output_folder", dst,
+                           "--num_extract_workers", "1", "--num_merge_workers", "1",
+                           "--inject_missing_state"], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"resharding {src} (ds_to_universal) failed: "
+                           f"{(done.stderr or done.stdout)[-800:]}")
+    was = engine._config.load_universal_checkpoint  # DeepSpeed reads its config here
+    engine._config.load_universal_checkpoint = True
+    try:
+        load_path, _ = engine.load_checkpoint(scratch, tag=tag)
+    finally:
+        engine._config.load_universal_checkpoint = was
+    return load_path

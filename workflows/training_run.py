@@ -478,6 +478,6 @@ class TrainingRun:
         self._trace.finish(stage, **payload)
         await self._event("stage_finished", f"stage_finished/{stage}", stage=stage, **payload)
 
-    async def _event(self, kind: str, event_id: str, **payload: object) -> None:
+    async def _event(self, kind: str, event_id: str, /, **payload: object) -> None:
         assert self._spec is not None
         await record_event(self._spec, kind, event_id, self._carry.next_step, dict(payload))

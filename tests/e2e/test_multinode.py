@@ -28,9 +28,10 @@ SMALL = {"train.total_steps": 20, "train.segment_steps": 10, "train.segments_per
          "ops.heartbeat_timeout_s": 8.0}
 
 
-def node_fleets(fleet_factory, tmp_path, names=("h0", "h1"), address="127.0.0.1"):
+def node_fleets(fleet_factory, tmp_path, names=("h0", "h1"), address="127.0.0.1",
+                restart=False):
     """One trainer worker per node name, each with its own fast tier and rendezvous port."""
-    return {name: fleet_factory(roles=("trainer",), log_dir=f"logs-{name}", args=(
+    return {name: fleet_factory(roles=("trainer",), log_dir=f"logs-{name}", restart=restart, args=(
         "--node", name, "--node-address", address, "--rdzv-port", str(free_port()),
         "--fast-root", str(tmp_path / f"fast-{name}"))) for name in names}
 
@@ -119,3 +120,104 @@ def test_multinode_two_nodes_wanted_and_one_registered_waits_and_says_so_in_stat
     assert not CheckpointStore(spec.storage.durable, spec.run_id).list_committed()
     kinds = [e["kind"] for e in read_events(spec.storage.durable, spec.run_id)]
     assert "waiting_for_nodes" in kinds and "segment_started" not in kinds
+
+
+# Steps slow enough to strike inside a segment: 40 steps, a commit every 10.
+SLOW = {**SMALL, "train.total_steps": 40, "train.segment_steps": 40,
+        "train.checkpoint_every": 10, "train.micro_batch_tokens": 4096,
+        "ops.heartbeat_timeout_s": 6.0}
+
+
+def node_step(fast_root, spec, segment: str = "000000000-000000040") -> int:
+    path = fast_root / spec.run_id / "segments" / segment / "progress.jsonl"
+    if not path.exists():
+        return 0
+    steps = [json.loads(x).get("step", 0) for x in path.read_text().splitlines()
+             if '"type": "step"' in x]
+    return max(steps, default=0)
+
+
+def activity_ends(address: str, run_id: str) -> list[tuple[str, float]]:
+    """(how, when) of every train_segment activity that ended, from the run's history."""
+    async def read():
+        client = await connect(address)
+        history = await client.get_workflow_handle(run_id).fetch_history()
+        out = []
+        for e in history.events:
+            name = e.WhichOneof("attributes") or ""
+            if name.startswith("activity_task_") and name.split("_")[2] in (
+                    "completed", "failed", "timed", "canceled"):
+                out.append((name, e.event_time.ToDatetime().timestamp()))
+        return out
+    return asyncio.run(read())
+
+
+def test_multinode_a_killed_node_stops_its_peer_within_the_heartbeat_timeout_and_the_run_resumes_from_the_last_commit(
+        temporal_server, fleet_factory, tmp_path):
+    fleet_factory(roles=("orchestrator", "data"))
+    fleets = node_fleets(fleet_factory, tmp_path, restart=True)
+    wait_for(lambda: len(registered(temporal_server.address)) == 2, 60, "two nodes registered")
+    spec = tiny_spec("e2e-multinode-kill", str(tmp_path / "store"), str(tmp_path / "fast"),
+                     **SLOW, **{"train.nodes": 2, "train.procs_per_node": 1})
+    runner, box = run_in_background(temporal_server.address, spec, 600)
+    wait_for(lambda: node_step(tmp_path / "fast-h1", spec) >= 14, 240, "node h1 past step 14")
+    store = CheckpointStore(spec.storage.durable, spec.run_id)
+    committed_before = store.list_committed()
+    killed_at = time.time()
+    fleets["h1"].kill("trainer")  # the worker; its torchrun and ranks die with it
+    runner.join(600)
+    assert box.get("result", {}).get("status") == "completed", box
+
+    events = read_events(spec.storage.durable, spec.run_id)
+    faults = [e for e in events if e["kind"] == "fault"]
+    lost = [e for e in faults if e["payload"]["kind"] == "worker_lost"]
+    assert lost and lost[0]["payload"]["node"] == "h1", faults
+    [recovered] = [e["payload"] for e in events if e["kind"] == "recovered"]
+    assert recovered["fault_event_id"] == lost[0]["event_id"], recovered
+    # the peer's own fault (its collective broke) is answered by the same recovery
+    peer = [e["event_id"] for e in faults if e is not lost[0]]
+    assert set(peer) <= set(recovered.get("also_answers", [])), (peer, recovered)
+    assert recovered["resumed_step"] == max(s for s in committed_before if s <= 40)
+    assert set(committed_before) <= set(store.list_committed())  # nothing committed lost
+    # every member of the launch the kill broke ended within heartbeat timeout + 10 s
+    ends = [when for how, when in activity_ends(temporal_server.address, spec.run_id)
+            if when > killed_at]
+    first_launch_ends = sorted(ends)[:2]
+    assert len(first_launch_ends) == 2
+    assert max(first_launch_ends) - killed_at <= spec.ops.heartbeat_timeout_s + 10, (
+        [e - killed_at for e in ends])
+    print(f"\nmultinode kill: members ended {[round(e - killed_at, 1) for e in first_launch_ends]}"
+          f" s after the kill (heartbeat timeout {spec.ops.heartbeat_timeout_s}s)")
+
+
+def test_multinode_a_node_that_keeps_failing_is_set_aside_and_the_run_finishes_on_one_node_from_the_resharded_zero2_checkpoint(
+        temporal_server, fleet_factory, tmp_path):
+    fleet_factory(roles=("orchestrator", "data"))
+    node_fleets(fleet_factory, tmp_path)
+    wait_for(lambda: len(registered(temporal_server.address)) == 2, 60, "two nodes registered")
+    spec = tiny_spec("e2e-multinode-elastic", str(tmp_path / "store"), str(tmp_path / "fast"),
+                     **SLOW, **{"train.nodes": 2, "train.min_nodes": 1, "train.procs_per_node": 1,
+                                "train.zero_stage": 2, "ops.node_failure_limit": 2,
+                                "ops.node_wait_s": 2.0,
+                                # a bad host: its rank fails at step 14 whenever it runs
+                                "faults": [{"kind": "crash", "at_step": 14, "node": "h1"}]})
+    result = asyncio.run(run_to_end(temporal_server.address, spec, 600))
+    assert result["status"] == "completed", result
+
+    events = read_events(spec.storage.durable, spec.run_id)
+    [aside] = [e["payload"] for e in events if e["kind"] == "node_set_aside"]
+    assert aside["node"] == "h1" and aside["failures"] == 2 and aside["kind"] == "crash", aside
+    assert "injected crash at step 14" in aside["evidence"]
+    [changed] = [e["payload"] for e in events if e["kind"] == "nodes_changed"]
+    assert (changed["from_nodes"], changed["to_nodes"]) == (2, 1), changed
+    store = CheckpointStore(spec.storage.durable, spec.run_id)
+    worlds = {s: store.manifest(s).extra["world_size"] for s in store.list_committed()}
+    assert worlds[10] == 2 and worlds[40] == 1, worlds  # written by two nodes, then by one
+    assert "train_state-rank1.pt" not in store.manifest(40).files
+    recovered = [e["payload"] for e in events if e["kind"] == "recovered"]
+    assert recovered[-1]["resumed_step"] == 10, recovered  # the two-node commit, resharded
+    h0_faults = [e for e in events if e["kind"] == "fault" and e["payload"].get("kind") != "crash"]
+    answered = {r["fault_event_id"] for r in recovered} | {
+        x for r in recovered for x in r.get("also_answers", [])}
+    assert {e["event_id"] for e in events if e["kind"] == "fault"} <= answered, (
+        h0_faults, recovered)
