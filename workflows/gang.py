@@ -117,9 +117,9 @@ def member_failure(node: str, err: BaseException) -> MemberFailure:
     """Pure: a failed member's ActivityError as blame evidence."""
     cause = err.cause if isinstance(err, ActivityError) else err
     if isinstance(cause, TimeoutError):
-        return MemberFailure(node, LOST, "worker_lost",
-                             f"node {node}: its activity timed out ({cause.type.name}): the "
-                             "worker stopped answering", transient=True)
+        which = getattr(cause.type, "name", cause.type)
+        return MemberFailure(node, LOST, "worker_lost", f"node {node}: its activity timed "
+                             f"out ({which}): the worker stopped answering", transient=True)
     d: dict[str, Any] = {}
     if isinstance(cause, ApplicationError) and cause.details and isinstance(cause.details[0], dict):
         d = cause.details[0]
@@ -263,6 +263,8 @@ def blame(c: RunCarry, s: RunSpec, failures: list[MemberFailure], *, lo: int, hi
                            "detected_ts": f.detected_ts, "last_step": f.last_step})
     culprits = at_fault(failures)
     for f in culprits:
+        if f.kind == "preempted":  # a drain: the node is leaving, not failing
+            continue
         c.node_failures[f.node] = c.node_failures.get(f.node, 0) + 1
         if c.node_failures[f.node] >= s.ops.node_failure_limit and f.node not in c.set_aside:
             c.set_aside[f.node] = f.evidence[:300]

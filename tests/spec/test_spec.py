@@ -279,3 +279,36 @@ def test_any_field_at_its_worst_is_bad_config_naming_it_or_a_spec_the_workflow_c
         for i, p in enumerate(points + [{k: d.high for k, d in spec.sweep.space.items()}]):
             segment_options(trial_spec(spec, i, p))
             with_params(spec, p)
+
+
+def test_more_nodes_than_any_cluster_is_bad_config_naming_the_limit():
+    err = _error({"run_id": "r", "train": {"nodes": 5000}})
+    assert err.field == "train.nodes" and "larger than any cluster" in str(err)
+    assert "4096" in err.fix
+
+
+@pytest.mark.parametrize("train, words", [
+    ({"nodes": 4, "min_nodes": 3}, "does not divide"),
+    ({"nodes": 2, "min_nodes": 3}, "must be <= nodes"),
+    ({"nodes": 2, "min_nodes": 1, "zero_stage": 3}, "ZeRO-3"),
+])
+def test_an_elastic_setting_the_run_cannot_keep_is_bad_config_naming_min_nodes(train, words):
+    err = _error({"run_id": "r", "train": train})
+    assert err.field == "train.min_nodes" and words in str(err), err
+
+
+def test_a_trial_of_a_multinode_run_runs_on_one_node_with_the_run_s_global_batch():
+    s = RunSpec.from_dict({"run_id": "r", "train": {"nodes": 4, "min_nodes": 2,
+                                                    "procs_per_node": 2, "grad_accum": 2}})
+    t = trial_spec(s, 0, {"lr": 1e-3}).train
+    assert (t.nodes, t.min_nodes, t.world_size * t.grad_accum) == (1, 0, 16)
+
+
+def test_new_multinode_fields_at_their_defaults_keep_the_spec_hash():
+    # the demo preset's hash before issue 15 added them (measured at d358520)
+    assert preset("demo").spec_hash() == "c8357bb19b1b4caf"
+    stored = preset("demo", run_id="hash-pin", **{"ops.hang_timeout_s": 600.0})
+    assert stored.spec_hash() == HASH_BEFORE_REMOVAL
+    for changed in ({"train.min_nodes": 1}, {"ops.node_wait_s": 60.0},
+                    {"ops.node_failure_limit": 3}):
+        assert stored.replace(**changed).spec_hash() != HASH_BEFORE_REMOVAL, changed
