@@ -26,6 +26,16 @@ ANNOUNCEMENTS_PER_RUN = 2000  # ~3 hours of 3 nodes announcing every 5 s
 FORGET_AFTER_S = 24 * 3600.0  # a node silent this long leaves the registry
 
 
+def well_formed(n: NodeInfo) -> bool:
+    """Pure: an announcement every reader can use (types and ranges)."""
+    def whole(x: object, lo: int, hi: int) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool) and lo <= x <= hi
+    return (all(isinstance(v, str) for v in (n.name, n.queue, n.address, n.busy, n.worker))
+            and bool(n.name) and bool(n.queue) and bool(n.address)
+            and whole(n.rdzv_port, 1, 65535) and whole(n.procs, 1, 1 << 16)
+            and whole(n.gpus, 0, 1 << 16))
+
+
 @workflow.defn(name=NODE_REGISTRY_TYPE)
 class NodeRegistry:
     @workflow.init
@@ -39,10 +49,14 @@ class NodeRegistry:
         """A node is alive (and what it offers). Malformed input is dropped, never fatal:
         the registry outlives every worker that talks to it."""
         self._signals += 1
+        if not isinstance(info, dict):
+            return
         try:
             node = NodeInfo(**{k: v for k, v in info.items()
                                if k in {f.name for f in dataclasses.fields(NodeInfo)}})
         except TypeError:
+            node = None
+        if node is None or not well_formed(node):
             workflow.logger.warning("announcement dropped: %r", info)
             return
         self._nodes[node.name] = dataclasses.replace(node, seen=workflow.now().timestamp())
