@@ -112,8 +112,11 @@ def stop_process(proc: subprocess.Popen | None, grace_s: float = 5.0) -> None:
 class TemporalDevServer:
     """`temporal server start-dev` with a SQLite file (state survives restarts).
 
-    `ip` is the address the frontend (and UI) bind to: loopback by default; a multi-host
-    test binds it to the address of a bridge its network namespaces reach.
+    `ip` is the address the frontend (and UI) bind to: loopback by default. Only loopback
+    or 0.0.0.0 work: start-dev binds its history/matching/worker services to `ip` too but
+    dials them on 127.0.0.1 (temporal CLI 1.9.1, internal/devserver/server.go), so with any
+    other address the frontend answers but every call it forwards is refused. Hosts in
+    network namespaces reach a loopback server through a relay (tests/e2e/netns.py).
     """
 
     state_dir: str
