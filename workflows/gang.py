@@ -86,10 +86,15 @@ def choose(nodes: list[NodeInfo], n: int, failed: dict[str, int]) -> list[NodeIn
 
 
 def waiting_reason(s: RunSpec, used: int, avail: list[NodeInfo], known: list[NodeInfo],
-                   set_aside: dict[str, str]) -> str:
+                   set_aside: dict[str, str], now: float) -> str:
+    """Pure: why the run waits, in numbers, and what would end it."""
     names = ", ".join(n.name for n in avail) or "none"
-    why = (f"{len(avail)} of {used} nodes available ({names}); {len(known)} registered, "
-           f"{len(set_aside)} set aside")
+    small = sum(1 for n in known if n.procs < s.train.procs_per_node)
+    stale = sum(1 for n in known if now - n.seen > NODE_TTL_S)
+    busy = sum(1 for n in known if n.busy and not n.busy.startswith(f"{s.run_id} "))
+    why = (f"{len(avail)} of {used} nodes available ({names}); {len(known)} registered: "
+           f"{stale} silent, {busy} busy with other work, {small} with fewer than "
+           f"{s.train.procs_per_node} procs, {len(set_aside)} set aside")
     fix = (f"start `mainspring worker --role trainer --node NAME --procs "
            f"{s.train.procs_per_node}` on {used - len(avail)} more node(s)")
     if s.train.fewest_nodes < used:
@@ -176,6 +181,7 @@ async def pick_nodes(s: RunSpec, c: RunCarry, *, stop: Callable[[], bool],
     operator command, a full history). `waiting(reason)` announces a wait (None: over)."""
     used = c.nodes_used or s.train.nodes
     since = c.waiting.get("since") if c.waiting else None
+    announced = False
     while True:
         listed = await list_nodes()
         avail = candidates(listed.nodes, listed.now, s, c.set_aside)
@@ -187,9 +193,10 @@ async def pick_nodes(s: RunSpec, c: RunCarry, *, stop: Callable[[], bool],
             return choose(avail, n, c.node_failures)
         if since is None:
             since = workflow.now().timestamp()
-        if not c.waiting:
-            c.waiting = {"since": since, "reason": waiting_reason(s, used, avail, listed.nodes,
-                                                                  c.set_aside)}
+        if not announced:  # once per call: also after a hold that interrupted the wait
+            announced = True
+            c.waiting = {"since": since, "reason": waiting_reason(
+                s, used, avail, listed.nodes, c.set_aside, listed.now)}
             await waiting(c.waiting["reason"])
         try:
             await workflow.wait_condition(stop, timeout=timedelta(seconds=WAIT_POLL_S))

@@ -140,3 +140,15 @@ def test_a_lost_worker_is_transient_and_never_counts_towards_the_repeat_hold():
     lost = MemberFailure(node="h1", how=LOST, kind="worker_lost", evidence="gone", transient=True)
     assert not blame(c, s, [lost], lo=0, hi=40, launch=0, now=NOW).hold
     assert c.gang_repeat == {}
+
+
+def test_the_waiting_reason_counts_why_nodes_are_not_available_and_says_what_to_start():
+    from workflows.gang import waiting_reason
+
+    s = spec(train={"nodes": 4, "min_nodes": 2, "procs_per_node": 8})
+    known = [node("ok", procs=8), node("gone", procs=8, seen=NOW - 99), node("tiny", procs=1),
+             node("taken", procs=8, busy="other 0-10")]
+    why = waiting_reason(s, 4, [known[0]], known, {"bad": "x"}, NOW)
+    assert why.startswith("1 of 4 nodes available (ok); 4 registered: 1 silent, 1 busy")
+    assert "1 with fewer than 8 procs, 1 set aside" in why
+    assert "--procs 8` on 3 more node(s)" in why and "goes on with fewer" in why
