@@ -39,11 +39,11 @@ class TrainConfig:
     zero_stage: int = num(0, 0, 3)
     # Nodes a segment spans (docs/multinode.md): one trainer worker per node, gang-scheduled
     # by the workflow (workflows/gang.py). More than MAX_NODES is not a cluster anyone has.
-    nodes: int = num(1, 1, 10**4)
+    nodes: int = num(1, 1, 10**9)  # above MAX_NODES: refused in __post_init__, saying why
     # Elastic: with fewer healthy nodes than `nodes` for ops.node_wait_s, the run goes on
     # with fewer - a divisor of `nodes` >= min_nodes - and the same global batch (gradient
     # accumulation x nodes / nodes used; the ZeRO <= 2 checkpoint is resharded). 0: `nodes`.
-    min_nodes: int = num(0, 0, 10**4)
+    min_nodes: int = num(0, 0, 10**9)
     procs_per_node: int = num(1, 1, 1024)
     checkpoint_every: int = num(25, 1, STEPS)
     eval_batches: int = num(8, 1, 10**6)  # validation micro-batches per evaluation

@@ -58,7 +58,8 @@ def test_absurd_numbers_and_bad_run_ids_fail_the_run_at_once_naming_the_field(
     good = tiny_spec("e2e-badspec", str(tmp_path / "store"), str(tmp_path / "fast")).to_dict()
 
     def bad(**changes) -> dict:
-        raw = {**good, "ops": dict(good["ops"]), "sweep": dict(good["sweep"])}
+        raw = {**good, "ops": dict(good["ops"]), "sweep": dict(good["sweep"]),
+               "train": dict(good["train"])}
         for dotted, value in changes.items():
             section, _, name = dotted.rpartition(".")
             (raw[section] if section else raw)[name] = value
@@ -73,11 +74,14 @@ def test_absurd_numbers_and_bad_run_ids_fail_the_run_at_once_naming_the_field(
             _failure(client, bad(run_id="e2e-badspec\n")),
             _failure(client, bad(**{"sweep.space": {
                 "warmup_steps": {"low": 1, "high": 50, "log": False}}})),
-            _failure(client, ["not", "an", "object"]))
+            _failure(client, ["not", "an", "object"]),
+            # more nodes than any cluster: refused, never left waiting for nodes
+            _failure(client, bad(**{"train.nodes": 100_000})))
 
     results = asyncio.run(scenario())
     fields = ["ops.segment_budget_s", "ops.segment_budget_s", "run_id",
-              "sweep.space.warmup_steps.high", "spec"]  # spec: the input is not an object
+              "sweep.space.warmup_steps.high", "spec",  # spec: the input is not an object
+              "train.nodes"]
     for (cause, took), field in zip(results, fields, strict=True):
         assert cause.type == "BadConfig" and cause.message.startswith(f"{field}:"), cause
         assert took < REFUSED_WITHIN_S, (field, took)
