@@ -24,6 +24,9 @@ with workflow.unsafe.imports_passed_through():
 
 ANNOUNCEMENTS_PER_RUN = 2000  # ~3 hours of 3 nodes announcing every 5 s
 FORGET_AFTER_S = 24 * 3600.0  # a node silent this long leaves the registry
+# as many as a spec may ask for (spec/train.py MAX_NODES): a flood of made-up names cannot
+# grow the registry (or a run's list_nodes result in its history) past that
+MAX_REGISTERED = 4096
 
 
 def well_formed(n: NodeInfo) -> bool:
@@ -58,6 +61,10 @@ class NodeRegistry:
             node = None
         if node is None or not well_formed(node):
             workflow.logger.warning("announcement dropped: %r", info)
+            return
+        if node.name not in self._nodes and len(self._nodes) >= MAX_REGISTERED:
+            workflow.logger.warning("registry full (%d nodes): %s dropped", MAX_REGISTERED,
+                                    node.name)
             return
         self._nodes[node.name] = dataclasses.replace(node, seen=workflow.now().timestamp())
 
