@@ -42,6 +42,14 @@ def node_fleets(fleet_factory, tmp_path, names=("h0", "h1"), address="127.0.0.1"
         "--fast-root", str(tmp_path / f"fast-{name}"))) for name in names}
 
 
+def two_nodes(fleet_factory, tmp_path, address: str, restart: bool = False) -> dict:
+    """Orchestrator and data workers, and two trainer nodes h0 and h1, both registered."""
+    fleet_factory(roles=("orchestrator", "data"))
+    fleets = node_fleets(fleet_factory, tmp_path, restart=restart)
+    wait_for(lambda: len(registered(address)) == 2, 60, "two nodes registered")
+    return fleets
+
+
 def registered(address: str) -> list[str]:
     async def ask():
         client = await connect(address)
@@ -64,9 +72,7 @@ def model_weights(spec, step: int) -> dict[str, torch.Tensor]:
 @loopback_only
 def test_multinode_a_segment_on_two_nodes_trains_both_ranks_commits_once_per_interval_and_matches_one_host_bitwise(
         temporal_server, fleet_factory, tmp_path):
-    fleet_factory(roles=("orchestrator", "data"))
-    node_fleets(fleet_factory, tmp_path)
-    wait_for(lambda: len(registered(temporal_server.address)) == 2, 60, "two nodes registered")
+    two_nodes(fleet_factory, tmp_path, temporal_server.address)
     spec = tiny_spec("e2e-multinode", str(tmp_path / "store"), str(tmp_path / "fast"),
                      **SMALL, **{"train.nodes": 2, "train.procs_per_node": 1})
     result = asyncio.run(run_to_end(temporal_server.address, spec, 600))
@@ -162,9 +168,7 @@ def activity_ends(address: str, run_id: str) -> list[tuple[str, float]]:
 @loopback_only
 def test_multinode_a_killed_node_stops_its_peer_within_the_heartbeat_timeout_and_the_run_resumes_from_the_last_commit(
         temporal_server, fleet_factory, tmp_path):
-    fleet_factory(roles=("orchestrator", "data"))
-    fleets = node_fleets(fleet_factory, tmp_path, restart=True)
-    wait_for(lambda: len(registered(temporal_server.address)) == 2, 60, "two nodes registered")
+    fleets = two_nodes(fleet_factory, tmp_path, temporal_server.address, restart=True)
     spec = tiny_spec("e2e-multinode-kill", str(tmp_path / "store"), str(tmp_path / "fast"),
                      **SLOW, **{"train.nodes": 2, "train.procs_per_node": 1})
     runner, box = run_in_background(temporal_server.address, spec, 600)
@@ -200,9 +204,7 @@ def test_multinode_a_killed_node_stops_its_peer_within_the_heartbeat_timeout_and
 
 def test_multinode_a_node_that_keeps_failing_is_set_aside_and_the_run_finishes_on_one_node_from_the_resharded_zero2_checkpoint(
         temporal_server, fleet_factory, tmp_path):
-    fleet_factory(roles=("orchestrator", "data"))
-    node_fleets(fleet_factory, tmp_path)
-    wait_for(lambda: len(registered(temporal_server.address)) == 2, 60, "two nodes registered")
+    two_nodes(fleet_factory, tmp_path, temporal_server.address)
     spec = tiny_spec("e2e-multinode-elastic", str(tmp_path / "store"), str(tmp_path / "fast"),
                      **SLOW, **{"train.nodes": 2, "train.min_nodes": 1, "train.procs_per_node": 1,
                                 "train.zero_stage": 2, "ops.node_failure_limit": 2,

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 from temporalio.exceptions import (
-    ActivityError,
     ApplicationError,
-    RetryState,
     TimeoutError,
     TimeoutType,
 )
 
 from activities.contracts import NodeInfo, RunCarry
 from spec import RunSpec
+from tests.workflows.test_adapt import activity_error
 from workflows.gang import (
     LOST,
     OWN,
@@ -39,15 +38,7 @@ def node(name: str, *, seen: float = NOW, procs: int = 1, busy: str = "") -> Nod
                     rdzv_port=29400, procs=procs, busy=busy, seen=seen)
 
 
-def activity_error(cause: BaseException) -> ActivityError:
-    err = ActivityError("activity failed", scheduled_event_id=1, started_event_id=2,
-                        identity="w", activity_type="train_segment", activity_id="1",
-                        retry_state=RetryState.MAXIMUM_ATTEMPTS_REACHED)
-    err.__cause__ = cause
-    return err
-
-
-def node_failed(kind: str, *, peer: bool = False, fingerprint: str = "crash at step 14") -> ActivityError:
+def node_failed(kind: str, *, peer: bool = False, fingerprint: str = "crash at step 14"):
     return activity_error(ApplicationError("node failed", {
         "node": "x", "fault_kind": kind, "evidence": f"{kind} evidence", "peer": peer,
         "fault_event_id": f"fault/{kind}", "fingerprint": fingerprint, "transient": False,
