@@ -134,6 +134,8 @@ def _train_segment(spec: RunSpec, inp: TrainSegmentInput) -> TrainSegmentResult:
                       heartbeat=lambda: activity.heartbeat(tracker.details())):
             return _supervise_segment(spec, inp, workdir, store, events, tracker, faults, recovery)
     except CancelledError:
+        if inp.gang is not None and faults.fault:  # cancelled, but it had failed first (its
+            raise node_failed(inp.gang.node, faults) from None  # peer died): say so
         raise
     except Exception as exc:  # an error of the activity's own, not already recorded
         faults.on_error(exc)
