@@ -206,26 +206,27 @@ def test_multinode_a_node_that_keeps_failing_is_set_aside_and_the_run_finishes_o
         temporal_server, fleet_factory, tmp_path):
     two_nodes(fleet_factory, tmp_path, temporal_server.address)
     spec = tiny_spec("e2e-multinode-elastic", str(tmp_path / "store"), str(tmp_path / "fast"),
-                     **SLOW, **{"train.nodes": 2, "train.min_nodes": 1, "train.procs_per_node": 1,
-                                "train.zero_stage": 2, "ops.node_failure_limit": 2,
-                                "ops.node_wait_s": 2.0,
-                                # a bad host: its rank fails at step 14 whenever it runs
-                                "faults": [{"kind": "crash", "at_step": 14, "node": "h1"}]})
+                     **{**SMALL, "train.segment_steps": 20}, **{"train.nodes": 2,
+                                 "train.min_nodes": 1, "train.procs_per_node": 1,
+                                 "train.zero_stage": 2, "ops.node_failure_limit": 2,
+                                 "ops.node_wait_s": 2.0,
+                                 # a bad host: its rank fails at step 7 whenever it runs
+                                 "faults": [{"kind": "crash", "at_step": 7, "node": "h1"}]})
     result = asyncio.run(run_to_end(temporal_server.address, spec, 600))
     assert result["status"] == "completed", result
 
     events = read_events(spec.storage.durable, spec.run_id)
     [aside] = [e["payload"] for e in events if e["kind"] == "node_set_aside"]
     assert aside["node"] == "h1" and aside["failures"] == 2 and aside["kind"] == "crash", aside
-    assert "injected crash at step 14" in aside["evidence"]
+    assert "injected crash at step 7" in aside["evidence"]
     [changed] = [e["payload"] for e in events if e["kind"] == "nodes_changed"]
     assert (changed["from_nodes"], changed["to_nodes"]) == (2, 1), changed
     store = CheckpointStore(spec.storage.durable, spec.run_id)
     worlds = {s: store.manifest(s).extra["world_size"] for s in store.list_committed()}
-    assert worlds[10] == 2 and worlds[40] == 1, worlds  # written by two nodes, then by one
-    assert "train_state-rank1.pt" not in store.manifest(40).files
+    assert worlds[5] == 2 and worlds[20] == 1, worlds  # written by two nodes, then by one
+    assert "train_state-rank1.pt" not in store.manifest(20).files
     recovered = [e["payload"] for e in events if e["kind"] == "recovered"]
-    assert recovered[-1]["resumed_step"] == 10, recovered  # the two-node commit, resharded
+    assert recovered[-1]["resumed_step"] == 5, recovered  # the two-node commit, resharded
     h0_faults = [e for e in events if e["kind"] == "fault" and e["payload"].get("kind") != "crash"]
     answered = {r["fault_event_id"] for r in recovered} | {
         x for r in recovered for x in r.get("also_answers", [])}
