@@ -21,7 +21,15 @@ from storage.events import read_events
 from tests.e2e.conftest import terminate_running
 from tests.e2e.netns import NetnsCluster, netns_unavailable
 from tests.e2e.runs import run_in_background, run_to_end, tiny_spec, wait_for
-from tests.e2e.test_multinode import SLOW, SMALL, activity_ends, model_weights, node_step
+from tests.e2e.test_multinode import (
+    SLOW,
+    SMALL,
+    activity_ends,
+    assert_set_aside_and_finished_on_one_node,
+    elastic_spec,
+    model_weights,
+    node_step,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(netns_unavailable() is not None,
                                                   reason=f"{netns_unavailable()}")]
@@ -112,6 +120,15 @@ def test_multinode_killing_one_hosts_worker_stops_the_other_host_within_the_hear
     assert max(ends) - killed_at <= spec.ops.heartbeat_timeout_s + 10, ends
     print(f"\nnetns kill: members ended {[round(e - killed_at, 1) for e in ends]} s after "
           f"the kill (heartbeat timeout {spec.ops.heartbeat_timeout_s}s)")
+
+
+def test_multinode_a_host_that_keeps_failing_is_set_aside_and_the_run_finishes_on_the_other_from_the_resharded_zero2_checkpoint(
+        cluster_fleet, tmp_path):
+    server, _ = cluster_fleet
+    spec = elastic_spec("e2e-netns-elastic", tmp_path, "host1")
+    result = asyncio.run(run_to_end(server.address, spec, 600))
+    assert result["status"] == "completed", result
+    assert_set_aside_and_finished_on_one_node(spec, "host1")
 
 
 def test_multinode_registry_sees_each_host_at_its_own_address(cluster_fleet, hosts):
