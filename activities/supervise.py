@@ -139,9 +139,9 @@ def supervise(cmd: list[str], *, workdir: str, env: dict[str, str],
     before it is killed; a child that stopped that way counts as success (its result says
     so; the caller tells a drain from a cancel).
     A retryable failure is described to `on_failure` (ChildFailure) before it is raised.
-    With `stop_quiet_s` (a multi-node segment) a child that shows no step within that long
-    after the stop request (and 3 of its recent step times) is killed at once: its peers
-    are gone or stuck, and it cannot stop at a step without them.
+    With `stop_quiet_s` (a multi-node segment) a child that shows no step within
+    max(stop_quiet_s, 3 x the time between its last two steps) of the stop request is
+    killed at once: its peers are gone or stuck, and it cannot stop at a step without them.
     A child whose progress file stays quiet past the timeout `hang` sets (activities/hang.py;
     a number: that many seconds, fixed) is hung: it is killed and a HardwareFault raised.
     """

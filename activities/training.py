@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import sys
 import time
 
@@ -38,7 +37,7 @@ from activities.recovery import FaultRecorder, Recovery, execution_key, prior_re
 from activities.supervise import ChildFailure, child_env, supervise, trainer_command
 from activities.tracing import activity_span
 from common.errors import MainspringError, NodeFailed, Preempted
-from common.fault_kinds import TRANSIENT_KINDS
+from common.fault_kinds import TRANSIENT_KINDS, lost_a_peer
 from common.procs import WORKER_PID_ENV
 from common.protocol import CommitLine, ProgressLine, SegmentResult
 from common.telemetry import child_trace_env
@@ -50,9 +49,6 @@ from trainer.extensions import clear_stale_build_locks
 
 log = structlog.get_logger(__name__)
 
-# what a rank sees when another node's rank is gone (gloo, NCCL)
-PEER_LOST = re.compile(r"Connection (reset|closed) by (remote )?peer|Broken pipe|"
-                       r"NCCL (error|timeout)|gloo.*Timed out|Connection refused", re.IGNORECASE)
 GANG_STOP_QUIET_S = 5.0  # a stopping gang member with no step since the stop request
 
 
@@ -160,8 +156,8 @@ def node_failed(node: str, faults: FaultRecorder) -> NodeFailed:
     peer (a connection closed, a collective broken) without a signal of its own failed
     because another node did."""
     f = faults.fault
-    peer = f["kind"] in ("rank_lost", "nccl") and not f.get("signal") and bool(
-        PEER_LOST.search(" ".join([str(f.get("evidence", "")), *f.get("log_tail", [])])))
+    peer = lost_a_peer(f["kind"], f.get("signal"),
+                       " ".join([str(f.get("evidence", "")), *f.get("log_tail", [])]))
     return NodeFailed(node, f["kind"], str(f.get("evidence", ""))[:500],
                       fault_event_id=faults.event_id, fault_ts=f.get("fault_ts"),
                       detected_ts=f.get("detected_ts"), last_step=faults.last_step,
@@ -246,8 +242,8 @@ def _supervise_segment(spec: RunSpec, inp: TrainSegmentInput, workdir: str,
 
 def follower_result(store: CheckpointStore, inp: TrainSegmentInput,
                     attempt: int) -> TrainSegmentResult:
-    """What a gang's node other than 0 returns when its ranks left no result: where the
-    durable store stands (the workflow reads node 0's result)."""
+    """What a gang's node other than 0 returns: where the durable store stands (node 0's
+    ranks write the segment's result, and the workflow reads node 0's)."""
     last = store.latest_committed(at_or_before=inp.to_step)
     return TrainSegmentResult(final_step=last if last is not None else inp.from_step,
                               last_committed_step=last if last is not None else -1,

@@ -121,6 +121,9 @@ def _text(pattern: str) -> re.Pattern[str]:
     return re.compile(pattern, re.IGNORECASE)
 
 
+# what a surviving rank sees when its peer's process is gone (gloo, NCCL's socket transport)
+PEER_GONE = _text(r"Connection (reset|closed) by (remote )?peer")
+
 # First match wins. The text rules read one line: the earliest that any of them matches
 # (see `evidence_line`), and within that line the first row here. A peer's reset
 # connection comes after the signal rules: it is what the survivors of a rank's death see.
@@ -154,7 +157,7 @@ RULES: tuple[Rule, ...] = (
     Rule("rank_lost", "the exit code is another signal's (SIGKILL, SIGSEGV, SIGABRT, ...)",
          any_signal=True),
     Rule("rank_lost", "the evidence is a connection reset or closed by a peer: its process "
-         "is gone", text=_text(r"Connection (reset|closed) by (remote )?peer")),
+         "is gone", text=PEER_GONE),
     Rule("crash", "anything else: a Python exception, a non-zero exit code"),
 )
 
@@ -223,3 +226,11 @@ def torchrun_root_cause(text: str) -> tuple[int | None, int | None]:
     tail = text[at:]
     rank, code = _ROOT_RANK.search(tail), _ROOT_EXIT.search(tail)
     return (int(rank.group(1)) if rank else None), (int(code.group(1)) if code else None)
+
+
+def lost_a_peer(kind: str, signal: str | None, evidence: str) -> bool:
+    """Pure: a failure of a rank that only lost another (a multi-node segment's blame,
+    workflows/gang.py): a collective that failed or timed out, or a peer's connection
+    reset or closed — without a signal of its own."""
+    return not signal and (kind == "nccl" or (kind == "rank_lost"
+                                              and bool(PEER_GONE.search(evidence))))

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from activities.contracts import WORKFLOW_TYPE
 from common.errors import BadConfig
 from common.metrics import PORT_ENV, TEMPORAL_PORT_ENV
+from common.procs import NODE_ENV
 
 if TYPE_CHECKING:
     from spec import RunSpec
@@ -339,7 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="on SIGTERM, how long running segments get to commit at their "
                              "current step and hand over before they are killed")
     node = worker.add_argument_group("node (trainer role): multi-node segments, docs/multinode.md")
-    node.add_argument("--node", default=os.environ.get("MAINSPRING_NODE", ""),
+    node.add_argument("--node", default=os.environ.get(NODE_ENV, ""),
                       help="this node's name: the worker announces itself to the node registry "
                            "and polls its own queue too (env MAINSPRING_NODE; default: not a node)")
     node.add_argument("--node-address", default="",

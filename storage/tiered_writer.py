@@ -315,7 +315,7 @@ class Writer:
                 raise PartsMissing(step, missing, self.cfg.session, waited)
             if self._closed_within(poll):
                 return None
-            poll = min(poll * 2, PARTS_POLL_MAX_S)
+            poll = next_backoff(poll, PARTS_POLL_MAX_S)
 
     def _poll_parts(self, step: int) -> dict[int, dict[str, FileEntry]] | CheckpointManifest:
         if (committed := self.durable.committed_manifest(step)) is not None:

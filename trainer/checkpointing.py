@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from fractions import Fraction
 
 import structlog
 import torch
@@ -32,7 +31,7 @@ from storage.rollback import roll_back
 from storage.tiered import TieredCheckpointer, TierPolicy
 from trainer import tracing
 from trainer.context import SegmentContext
-from trainer.elastic import load_resharded
+from trainer.elastic import load_resharded, resharded
 from trainer.safe_load import UnsafeCheckpointFile, as_corrupt
 from trainer.state import TrainState, state_file
 
@@ -223,22 +222,6 @@ def _load(ctx: SegmentContext, engine, step: int, tier: str, man: CheckpointMani
         raise RuntimeError(f"train state says step {state.step}, manifest says {step}")
     state.restore_rng()
     return resharded(state, saved_world, ctx.world)
-
-
-def resharded(state: TrainState, saved_world: int, world: int) -> TrainState:
-    """Pure: the train state of a checkpoint written at `saved_world` ranks, read at `world`
-    (an elastic run on fewer nodes, trainer/elastic.py). The data cursor counts one rank's
-    micro-batches, so the same global sample index is cursor x saved_world / world; skip
-    ranges likewise. The optimizer's shards are DeepSpeed's to reshard."""
-    if saved_world == world:
-        return state
-    scale = Fraction(saved_world, world)
-    if (state.data_cursor * scale).denominator != 1:
-        raise RuntimeError(f"data cursor {state.data_cursor} at world size {saved_world} "
-                           f"is not a whole cursor at world size {world}")
-    state.data_cursor = int(state.data_cursor * scale)
-    state.skip_ranges = [(int(a * scale), int(b * scale)) for a, b in state.skip_ranges]
-    return state
 
 
 def _drop_corrupt_newer(ctx: SegmentContext, corrupt: list[int], restored: int) -> None:

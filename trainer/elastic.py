@@ -2,8 +2,8 @@
 the same global batch, by accumulating nodes / nodes-used times more per step. Pure.
 
 The checkpoint it resumes from was written at the larger world size: the train state's
-data cursor is rescaled on load (trainer/checkpointing.py:resharded) and DeepSpeed reshards
-the ZeRO <= 2 optimizer state.
+data cursor is rescaled on load (`resharded`) and DeepSpeed reshards the ZeRO <= 2
+optimizer state (`load_resharded`); trainer/checkpointing.py calls both.
 """
 
 from __future__ import annotations
@@ -13,9 +13,11 @@ import os
 import shutil
 import subprocess
 import sys
+from fractions import Fraction
 
 from common.errors import BadConfig
 from spec import RunSpec
+from trainer.state import TrainState
 
 
 def on_nodes(spec: RunSpec, nnodes: int) -> RunSpec:
@@ -29,6 +31,22 @@ def on_nodes(spec: RunSpec, nnodes: int) -> RunSpec:
     train = dataclasses.replace(t, nodes=nnodes, min_nodes=0,
                                 grad_accum=t.grad_accum * (t.nodes // nnodes))
     return dataclasses.replace(spec, train=train)
+
+
+def resharded(state: TrainState, saved_world: int, world: int) -> TrainState:
+    """Pure: the train state of a checkpoint written at `saved_world` ranks, read at
+    `world`. The data cursor counts one rank's micro-batches (rank r of world W reads
+    samples (cursor x W + r) x batch), so the same global samples come next at cursor x
+    saved_world / world; skip ranges likewise."""
+    if saved_world == world:
+        return state
+    scale = Fraction(saved_world, world)
+    if (state.data_cursor * scale).denominator != 1:
+        raise RuntimeError(f"data cursor {state.data_cursor} at world size {saved_world} "
+                           f"is not a whole cursor at world size {world}")
+    return dataclasses.replace(
+        state, data_cursor=int(state.data_cursor * scale),
+        skip_ranges=[(int(a * scale), int(b * scale)) for a, b in state.skip_ranges])
 
 
 def load_resharded(engine, root: str, tag: str, scratch: str) -> str | None:

@@ -207,7 +207,7 @@ def run_segment(args: SegmentArgs, rank: int, world: int) -> None:
     # (an operator rollback must first uncommit the abandoned trajectory's checkpoints)
     done = None if args.rollback else finished_manifest(ctx.store, args.to_step)
     if done is not None:
-        if ctx.leader:  # idempotent retry: the segment already finished
+        if rank == 0:  # idempotent retry: the segment already finished
             write_result(ctx, SegmentResult(
                 final_step=args.to_step, last_committed_step=args.to_step,
                 last_committed_uri=ctx.store.uri(args.to_step), train_loss=None,
@@ -280,7 +280,7 @@ def run_segment(args: SegmentArgs, rank: int, world: int) -> None:
     if ctx.events is not None:
         ctx.events.flush()  # decisions after the last checkpoint (evaluations) too
     loss = spikes.recent_loss()
-    if ctx.leader:  # each node's supervisor reads its own (rank 0's is the segment's)
+    if rank == 0:
         last = ctx.last_commit
         write_result(ctx, SegmentResult(
             final_step=state.step, last_committed_step=last[0] if last else None,

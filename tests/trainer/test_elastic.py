@@ -6,8 +6,7 @@ import pytest
 
 from common.errors import BadConfig
 from spec import RunSpec
-from trainer.checkpointing import resharded
-from trainer.elastic import on_nodes
+from trainer.elastic import on_nodes, resharded
 from trainer.state import TrainState
 
 
