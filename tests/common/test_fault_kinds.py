@@ -225,3 +225,16 @@ def test_the_docs_list_the_rules_in_the_tables_order():
 def test_the_docs_list_each_excerpt_with_its_source_and_kind(name):
     head, _ = _fixture(name)
     assert f"| `{name}` | {head['source']} | `{head['expected']}` |" in DOC
+
+
+def test_only_a_rank_that_lost_its_peer_is_a_peer_failure_for_the_gangs_blame():
+    from common.fault_kinds import lost_a_peer
+
+    gloo = ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection "
+            "closed by peer [10.1.0.3]:41817")
+    assert classify(1, "RuntimeError", [gloo], False) == "rank_lost"
+    assert lost_a_peer("rank_lost", None, gloo)
+    assert lost_a_peer("nccl", None, "Watchdog caught collective operation timeout")
+    assert not lost_a_peer("rank_lost", "SIGKILL", "")  # its own rank was killed
+    assert not lost_a_peer("rank_lost", None, "rank 1 died; torchrun was stopping the others")
+    assert not lost_a_peer("crash", None, "RuntimeError: injected crash at step 7")
