@@ -35,7 +35,7 @@ from common.errors import (
     StorageUnavailable,
 )
 from common.fault_kinds import TRANSIENT_KINDS
-from common.protocol import StartLine, StepLine
+from common.protocol import StartLine, StepLine, launch_tag
 from storage.events import EventLog, read_events
 
 log = structlog.get_logger(__name__)
@@ -47,8 +47,8 @@ def execution_key() -> str:
     return f"{info.workflow_run_id[:8]}.{info.activity_id}"
 
 
-def fault_id(inp: TrainSegmentInput, execution: str, attempt: int) -> str:
-    return f"fault/{inp.from_step}-{inp.to_step}/{execution}/{attempt}"
+def fault_id(inp: TrainSegmentInput, execution: str, attempt: int, restart: int = 0) -> str:
+    return f"fault/{inp.from_step}-{inp.to_step}/{execution}/{launch_tag(attempt, restart)}"
 
 
 def round_s(x: float | None) -> float | None:
@@ -110,6 +110,14 @@ class FaultRecorder:
         self.last_step: int | None = None
         self.repeat = dict(repeat or {})  # the run of identical failures, this one included
         self.fault: dict[str, Any] = {}  # this attempt's fault payload, once recorded
+        self.execution, self.restart = execution, 0
+
+    def restarted(self) -> None:
+        """The attempt's child is started again in place (activities/training.py): the next
+        failure is a fault of its own; the run of identical failures goes on."""
+        self.restart += 1
+        self.event_id = fault_id(self.inp, self.execution, self.attempt, self.restart)
+        self.recorded, self.fault = False, {}
 
     def on_progress(self, line: object) -> None:
         if isinstance(line, StepLine):
@@ -134,6 +142,7 @@ class FaultRecorder:
             return
         self.recorded = True
         payload = {**payload, "attempt": self.attempt, "last_step": self.last_step,
+                   **({"restart": self.restart} if self.restart else {}),
                    "segment": f"{self.inp.from_step}-{self.inp.to_step}",
                    "detected_by": "supervisor"}
         self.repeat = count_repeat(self.repeat, payload["kind"], fingerprint(payload))
@@ -191,12 +200,22 @@ class Recovery:
     recovery (the child's `start` line, then its first step)."""
 
     def __init__(self, events: EventLog, workdir: str, inp: TrainSegmentInput, attempt: int,
-                 execution: str) -> None:
+                 execution: str, in_place: FaultRecorder | None = None) -> None:
         """For attempt N > 1 from attempt N-1's heartbeat; for the first attempt of a segment
         the workflow scheduled again after a decision (an OOM adapted, a pause for a
-        repeated failure), from `inp.after_fault`."""
+        repeated failure), from `inp.after_fault`; for a restart in place, from the fault
+        the attempt's own recorder holds (`in_place`, before its restarted())."""
         self.events, self.inp, self.attempt, self.reported = events, inp, attempt, False
-        self.execution = execution
+        self.execution, self.restart = execution, in_place.restart + 1 if in_place else 0
+        self.start: StartLine | None = None
+        if in_place is not None:
+            f = in_place.fault
+            self.beat_step, self.fault_event_id, self.also = None, in_place.event_id, []
+            self.fault_ts = f.get("fault_ts") or time.time()
+            self.detected_ts = f.get("detected_ts") or self.fault_ts
+            self.last_step = in_place.last_step if in_place.last_step is not None \
+                else inp.from_step
+            return
         info = activity.info()
         beat = info.heartbeat_details[0] if info.heartbeat_details and isinstance(
             info.heartbeat_details[0], dict) else {}
@@ -219,7 +238,6 @@ class Recovery:
         candidates = [s for s in (fault.get("last_step"), local_step, self.beat_step)
                       if s is not None]
         self.last_step = max(candidates) if candidates else inp.from_step
-        self.start: StartLine | None = None
         if not fault:
             self._worker_lost(beat_ts, local_step)
 
@@ -253,11 +271,12 @@ class Recovery:
         self.events.emit(
             "recovered", step=resumed,
             event_id=f"recovered/{self.inp.from_step}-{self.inp.to_step}/{self.execution}/"
-                     f"{self.attempt}",
+                     f"{launch_tag(self.attempt, self.restart)}",
             fault_event_id=self.fault_event_id, resumed_step=resumed,
             **({"also_answers": self.also} if self.also else {}),
             heartbeat_step=self.beat_step, last_step_seen=self.last_step,
             lost_steps=max(0, self.last_step - (resumed or 0)), attempt=self.attempt,
+            **({"restart": self.restart, "in_place": True} if self.restart else {}),
             tier=start.restore_tier if start else "",
             detection_s=round_s(self.detected_ts - self.fault_ts),
             restart_s=round_s(restore_began - self.detected_ts) if restore_began else None,

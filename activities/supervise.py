@@ -10,6 +10,7 @@ retryable HardwareFault.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -23,6 +24,7 @@ from typing import Callable
 import structlog
 from temporalio.exceptions import ApplicationError, CancelledError
 
+from activities import standby
 from activities.contracts import GangMember
 from activities.hang import HangLimits, HangWatch, Timeout
 from common.cgroup import oom_kill_count, oom_kills_since
@@ -35,7 +37,7 @@ from common.procs import (
     set_parent_death_signal,
     with_repo_on_path,
 )
-from common.protocol import ErrorReport, ProgressLine, StepLine, parse_line
+from common.protocol import ErrorReport, LaunchRequest, ProgressLine, StepLine, parse_line
 from common.redact import redact, redact_value
 
 log = structlog.get_logger(__name__)
@@ -84,6 +86,19 @@ def trainer_command(module: str, procs: int, args: list[str],
             f"--nproc_per_node={procs}", "-m", module, *args]
 
 
+def trainer_launch(module: str, procs: int, args: list[str],
+                   gang: GangMember | None = None) -> LaunchRequest:
+    """The same launch as `trainer_command`, for a warm standby (trainer/standby.py); the
+    supervisor fills in where it runs (cwd, log, env)."""
+    at = {}
+    if gang is not None:
+        host, _, port = gang.master.rpartition(":")
+        at = {"nnodes": gang.nnodes, "node_rank": gang.node_rank, "master_addr": host,
+              "master_port": int(port)}
+    return LaunchRequest(module=module, args=list(args), procs=procs, cwd="", log="", env={},
+                         **at)
+
+
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """A trainer child's environment: the allow-listed part of ours (common/procs.py — never
     the Temporal credentials), the accelerator, and `extra` (the caller's own choice)."""
@@ -130,8 +145,13 @@ def supervise(cmd: list[str], *, workdir: str, env: dict[str, str],
               poll_s: float = 1.0,
               on_failure: Callable[[ChildFailure], None] = lambda _: None,
               draining: Callable[[], str] = lambda: "",
-              stop_quiet_s: float | None = None) -> None:
+              stop_quiet_s: float | None = None,
+              warm: LaunchRequest | None = None) -> None:
     """Run a child to completion; raise a classified error if it does not succeed.
+
+    With `warm` (the same launch as `cmd`) and a standby ready in this worker
+    (activities/standby.py), the standby launches it without torchrun's and the ranks'
+    imports; otherwise `cmd` is started.
 
     On cancellation, or when `draining()` gives a reason (the worker got SIGTERM,
     activities/drain.py), the child is asked to stop (common/procs.py STOP_FILE: it commits
@@ -153,10 +173,16 @@ def supervise(cmd: list[str], *, workdir: str, env: dict[str, str],
         if os.path.exists(os.path.join(workdir, stale)):
             os.unlink(os.path.join(workdir, stale))
     oom_before = oom_kill_count()  # a rank the kernel kills for memory raises it
-    with open(log_path, "ab") as out:
-        proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True, preexec_fn=set_parent_death_signal)
-    log.info("child_started", pid=proc.pid, cmd=" ".join(cmd[-8:]), log=log_path)
+    ready = standby.take(env) if warm is not None else None
+    if ready is not None:
+        proc = ready.launch(dataclasses.replace(warm, cwd=workdir, log=log_path, env=env))
+    else:
+        with open(log_path, "ab") as out:
+            proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True,
+                                    preexec_fn=set_parent_death_signal)
+    log.info("child_started", pid=proc.pid, cmd=" ".join(cmd[-8:]), log=log_path,
+             warm=ready is not None)
     last_progress_ts, stop_at, lost_rank = time.time(), None, None
     seen_since_stop, steps = False, StepGaps()
     watch = HangWatch(hang if isinstance(hang, HangLimits) else HangLimits.fixed(hang),
@@ -190,7 +216,9 @@ def supervise(cmd: list[str], *, workdir: str, env: dict[str, str],
             if stop_at is None and launcher.stopping_peers():
                 # torchrun saw a rank die and is stopping the rest: they may be blocked in a
                 # collective and ignore its SIGTERM for 30 s — nothing is left to wait for
-                rank = lost_rank = dead_rank(workdir)  # before the kill: the one that died
+                # who died: a standby's summary names it; torchrun's comes later, so the
+                # rank seen gone before the kill
+                rank = lost_rank = first_failed_rank(launcher, workdir)
                 if os.path.exists(os.path.join(workdir, "error.json")):
                     rc = 1  # the rank said why it failed (an OOM, a crash): classify that
                     break
@@ -234,7 +262,16 @@ class LauncherLog:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.offset = os.path.getsize(path) if os.path.exists(path) else 0
+        self.start = self.offset = os.path.getsize(path) if os.path.exists(path) else 0
+
+    def since_start(self, limit: int = 1 << 16) -> str:
+        """The last `limit` bytes this launch wrote."""
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(max(self.start, os.path.getsize(self.path) - limit))
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
 
     def stopping_peers(self) -> bool:
         try:
@@ -289,6 +326,12 @@ def _state(pid: int) -> str:
             return f.read().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
         return ""
+
+
+def first_failed_rank(launcher: LauncherLog, workdir: str) -> int | None:
+    """The rank this launch's failure summary names, else the lowest one gone."""
+    rank, _ = torchrun_root_cause(launcher.since_start())
+    return rank if rank is not None else dead_rank(workdir)
 
 
 def dead_rank(workdir: str) -> int | None:

@@ -10,11 +10,14 @@ faults and recoveries are recorded as activities/recovery.py says. Each attempt 
 
 from __future__ import annotations
 
+import contextvars
 import json
 import math
 import os
 import sys
+import threading
 import time
+from typing import Callable
 
 import structlog
 from temporalio import activity
@@ -34,9 +37,15 @@ from activities.errors import classified
 from activities.hang import HangLimits
 from activities.metrics import MetricsForwarder
 from activities.recovery import FaultRecorder, Recovery, execution_key, prior_repeat
-from activities.supervise import ChildFailure, child_env, supervise, trainer_command
+from activities.supervise import (
+    ChildFailure,
+    child_env,
+    supervise,
+    trainer_command,
+    trainer_launch,
+)
 from activities.tracing import activity_span
-from common.errors import MainspringError, NodeFailed, Preempted
+from common.errors import HardwareFault, MainspringError, NodeFailed, Preempted
 from common.fault_kinds import TRANSIENT_KINDS, lost_a_peer
 from common.procs import WORKER_PID_ENV
 from common.protocol import CommitLine, ProgressLine, SegmentResult
@@ -50,6 +59,8 @@ from trainer.extensions import clear_stale_build_locks
 log = structlog.get_logger(__name__)
 
 GANG_STOP_QUIET_S = 5.0  # a stopping gang member with no step since the stop request
+HEARTBEAT_EVERY_S = 1.0  # the heartbeat thread's beat (the worker sends at most one a
+# second, ops/worker.py: a 5 s heartbeat timeout keeps 4 s of slack)
 
 
 def segment_workdir(spec: RunSpec, from_step: int, to_step: int) -> str:
@@ -126,9 +137,10 @@ def _train_segment(spec: RunSpec, inp: TrainSegmentInput) -> TrainSegmentResult:
     faults = FaultRecorder(events, inp, attempt, execution, beat_fault, prior)
     from activities.server_watch import watching  # the Temporal server's outages (issue 14)
     try:
-        with watching(spec, inp, attempt, execution, workdir,
-                      heartbeat=lambda: activity.heartbeat(tracker.details())):
-            return _supervise_segment(spec, inp, workdir, store, events, tracker, faults, recovery)
+        with Heartbeats(tracker.details, every_s=HEARTBEAT_EVERY_S) as beats, \
+                watching(spec, inp, attempt, execution, workdir, heartbeat=beats.tick):
+            return _supervise_segment(spec, inp, workdir, store, events, tracker, faults,
+                                      recovery, beats.tick)
     except CancelledError:
         if inp.gang is not None and faults.fault:  # cancelled, but it had failed first (its
             raise node_failed(inp.gang.node, faults) from None  # peer died): say so
@@ -167,7 +179,8 @@ def node_failed(node: str, faults: FaultRecorder) -> NodeFailed:
 
 def _supervise_segment(spec: RunSpec, inp: TrainSegmentInput, workdir: str,
                        store: CheckpointStore, events: EventLog, tracker: DurableCommit,
-                       faults: FaultRecorder, recovery: Recovery | None) -> TrainSegmentResult:
+                       faults: FaultRecorder, recovery: Recovery | None,
+                       beat: Callable[[], None]) -> TrainSegmentResult:
     attempt = activity.info().attempt
     prepare_fast_tier(spec, store)
     latest = store.latest_committed(at_or_before=inp.to_step)
@@ -181,7 +194,7 @@ def _supervise_segment(spec: RunSpec, inp: TrainSegmentInput, workdir: str,
         tracker.on_progress(line)
         metrics.on_progress(line)
         faults.on_progress(line)
-        if recovery:
+        if recovery:  # the attempt's, or the last restart in place's
             recovery.on_progress(line)
     clear_stale_build_locks(older_than_s=HangLimits.build_lock_s(spec.ops))  # a builder that died
     spec_file = os.path.join(workdir, "spec.json")
@@ -200,25 +213,23 @@ def _supervise_segment(spec: RunSpec, inp: TrainSegmentInput, workdir: str,
     if inp.rollback:
         args += ["--rollback", inp.rollback.to_json()]
     result_file = os.path.join(workdir, "result.json")
+    launch = Launch(spec, inp, store, workdir, args, faults)
     try:
         # A cancel (operator pause/rollback/abort) must not interrupt this thread: the
         # supervisor asks the trainer to stop at a checkpoint and waits for it.
         with activity.shield_thread_cancel_exception():
-            supervise(trainer_command("trainer.segment", spec.train.procs_per_node, args,
-                                      inp.gang),
-                      workdir=workdir,
-                      env=child_env({**child_trace_env(), WORKER_PID_ENV: str(os.getpid())}),
-                      on_failure=faults.on_failure,
-                      progress_file=os.path.join(workdir, "progress.jsonl"),
-                      on_progress=on_progress,
-                      heartbeat=lambda: activity.heartbeat(tracker.details()),
-                      is_cancelled=activity.is_cancelled, draining=drain.reason,
-                      hang=HangLimits.of(spec, inp.to_step, checkpoint_bytes=store.manifest(
-                          latest).total_bytes if latest is not None else 0),
-                      stop_grace_s=spec.ops.stop_grace_s,
-                      # a gang member that cannot finish a step after a stop has lost its
-                      # peers: killed, not left in a collective (workflows/gang.py)
-                      stop_quiet_s=GANG_STOP_QUIET_S if inp.gang else None)
+            while True:
+                try:
+                    launch.run(on_progress, beat)
+                    break
+                except (HardwareFault, ApplicationError) as exc:
+                    if not launch.again_in_place(exc):
+                        raise
+                    recovery = Recovery(events, workdir, inp, attempt, execution_key(),
+                                        in_place=faults)
+                    faults.restarted()
+                    log.warning("segment_restarting_in_place", restart=faults.restart,
+                                error=str(exc)[:300])
     except CancelledError:
         if not os.path.exists(result_file):  # killed before it stopped: a plain cancel
             raise
@@ -238,6 +249,88 @@ def _supervise_segment(spec: RunSpec, inp: TrainSegmentInput, workdir: str,
                 train_loss=res.train_loss, resumed_from=res.resumed_from)
     events.flush()
     return segment_result(res, attempt, store.list_committed())
+
+
+# Failures a restart in place answers: the worker is alive and saw the rank fail; the
+# node's device and storage are not suspected (an ECC or CUDA error, an OOM, storage away
+# go through a Temporal retry or a decision). At most IN_PLACE_RESTARTS per attempt, then
+# the retry (maybe elsewhere); the same failure repeated stops at the repeat budget first.
+IN_PLACE_KINDS = frozenset({"rank_lost", "crash", "hang", "nccl"})
+IN_PLACE_RESTARTS = 3
+POLL_S = 0.25  # the supervisor's loop: how soon a child's end or a lost rank is seen
+
+
+class Launch:
+    """The attempt's trainer child: launched (from this worker's warm standby when it has
+    one, activities/standby.py), and launched again in place after a failure the worker
+    can answer itself — no heartbeat timeout, no Temporal retry, no new worker."""
+
+    def __init__(self, spec: RunSpec, inp: TrainSegmentInput, store: CheckpointStore,
+                 workdir: str, args: list[str], faults: FaultRecorder) -> None:
+        self.spec, self.inp, self.store, self.workdir = spec, inp, store, workdir
+        self.args, self.faults = args, faults
+
+    def run(self, on_progress: Callable[[ProgressLine], None],
+            heartbeat: Callable[[], None]) -> None:
+        spec, inp = self.spec, self.inp
+        args = [*self.args, "--restart", str(self.faults.restart)] if self.faults.restart \
+            else self.args
+        latest = self.store.latest_committed(at_or_before=inp.to_step)
+        procs = spec.train.procs_per_node
+        supervise(trainer_command("trainer.segment", procs, args, inp.gang),
+                  warm=trainer_launch("trainer.segment", procs, args, inp.gang),
+                  workdir=self.workdir,
+                  env=child_env({**child_trace_env(), WORKER_PID_ENV: str(os.getpid())}),
+                  on_failure=self.faults.on_failure,
+                  progress_file=os.path.join(self.workdir, "progress.jsonl"),
+                  on_progress=on_progress, heartbeat=heartbeat,
+                  is_cancelled=activity.is_cancelled, draining=drain.reason,
+                  hang=HangLimits.of(spec, inp.to_step, checkpoint_bytes=self.store.manifest(
+                      latest).total_bytes if latest is not None else 0),
+                  stop_grace_s=spec.ops.stop_grace_s, poll_s=POLL_S,
+                  # a gang member that cannot finish a step after a stop has lost its
+                  # peers: killed, not left in a collective (workflows/gang.py)
+                  stop_quiet_s=GANG_STOP_QUIET_S if inp.gang else None)
+
+    def again_in_place(self, exc: BaseException) -> bool:
+        """Whether the failure just recorded is answered by launching again here."""
+        f, spec = self.faults.fault, self.spec
+        return bool(f) and self.inp.gang is None and retryable(exc) \
+            and f["kind"] in IN_PLACE_KINDS and self.faults.restart < IN_PLACE_RESTARTS \
+            and not activity.is_cancelled() and not drain.draining() \
+            and self.faults.decision(spec.run_id, spec.ops.repeat_failure_limit,
+                                     self.inp.micro_split) is None
+
+
+class Heartbeats:
+    """The activity's heartbeat from a thread of its own, every `every_s`: neither a busy
+    trainer nor a slow storage call in the supervisor's loop can delay it past the timeout.
+    It stops beating when the supervisor shows no life for `stall_s` (a stuck supervisor
+    is a lost worker)."""
+
+    def __init__(self, details: Callable[[], dict], every_s: float,
+                 stall_s: float = 300.0) -> None:
+        self.details, self.every_s, self.stall_s = details, every_s, stall_s
+        self.alive = time.monotonic()
+        self.stop = threading.Event()
+
+    def tick(self) -> None:
+        """The supervisor is alive (and beats now)."""
+        self.alive = time.monotonic()
+        activity.heartbeat(self.details())
+
+    def __enter__(self) -> Heartbeats:
+        threading.Thread(target=contextvars.copy_context().run, args=(self._run,),
+                         name="mainspring-heartbeat", daemon=True).start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop.set()
+
+    def _run(self) -> None:
+        while not self.stop.wait(self.every_s):
+            if time.monotonic() - self.alive < self.stall_s:
+                activity.heartbeat(self.details())
 
 
 def follower_result(store: CheckpointStore, inp: TrainSegmentInput,

@@ -27,6 +27,9 @@ log = structlog.get_logger(__name__)
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 # The trainer worker's pid, set by the supervisor for its children (the kill_worker fault).
 WORKER_PID_ENV = "MAINSPRING_WORKER_PID"
+# The process name of a rank a warm standby forked (trainer/standby.py; its command line is
+# the standby's): how a rank is found among a worker's processes (ops/chaos.py).
+RANK_NAME = "ms-rank-{}"
 # The node a trainer worker is (`mainspring worker --node`), for its children.
 NODE_ENV = "MAINSPRING_NODE"
 

@@ -9,6 +9,7 @@ so the writer and every reader agree on the field names by construction:
   the activity input to the trainer's `--rollback` argument (applied once per `id`);
 - `SegmentResult`: the segment's `result.json`, with its spike/eval `SegmentOutcome`;
 - `ErrorReport`: the `error.json` of a classified failure (kind, message, retryability);
+- `LaunchRequest`: what a warm trainer launcher (trainer/standby.py) is asked to start;
 - the `progress.jsonl` lines rank 0 appends and the supervisor tails: `StartLine`,
   `StepLine`, `CommitLine`, `EvalLine` (`parse_line` reads any of them back).
 
@@ -42,6 +43,32 @@ class _Json:
     @classmethod
     def from_json(cls, raw: str | dict[str, Any]):
         return _from_dict(cls, json.loads(raw) if isinstance(raw, str) else raw)
+
+
+def launch_tag(attempt: int, restart: int = 0) -> str:
+    """Pure: a segment launch in event ids — the activity attempt `N`, then `N.k` for the
+    k-th restart in place of that attempt (activities/training.py)."""
+    return f"{attempt}.{restart}" if restart else str(attempt)
+
+
+# ---- a warm launch ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LaunchRequest(_Json):
+    """Start `procs` ranks of `python -m <module> <args>` on this node from an already
+    imported interpreter (trainer/standby.py): the node's share of `nnodes` x `procs` ranks
+    meeting at `master_addr:master_port` (port 0 on one node: a free loopback port), in
+    `cwd`, with exactly `env`, output appended to `log`."""
+
+    module: str
+    args: list[str]
+    procs: int
+    cwd: str
+    log: str
+    env: dict[str, str]
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0
 
 
 # ---- an operator's rollback ----------------------------------------------------------------
@@ -128,6 +155,7 @@ class StartLine(_Line):
     world_size: int
     to_step: int
     attempt: int
+    restart: int = 0  # the attempt's restarts in place before this launch
     params: int = 0
     packing: bool = False
     flops_per_token: float = 0.0

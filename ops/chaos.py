@@ -31,6 +31,7 @@ cooperation from the code under test and hit whatever the run is doing at the ti
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from collections.abc import Callable, Iterable
@@ -39,6 +40,7 @@ from dataclasses import dataclass, field
 import psutil
 import structlog
 
+from common.procs import RANK_NAME
 from storage.checkpoints import CheckpointStore
 
 log = structlog.get_logger(__name__)
@@ -48,6 +50,7 @@ CHAOS_KINDS = ("kill_worker", "drain_worker", "kill_rank", "hang", "corrupt_chec
 SERVER_DOWN_S = 20.0  # server_restart's default outage (issue 14: a 20-30 s restart)
 RANK_MODULE = "trainer.segment"
 LAUNCHER_MODULE = "torch.distributed.run"
+STANDBY_RANK = re.compile(RANK_NAME.format(r"(\d+)"))
 
 
 @dataclass(frozen=True)
@@ -57,16 +60,20 @@ class ProcInfo:
     pid: int
     cmdline: tuple[str, ...]
     rank: int | None = None
+    name: str = ""  # the kernel's process name (a standby's rank: trainer/standby.py)
 
 
 def rank_pids(procs: Iterable[ProcInfo]) -> dict[int, int]:
     """{rank: pid} of the trainer ranks among `procs`: processes running `trainer.segment`
     with a RANK, not the torchrun launcher (whose command line names the module too) and not
-    a rank's own helpers (the checkpoint writer inherits RANK but runs another module)."""
+    a rank's own helpers (the checkpoint writer inherits RANK but runs another module); or
+    ranks a warm standby forked (trainer/standby.py), which carry their rank in their name."""
     ranks = {}
     for p in procs:
         if p.rank is not None and RANK_MODULE in p.cmdline and LAUNCHER_MODULE not in p.cmdline:
             ranks[p.rank] = p.pid
+        elif (forked := STANDBY_RANK.fullmatch(p.name)) is not None:
+            ranks[int(forked.group(1))] = p.pid
     return ranks
 
 
@@ -92,7 +99,7 @@ def process_tree(pid: int) -> list[ProcInfo]:
         try:
             rank = child.environ().get("RANK")
             out.append(ProcInfo(child.pid, tuple(child.cmdline()),
-                                int(rank) if rank is not None else None))
+                                int(rank) if rank is not None else None, child.name()))
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
     return out

@@ -80,7 +80,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         asyncio.run(run_workers({args.role}, args.address, args.namespace, args.trainer_slots,
                                 args.metrics_port, args.temporal_metrics_port,
                                 drain_timeout_s=args.drain_timeout_s, node=_node(args),
-                                fast_root=os.path.abspath(args.fast_root) if args.fast_root else ""))
+                                fast_root=os.path.abspath(args.fast_root) if args.fast_root else "",
+                                standby_launcher=not args.no_standby))
     finally:
         telemetry.flush()
     return 0
@@ -339,6 +340,9 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--drain-timeout-s", type=float, default=300.0,
                         help="on SIGTERM, how long running segments get to commit at their "
                              "current step and hand over before they are killed")
+    worker.add_argument("--no-standby", action="store_true",
+                        help="trainer role: keep no warm trainer launcher ready (each launch "
+                             "then starts torchrun and imports torch anew)")
     node = worker.add_argument_group("node (trainer role): multi-node segments, docs/multinode.md")
     node.add_argument("--node", default=os.environ.get(NODE_ENV, ""),
                       help="this node's name: the worker announces itself to the node registry "

@@ -12,7 +12,7 @@ from datetime import timedelta
 import structlog
 from temporalio.worker import Worker
 
-from activities import drain, nodes, server_watch
+from activities import drain, nodes, server_watch, standby
 from activities.contracts import (
     ANNOUNCE,
     DATA_QUEUE,
@@ -23,6 +23,7 @@ from activities.contracts import (
     TRAINER_QUEUE,
     NodeInfo,
 )
+from activities.supervise import child_env
 from common import telemetry
 from common.metrics import serve_metrics, serve_temporal_metrics
 from ops.client import connect
@@ -62,10 +63,11 @@ def build_workers(client, roles: set[str], trainer_slots: int = 1,
             workers.append(Worker(client, task_queue=queue, activities=[train_segment, evaluate],
                                   activity_executor=ThreadPoolExecutor(trainer_slots + 1),
                                   max_concurrent_activities=trainer_slots,
-                                  # a heartbeat at least every 5 s: an outage of the server
-                                  # is survived by the attempt when shorter than the
-                                  # heartbeat timeout (activities/server_watch.py)
-                                  max_heartbeat_throttle_interval=timedelta(seconds=5),
+                                  # a heartbeat sent at least every second (the segment's
+                                  # heartbeat thread beats that often): a heartbeat timeout
+                                  # of 5 s keeps 4 s of slack, and a server outage shorter
+                                  # than the timeout is survived (activities/server_watch.py)
+                                  max_heartbeat_throttle_interval=timedelta(seconds=1),
                                   # a drain: running segments stop at a commit and fail over
                                   graceful_shutdown_timeout=timedelta(seconds=drain_timeout_s)))
     return workers
@@ -99,7 +101,8 @@ async def announce(client, stop: asyncio.Event) -> None:
 async def run_workers(roles: set[str], address: str = "", namespace: str = "",
                       trainer_slots: int = 1, metrics_port: int = 0,
                       temporal_metrics_port: int = 0, drain_timeout_s: float = 300.0,
-                      node: NodeInfo | None = None, fast_root: str = "") -> None:
+                      node: NodeInfo | None = None, fast_root: str = "",
+                      standby_launcher: bool = True) -> None:
     """Run the role's workers until SIGTERM or SIGINT. Then the worker drains
     (activities/drain.py): it stops polling, each running segment commits at its current
     step and fails over with a retryable Preempted at once, and the worker exits when they
@@ -113,6 +116,8 @@ async def run_workers(roles: set[str], address: str = "", namespace: str = "",
     server_watch.configure(client.service_client.config)  # its segments probe this server
     nodes.configure(node, fast_root)
     workers = build_workers(client, roles, trainer_slots, drain_timeout_s, node)
+    if standby_launcher and roles & {"trainer", "all"}:
+        standby.warm(child_env)  # a trainer launcher ready before a segment comes
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -279,7 +279,7 @@ def _commit(ctx: SegmentContext, engine, state: TrainState) -> None:
         return
     ctx.events.emit("checkpoint_saved", step=state.step, tier="fast", pause_s=round(pause, 4),
                     waited_s=round(waited, 4),
-                    event_id=f"checkpoint_saved/{state.step}/{ctx.args.attempt}")
+                    event_id=f"checkpoint_saved/{state.step}/{ctx.args.launch}")
     log.info("checkpoint_pause", step=state.step, seconds=round(pause, 3))
 
 

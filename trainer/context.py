@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from common.procs import stop_requested
-from common.protocol import OperatorRollback, ProgressLine, StepLine
+from common.protocol import OperatorRollback, ProgressLine, StepLine, launch_tag
 from spec import RunSpec
 from storage.checkpoints import CheckpointStore
 from storage.events import EventLog
@@ -38,12 +38,18 @@ class SegmentArgs:
     workdir: str  # local directory for progress and results
     fast_dir: str | None = None  # the run's fast-tier store on this machine (default: WORKDIR/ckpt)
     attempt: int = 1  # the activity attempt (for events)
+    restart: int = 0  # its restarts in place so far (activities/training.py)
     lr_windows: tuple[tuple[float, float, float], ...] = ()  # [start, end, factor]
     rollback: OperatorRollback | None = None  # an operator's, applied once per id
     max_rollbacks: int = -1  # end the segment early after this many rollbacks (-1: no limit)
     micro_split: int = 1  # each micro-batch as this many chunks (after an OOM: workflows/adapt.py)
     nnodes: int = 1  # nodes this segment spans (a multi-node gang: workflows/gang.py)
     session: str = ""  # the gang launch's id: its nodes' checkpoint parts carry it
+
+    @property
+    def launch(self) -> str:
+        """This launch in event ids: `attempt`, or `attempt.restart` (common/protocol.py)."""
+        return launch_tag(self.attempt, self.restart)
 
 
 class Progress:

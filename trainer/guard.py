@@ -150,7 +150,7 @@ def decision_event(ctx: SegmentContext, outcome: SegmentOutcome, kind: str, step
     passes the same step numbers again: its events are new ones."""
     if ctx.events is None:
         return
-    event_id += f"/a{ctx.args.attempt}r{len(outcome.rollbacks)}"
+    event_id += f"/a{ctx.args.launch}r{len(outcome.rollbacks)}"
     ctx.events.emit(kind, step=step, event_id=event_id, **payload)
     if kind in ("rollback", "overfitting"):
         ctx.events.flush()  # every recovery decision is durable at once

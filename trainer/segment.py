@@ -254,7 +254,8 @@ def run_segment(args: SegmentArgs, rank: int, world: int) -> None:
         state = TrainState()
     ctx.progress.write(StartLine(
         resumed_from=resumed_from, world_size=world, params=model.param_count(),
-        to_step=args.to_step, attempt=args.attempt, packing=spec.train.packing,
+        to_step=args.to_step, attempt=args.attempt, restart=args.restart,
+        packing=spec.train.packing,
         flops_per_token=meter.flops_token, peak_tflops=meter.peak / 1e12,
         peak_source=meter.peak_source, restore_s=round(restore_s, 3) if state else 0.0,
         restore_tier=ctx.restored[1] if ctx.restored and resumed_from is not None else ""))
@@ -355,6 +356,8 @@ def parse_args(argv: list[str] | None = None) -> SegmentArgs:
                    help="the run's fast-tier checkpoint store on this machine (default: "
                         "WORKDIR/ckpt); shared by the run's segments")
     p.add_argument("--attempt", type=int, default=1, help="activity attempt (for events)")
+    p.add_argument("--restart", type=int, default=0,
+                   help="the attempt's restarts in place so far (for events)")
     # The supervisor passes the windows in a file: argv is bounded (E2BIG at ~7,000
     # windows, issue 11); inline JSON stays for running a segment by hand.
     lr = p.add_mutually_exclusive_group()
@@ -381,7 +384,7 @@ def parse_args(argv: list[str] | None = None) -> SegmentArgs:
         with open(ns.lr_windows_file) as f:
             windows = json.load(f)
     return SegmentArgs(spec=ns.spec, dataset=ns.dataset, to_step=ns.to_step, workdir=ns.workdir,
-                       fast_dir=ns.fast_dir, attempt=ns.attempt,
+                       fast_dir=ns.fast_dir, attempt=ns.attempt, restart=ns.restart,
                        lr_windows=tuple(tuple(w) for w in windows), rollback=ns.rollback,
                        max_rollbacks=ns.max_rollbacks, micro_split=ns.micro_split,
                        nnodes=ns.nnodes, session=ns.session)

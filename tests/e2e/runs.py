@@ -6,6 +6,7 @@ import asyncio
 import glob
 import json
 import os
+import pathlib
 import threading
 import time
 
@@ -144,6 +145,24 @@ def assert_recovered_from(spec: RunSpec, fault: dict, resume_from: int,
     faults = [e["payload"]["kind"] for e in events if e["kind"] == "fault"]
     assert faults == [fault["payload"]["kind"]], faults
     return events
+
+
+def assert_restarted_in_place(spec: RunSpec, events: list[dict], fault: dict) -> dict:
+    """The fault was answered by the same attempt launching again in place from the
+    worker's warm standby (issue 16): no Temporal retry, no heartbeat wait. Returns the
+    `recovered` payload."""
+    p = fault["payload"]
+    [recovered] = [e for e in events if e["kind"] == "recovered"]
+    r = recovered["payload"]
+    assert (r["attempt"], r["restart"], r["in_place"]) == (p["attempt"], 1, True), r
+    # seen when the fault was: no heartbeat timeout in between
+    assert recovered["ts"] > fault["ts"] and abs(r["detection_s"] - p["detection_s"]) < 0.01, r
+    started = [e["payload"]["attempt"] for e in events if e["kind"] == "segment_started"]
+    assert started == [p["attempt"]], started  # the activity was not retried
+    root = pathlib.Path(fast_tier.run_dir(spec.storage.fast, spec.run_id), "segments")
+    log = "".join(f.read_text(errors="replace") for f in root.glob("*/child.log"))
+    assert log.count("standby launched") >= 2, "both launches should be warm"
+    return r
 
 
 def cli_status(capsys, run_id: str, address: str) -> dict:

@@ -1,0 +1,165 @@
+"""A warm trainer launcher per trainer worker (issue 16; trainer/standby.py).
+
+`warm()` (the worker, at start) keeps one `python -m trainer.standby` process standing by:
+torch, DeepSpeed and the trainer imported, nothing run. `take(env)` hands it to the
+supervisor for the next launch and starts its replacement at once, so a retry on this
+worker, an in-place restart or the run's next segment finds one ready too. A standby whose
+import-time environment (`import_key`: the allow-listed child environment without the
+per-launch variables) differs from the launch's is not used: the launch starts cold,
+through torchrun, as it does where no standby is kept (a test's own supervisor, a worker
+started with `--no-standby`).
+
+Every standby is started by one long-lived thread: the parent-death signal fires when the
+*thread* that started a child exits (prctl(2)), and a standby must die with the worker, not
+with a short-lived helper thread.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Callable
+
+import structlog
+
+from common.procs import set_parent_death_signal
+from common.protocol import LaunchRequest
+
+log = structlog.get_logger(__name__)
+
+# Set per launch, not at import: a standby started without them serves any of their values.
+PER_LAUNCH = frozenset({"TRACEPARENT", "TRACESTATE", "MAINSPRING_WORKER_PID"})
+# After a take, the replacement waits this long: its imports (seconds of CPU) would
+# otherwise compete with the ranks just launched for a small node's cores.
+REPLACE_AFTER_S = 5.0
+
+
+def import_key(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    """Pure: the part of a child environment a standby fixed when it imported torch."""
+    return tuple(sorted((k, v) for k, v in env.items() if k not in PER_LAUNCH))
+
+
+class Standby:
+    """One started standby process; ready once its first line came."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.key = import_key(env)
+        self.log = os.path.join(tempfile.gettempdir(), f"mainspring-standby-{os.getpid()}.log")
+        with open(self.log, "ab") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "trainer.standby"], env=env, stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=err, start_new_session=True,
+                preexec_fn=set_parent_death_signal)
+        self.started = time.monotonic()
+        self.ready = threading.Event()
+
+    def wait_ready(self) -> bool:
+        """Block until the standby says it is ready (False: it died first)."""
+        line = self.proc.stdout.readline() if self.proc.stdout else b""
+        if line.strip() == b"ready":
+            self.ready.set()
+            log.info("standby_ready", pid=self.proc.pid,
+                     import_s=round(time.monotonic() - self.started, 2))
+            return True
+        log.warning("standby_failed", pid=self.proc.pid, rc=self.proc.poll(), log=self.log)
+        return False
+
+    def launch(self, req: LaunchRequest) -> subprocess.Popen:
+        """Hand it the launch; it is the launcher from now on (its own process group)."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write((req.to_json() + "\n").encode())
+        self.proc.stdin.close()
+        if self.proc.stdout:
+            self.proc.stdout.close()
+        return self.proc
+
+    def release(self) -> None:
+        """Not to be used: its stdin closed, it exits (killed if it does not)."""
+        try:
+            if self.proc.stdin:
+                self.proc.stdin.close()
+            self.proc.wait(5)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait()
+
+
+class Pool:
+    """At most one standby, started (and restarted after each take) by one thread."""
+
+    def __init__(self, env: Callable[[], dict[str, str]]) -> None:
+        self.env = env  # read at each start: the worker's environment as it is then
+        self.current: Standby | None = None
+        self.lock = threading.Lock()
+        self.wanted: queue.Queue[float | None] = queue.Queue()  # a delay; None: stop
+        self.hurry = threading.Event()  # a launch waits: start the replacement now
+        threading.Thread(target=self._keeper, name="mainspring-standby", daemon=True).start()
+        self.wanted.put(0.0)
+
+    def _keeper(self) -> None:
+        while (delay := self.wanted.get()) is not None:
+            self.hurry.wait(delay)
+            self.hurry.clear()
+            with self.lock:
+                if self.current is not None and self.current.proc.poll() is None:
+                    continue
+                standby = self.current = Standby(self.env())
+            if not standby.wait_ready():
+                with self.lock:
+                    if self.current is standby:
+                        self.current = None
+
+    def take(self, env: dict[str, str], wait_s: float) -> Standby | None:
+        """The standby for a launch with `env`, waiting up to `wait_s` for one still
+        importing; None: launch cold. Its replacement is started either way."""
+        deadline = time.monotonic() + wait_s
+        with self.lock:
+            standby, self.current = self.current, None
+        if standby is None:  # taken a moment ago (a restart in place): wait for the next
+            self.wanted.put(0.0)
+            self.hurry.set()
+            while standby is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+                with self.lock:
+                    standby, self.current = self.current, None
+        self.wanted.put(REPLACE_AFTER_S)
+        if standby is None:
+            return None
+        if standby.key != import_key(env):
+            log.info("standby_not_matching", pid=standby.proc.pid)
+            standby.release()
+            return None
+        if not standby.ready.wait(max(0.0, deadline - time.monotonic())) \
+                or standby.proc.poll() is not None:
+            log.info("standby_not_ready", pid=standby.proc.pid, waited_s=wait_s)
+            standby.proc.kill()
+            return None
+        return standby
+
+    def close(self) -> None:
+        with self.lock:
+            standby, self.current = self.current, None
+        self.wanted.put(None)
+        if standby is not None:
+            standby.proc.kill()
+
+
+_POOL: Pool | None = None
+
+
+def warm(env: Callable[[], dict[str, str]]) -> Pool:
+    """Keep a standby ready in this worker from now on (idempotent)."""
+    global _POOL
+    if _POOL is None:
+        _POOL = Pool(env)
+    return _POOL
+
+
+def take(env: dict[str, str], wait_s: float = 30.0) -> Standby | None:
+    """This worker's ready standby for a launch with `env`, or None (no pool, no match)."""
+    return _POOL.take(env, wait_s) if _POOL is not None else None
