@@ -36,7 +36,7 @@ log = structlog.get_logger(__name__)
 PER_LAUNCH = frozenset({"TRACEPARENT", "TRACESTATE", "MAINSPRING_WORKER_PID"})
 # After a take, the replacement waits this long: its imports (seconds of CPU) would
 # otherwise compete with the ranks just launched for a small node's cores.
-REPLACE_AFTER_S = 5.0
+REPLACE_AFTER_S = 1.0
 
 
 def import_key(env: dict[str, str]) -> tuple[tuple[str, str], ...]:

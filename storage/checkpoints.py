@@ -106,12 +106,12 @@ class CheckpointStore:
 
     # ---- reading --------------------------------------------------------------
     def _steps_under(self, root: str) -> list[int]:
+        """One listing of `root` (on S3 a LIST of the prefix, not a HEAD per step: a
+        resume and a segment's end read this on the restart path, issue 16)."""
         self.fs.invalidate_cache()
-        if not self.fs.exists(root):
-            return []
-        names = [p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(root, detail=False)]
-        steps = [int(m.group(1)) for n in names if (m := STEP_DIR.match(n))]
-        return sorted(s for s in steps if self.fs.exists(join(root, step_dir(s), MANIFEST)))
+        found = self.fs.glob(join(root, "step-*", MANIFEST))
+        names = [p.rstrip("/").rsplit("/", 2)[-2] for p in found]
+        return sorted({int(m.group(1)) for n in names if (m := STEP_DIR.fullmatch(n))})
 
     def list_committed(self) -> list[int]:
         """Steps whose MANIFEST.json exists, ascending. Uncommitted directories are ignored."""

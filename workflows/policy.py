@@ -18,11 +18,19 @@ RETRYABLE_FOREVER = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_c
                                 non_retryable_error_types=list(NON_RETRYABLE))
 
 
+# A segment's retry follows a lost worker: the heartbeat timeout has already waited, so the
+# first retry goes at once (0.2 s; issue 16: recovery in seconds). A failure that repeats is
+# stopped by the repeat budget (activities/recovery.py), not by this backoff.
+SEGMENT_RETRY = RetryPolicy(initial_interval=timedelta(seconds=0.2), backoff_coefficient=2.0,
+                            maximum_interval=timedelta(seconds=30), maximum_attempts=0,
+                            non_retryable_error_types=list(NON_RETRYABLE))
+
+
 def segment_options(spec: RunSpec) -> dict:
     """train_segment: unlimited retries bounded by a schedule-to-close budget (DESIGN §3)."""
     return {"schedule_to_close_timeout": timedelta(seconds=spec.ops.segment_budget_s),
             "heartbeat_timeout": timedelta(seconds=spec.ops.heartbeat_timeout_s),
-            "retry_policy": RETRYABLE_FOREVER}
+            "retry_policy": SEGMENT_RETRY}
 
 
 def short_options(spec: RunSpec, hours: float = 6.0) -> dict:
