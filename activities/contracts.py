@@ -116,6 +116,9 @@ class TrainSegmentInput:
     after_fault: dict[str, Any] | None = None
     # a multi-node segment: this node's share (None: one node, the shared trainer queue)
     gang: GangMember | None = None
+    # steps between checkpoints as the workflow chose them for train.checkpoint_every
+    # "auto" (workflows/interval.py); 0: the spec's number
+    checkpoint_every: int = 0
 
     def __post_init__(self) -> None:
         if self.rewind and self.rollback is None:
@@ -141,6 +144,14 @@ class TrainSegmentResult:
     # (retention may have removed older ones); None: unknown. The workflow refuses an
     # operator rollback to before it (workflows/operator.py:admit).
     oldest_committed_step: int | None = None
+    # What train.checkpoint_every "auto" is chosen from (workflows/interval.py): failures
+    # the activity answered itself without a Temporal retry (restarts in place; a retry
+    # shows in `attempt`), the loop's total pause for its `checkpoints` checkpoints (the
+    # launch that finished), and its mean step time (None: no step run).
+    faults: int = 0
+    checkpoint_stall_s: float = 0.0
+    checkpoints: int = 0
+    step_time_s: float | None = None
 
 
 @dataclass
@@ -371,6 +382,19 @@ class RunCarry:
     gang_launches: int = 0
     waiting: dict[str, Any] | None = None
     gang_repeat: dict[str, Any] = field(default_factory=dict)  # {fingerprint, repeats}
+    # the measurements train.checkpoint_every "auto" is chosen from (workflows/interval.py):
+    # the wall time of the run's segments (workflow.now() around each, retries and
+    # recoveries included: the time faults can strike in), the faults seen in it (retried
+    # attempts, restarts in place, decisions, failed gang launches), the checkpoint stall
+    # summed over `checkpoints_measured` checkpoints, the last segment's mean step time,
+    # and how many intervals were chosen (their event ids)
+    train_wall_s: float = 0.0
+    faults_seen: int = 0
+    checkpoint_stall_s: float = 0.0
+    checkpoints_measured: int = 0
+    step_time_s: float = 0.0
+    intervals_chosen: int = 0
+    checkpoint_every: int = 0  # the last chosen (0: none, the spec's number)
 
     @classmethod
     def from_json(cls, raw: dict[str, Any] | None) -> RunCarry:

@@ -81,7 +81,7 @@ class HangLimits:
     startup_floor_s: float = 600.0
     mb_per_s: float = 50.0
     checkpoint_bytes: int = 0  # the newest committed checkpoint's (0: none yet)
-    checkpoint_every: int = 0  # 0: not known
+    checkpoint_every: int = 0  # 0: not known (yet: "auto" - the start line says it)
     to_step: int = 0
     eval_every: int = 0
     eval_batches: int = 0
@@ -100,7 +100,8 @@ class HangLimits:
         return cls(hang_s=_seconds(ops.hang_timeout_s), startup_s=_seconds(ops.startup_timeout_s),
                    floor_s=ops.hang_floor_s, factor=ops.hang_step_factor,
                    startup_floor_s=ops.startup_floor_s, mb_per_s=ops.checkpoint_mb_per_s,
-                   checkpoint_bytes=checkpoint_bytes, checkpoint_every=train.checkpoint_every,
+                   checkpoint_bytes=checkpoint_bytes,
+                   checkpoint_every=0 if train.auto_checkpoint else train.checkpoint_every,
                    to_step=to_step, eval_every=train.eval_every,
                    eval_batches=train.eval_batches, grad_accum=train.grad_accum)
 
@@ -156,6 +157,9 @@ class HangWatch:
         self.evaluated = False  # the last step's eval line came
         self.measured, self.estimated = limits.checkpoint_bytes, 0
         self.stopping = False  # asked to stop: it commits at the end of its step
+        # its checkpoint cadence: the spec's, or what the trainer says it runs (its start
+        # line: the workflow's choice for train.checkpoint_every "auto")
+        self.checkpoint_every = limits.checkpoint_every
 
     def seen(self, line: ProgressLine, now: float) -> None:
         self.last_at = now
@@ -170,6 +174,7 @@ class HangWatch:
             self.measured = max(self.measured, line.bytes)
         elif isinstance(line, StartLine):
             self.estimated = BYTES_PER_PARAM * line.params
+            self.checkpoint_every = line.checkpoint_every or self.checkpoint_every
 
     @property
     def checkpoint_bytes(self) -> int:
@@ -211,13 +216,13 @@ class HangWatch:
 
     def _after_step(self, io: float, io_how: str) -> list[tuple[str, float, str]]:
         """What the loop does after the last step line before it writes the next one."""
-        lim, step = self.limits, self.step
+        lim, step, every = self.limits, self.step, self.checkpoint_every
         n = step.step
         extra: list[tuple[str, float, str]] = []
         if step.verdict == "rollback":
             extra.append(("rollback", io, f"restore ({io_how})"))
         elif self.stopping or self.evaluated or n == lim.to_step or (
-                lim.checkpoint_every and n % lim.checkpoint_every == 0):
+                every and n % every == 0):
             # an eval may end the segment early (overfitting), which commits
             extra.append(("checkpoint", io, f"save ({io_how})"))
         if lim.eval_every and n % lim.eval_every == 0 and not self.evaluated:

@@ -68,15 +68,19 @@ def segment_workdir(spec: RunSpec, from_step: int, to_step: int) -> str:
                         f"{from_step:09d}-{to_step:09d}")
 
 
-def prepare_fast_tier(spec: RunSpec, store: CheckpointStore) -> None:
+def prepare_fast_tier(spec: RunSpec, store: CheckpointStore) -> int:
     """Before a child writes checkpoints here: free what other runs left on this machine,
     then refuse at once (not retried) when the disk cannot hold what the segment keeps —
-    the newest durable copy, the snapshots in flight and the one being written."""
+    the newest durable copy, the snapshots in flight and the one being written. Returns the
+    newest durable checkpoint's size (0: none yet)."""
     fast_tier.collect_garbage(spec.storage.fast, keep_run=spec.run_id)
     newest = store.latest_committed()
-    if newest is not None:
-        need = store.manifest(newest).total_bytes * (spec.storage.max_in_flight + 2)
-        fast_tier.ensure_space(fast_tier.store_dir(spec.storage.fast, spec.run_id), need)
+    if newest is None:
+        return 0
+    size = store.manifest(newest).total_bytes
+    fast_tier.ensure_space(fast_tier.store_dir(spec.storage.fast, spec.run_id),
+                           size * (spec.storage.max_in_flight + 2))
+    return size
 
 
 class DurableCommit:
@@ -182,7 +186,7 @@ def _supervise_segment(spec: RunSpec, inp: TrainSegmentInput, workdir: str,
                        faults: FaultRecorder, recovery: Recovery | None,
                        beat: Callable[[], None]) -> TrainSegmentResult:
     attempt = activity.info().attempt
-    prepare_fast_tier(spec, store)
+    checkpoint_bytes = prepare_fast_tier(spec, store)
     latest = store.latest_committed(at_or_before=inp.to_step)
     tracker.step, tracker.uri = latest, store.uri(latest) if latest is not None else ""
     info = activity.info()  # the same bounds can be scheduled twice (a stop before step 1)
@@ -207,13 +211,14 @@ def _supervise_segment(spec: RunSpec, inp: TrainSegmentInput, workdir: str,
             "--workdir", workdir, "--attempt", str(attempt),
             "--fast-dir", fast_tier.store_dir(spec.storage.fast, spec.run_id),
             "--lr-windows-file", windows_file, "--max-rollbacks", str(inp.max_rollbacks),
-            "--micro-split", str(inp.micro_split)]
+            "--micro-split", str(inp.micro_split),
+            "--checkpoint-every", str(inp.checkpoint_every)]
     if inp.gang:
         args += ["--nnodes", str(inp.gang.nnodes), "--session", inp.gang.session]
     if inp.rollback:
         args += ["--rollback", inp.rollback.to_json()]
     result_file = os.path.join(workdir, "result.json")
-    launch = Launch(spec, inp, store, workdir, args, faults)
+    launch = Launch(spec, inp, store, workdir, args, faults, checkpoint_bytes)
     try:
         # A cancel (operator pause/rollback/abort) must not interrupt this thread: the
         # supervisor asks the trainer to stop at a checkpoint and waits for it.
@@ -248,7 +253,7 @@ def _supervise_segment(spec: RunSpec, inp: TrainSegmentInput, workdir: str,
                 from_step=inp.from_step, to_step=inp.to_step, attempt=attempt,
                 train_loss=res.train_loss, resumed_from=res.resumed_from)
     events.flush()
-    return segment_result(res, attempt, store.list_committed())
+    return segment_result(res, attempt, store.list_committed(), in_place_faults=faults.restart)
 
 
 # Failures a restart in place answers: the worker is alive and saw the rank fail; the
@@ -266,27 +271,32 @@ class Launch:
     can answer itself — no heartbeat timeout, no Temporal retry, no new worker."""
 
     def __init__(self, spec: RunSpec, inp: TrainSegmentInput, store: CheckpointStore,
-                 workdir: str, args: list[str], faults: FaultRecorder) -> None:
+                 workdir: str, args: list[str], faults: FaultRecorder,
+                 checkpoint_bytes: int) -> None:
         self.spec, self.inp, self.store, self.workdir = spec, inp, store, workdir
         self.args, self.faults = args, faults
+        self.checkpoint_bytes = checkpoint_bytes  # the newest commit's (the hang timeout's)
 
     def run(self, on_progress: Callable[[ProgressLine], None],
             heartbeat: Callable[[], None]) -> None:
         spec, inp = self.spec, self.inp
         args = [*self.args, "--restart", str(self.faults.restart)] if self.faults.restart \
             else self.args
-        latest = self.store.latest_committed(at_or_before=inp.to_step)
+        if self.faults.restart:  # the checkpoint a restart resumes from: newer, maybe larger
+            latest = self.store.latest_committed(at_or_before=inp.to_step)
+            self.checkpoint_bytes = self.store.manifest(latest).total_bytes \
+                if latest is not None else self.checkpoint_bytes
         procs = spec.train.procs_per_node
         supervise(trainer_command("trainer.segment", procs, args, inp.gang),
-                  warm=trainer_launch("trainer.segment", procs, args, inp.gang),
+                  # a gang launches through torchrun (docs/decisions.md, issue 16)
+                  warm=None if inp.gang else trainer_launch("trainer.segment", procs, args),
                   workdir=self.workdir,
                   env=child_env({**child_trace_env(), WORKER_PID_ENV: str(os.getpid())}),
                   on_failure=self.faults.on_failure,
                   progress_file=os.path.join(self.workdir, "progress.jsonl"),
                   on_progress=on_progress, heartbeat=heartbeat,
                   is_cancelled=activity.is_cancelled, draining=drain.reason,
-                  hang=HangLimits.of(spec, inp.to_step, checkpoint_bytes=self.store.manifest(
-                      latest).total_bytes if latest is not None else 0),
+                  hang=HangLimits.of(spec, inp.to_step, checkpoint_bytes=self.checkpoint_bytes),
                   stop_grace_s=spec.ops.stop_grace_s, poll_s=POLL_S,
                   # a gang member that cannot finish a step after a stop has lost its
                   # peers: killed, not left in a collective (workflows/gang.py)
@@ -354,10 +364,15 @@ def preempted(faults: FaultRecorder, committed: int | None) -> Preempted:
     return Preempted(committed, drain.reason())
 
 
-def segment_result(res: SegmentResult, attempt: int, committed: list[int]) -> TrainSegmentResult:
+def segment_result(res: SegmentResult, attempt: int, committed: list[int],
+                   in_place_faults: int = 0) -> TrainSegmentResult:
     """The child's result.json as the workflow's contract; `committed` (the durable tier's
-    steps after the segment) says how far back an operator rollback can still reach."""
+    steps after the segment) says how far back an operator rollback can still reach;
+    `in_place_faults`: the failures this attempt answered by launching again in place.
+    The checkpoint stall and step time are what train.checkpoint_every "auto" is chosen
+    from (workflows/interval.py)."""
     out = res.outcome
+    step_time = res.throughput.get("step_time_s")
     return TrainSegmentResult(final_step=res.final_step,
                               last_committed_step=res.last_committed_step,
                               last_committed_uri=res.last_committed_uri,
@@ -365,7 +380,10 @@ def segment_result(res: SegmentResult, attempt: int, committed: list[int]) -> Tr
                               attempt=attempt, rollbacks=out.rollbacks,
                               skipped_steps=out.skipped_steps, stopped=out.stopped,
                               evals=out.evals,
-                              oldest_committed_step=committed[0] if committed else None)
+                              oldest_committed_step=committed[0] if committed else None,
+                              faults=in_place_faults, checkpoint_stall_s=res.checkpoint_stall_s,
+                              checkpoints=res.checkpoints,
+                              step_time_s=float(step_time) if step_time else None)
 
 
 @activity.defn(name=EVALUATE)

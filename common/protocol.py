@@ -115,6 +115,10 @@ class SegmentResult(_Json):
     resumed_from: int | None
     outcome: SegmentOutcome = field(default_factory=SegmentOutcome)
     throughput: dict[str, Any] = field(default_factory=dict)  # trainer/throughput.py summary
+    # the step loop's pause for its checkpoints (the `checkpoint_saved` events' pause_s),
+    # summed, and how many: the checkpoint cost of train.checkpoint_every "auto"
+    checkpoint_stall_s: float = 0.0
+    checkpoints: int = 0
 
     @classmethod
     def from_json(cls, raw: str | dict[str, Any]) -> SegmentResult:
@@ -163,6 +167,7 @@ class StartLine(_Line):
     peak_source: str = ""
     restore_s: float = 0.0  # reading the checkpoint it resumed from (0: a fresh start)
     restore_tier: str = ""  # where it came from: fast | durable ("" on a fresh start)
+    checkpoint_every: int = 0  # the steps between its checkpoints (the hang watch's phases)
 
 
 @dataclass(frozen=True, kw_only=True)

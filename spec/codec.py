@@ -29,8 +29,9 @@ def num(default: Any = MISSING, lo: float = 0, hi: float = 0, words: tuple[str, 
     """A numeric field (or tuple of numbers) with its documented range [lo, hi], inclusive.
 
     Exclusive bounds (`> 0`) stay in the section's `__post_init__`; this is the outer fence.
-    `words`: a number-or-word field (typed `float | str`) and the words it also takes
-    (`ops.hang_timeout_s`: "auto" or seconds).
+    `words`: a number-or-word field (typed `float | str` or `int | str`) and the words it
+    also takes (`ops.hang_timeout_s`: "auto" or seconds; `train.checkpoint_every`: "auto"
+    or steps).
     """
     return field(default=default, metadata={"range": (lo, hi), "words": words})
 
@@ -108,11 +109,12 @@ def build(tp: Any, raw: Any, path: str) -> Any:
             _check_str(k, name)  # a key (JSON keys are strings)
         return {k: build(vt, v, f"{name}.{k}") for k, v in raw.items()}
     if origin in (typing.Union, types.UnionType):
-        if set(typing.get_args(tp)) == {float, str}:  # a number or a word (num(words=...))
+        number = set(typing.get_args(tp)) - {str}
+        if len(number) == 1 and number <= {float, int}:  # a number or a word (num(words=))
             if not isinstance(raw, (str, int, float)) or isinstance(raw, bool):
                 raise BadConfig(name, f"expected a number or a word, got {_short(raw)}",
                                 "write a number, or a word this field takes (docs/runspec.md)")
-            return build(str if isinstance(raw, str) else float, raw, path)
+            return build(str if isinstance(raw, str) else number.pop(), raw, path)
         raise BadConfig(name, "unsupported union type", "report this as a bug")
     if tp is float:
         return _float(raw, name)

@@ -25,7 +25,8 @@ class OpsConfig:
     ADDED: ClassVar[dict[str, Any]] = {
         "repeat_failure_limit": 3, "hang_floor_s": 60.0, "hang_step_factor": 10.0,
         "startup_timeout_s": "auto", "startup_floor_s": 600.0, "checkpoint_mb_per_s": 50.0,
-        "node_wait_s": 300.0, "node_failure_limit": 2}
+        "node_wait_s": 300.0, "node_failure_limit": 2, "mtbf_s": 21600.0,
+        "mtbf_prior_faults": 3}
 
     # >= 1 s: Temporal reads a timeout that rounds to 0 as "none" and refuses the activity
     heartbeat_timeout_s: float = num(30.0, 1, DAY)
@@ -68,10 +69,19 @@ class OpsConfig:
     # (stage waiting_for_nodes), then goes on with fewer when train.min_nodes allows.
     node_failure_limit: int = num(2, 1, 1000)
     node_wait_s: float = num(300.0, 0, 30 * DAY)
+    # train.checkpoint_every "auto" (workflows/interval.py): the mean time between faults
+    # the run assumes before it has seen its own. It counts as mtbf_prior_faults faults at
+    # this spacing, each fault the run sees replaces one, so from mtbf_prior_faults faults
+    # on the MTBF is the run's own (its segments' wall time / its faults). 6 h: the order
+    # large jobs see (Llama 3's pretraining: 466 interruptions in 54 days on 16k GPUs, one
+    # per 2.8 h); a smaller job sees fewer, and its own faults soon replace the guess.
+    mtbf_s: float = num(21600.0, 1, 365 * DAY)
+    mtbf_prior_faults: int = num(3, 1, 1000)
 
     def __post_init__(self) -> None:
         _positive(self, "heartbeat_timeout_s", "segment_budget_s",
-                  "stop_grace_s", "metrics_every", "repeat_failure_limit")
+                  "stop_grace_s", "metrics_every", "repeat_failure_limit", "mtbf_s",
+                  "mtbf_prior_faults")
         for name in ("hang_timeout_s", "startup_timeout_s"):  # "auto" or seconds > 0
             value = getattr(self, name)
             _require(value == "auto" or value > 0, name, f"must be > 0, got {value!r}",

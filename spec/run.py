@@ -58,8 +58,13 @@ class RunSpec:
         _require(t.micro_batch_tokens % m.seq_len == 0, "train.micro_batch_tokens",
                  f"{t.micro_batch_tokens} is not a multiple of model.seq_len={m.seq_len}",
                  "make micro_batch_tokens a multiple of seq_len")
-        _require(t.checkpoint_every <= t.segment_steps, "train.checkpoint_every",
-                 "is longer than a segment", "make checkpoint_every <= segment_steps")
+        if t.auto_checkpoint:  # the chosen interval lies in [checkpoint_every_min, segment_steps]
+            _require(t.checkpoint_every_min <= t.segment_steps, "train.checkpoint_every_min",
+                     f"is longer than a segment ({t.segment_steps} steps)",
+                     "make checkpoint_every_min <= segment_steps")
+        else:
+            _require(t.checkpoint_every <= t.segment_steps, "train.checkpoint_every",
+                     "is longer than a segment", "make checkpoint_every <= segment_steps")
         _require(len(self.faults) <= MAX_FAULTS, "faults",
                  f"has {len(self.faults)} entries (at most {MAX_FAULTS})", "inject fewer faults")
         urls.check_durable(self.storage.durable, "storage.durable")

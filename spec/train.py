@@ -19,7 +19,7 @@ MAX_NODES = 4096  # the largest cluster a spec may ask for
 class TrainConfig:
     # Added fields, with the default they came with: out of spec_hash at that default
     # (spec/run.py), so a run claimed before they existed keeps its hash.
-    ADDED: ClassVar[dict[str, Any]] = {"min_nodes": 0}
+    ADDED: ClassVar[dict[str, Any]] = {"min_nodes": 0, "checkpoint_every_min": 10}
 
     total_steps: int = num(200, 1, STEPS)
     segment_steps: int = num(100, 1, STEPS)  # steps per train_segment activity
@@ -45,7 +45,14 @@ class TrainConfig:
     # accumulation x nodes / nodes used; the ZeRO <= 2 checkpoint is resharded). 0: `nodes`.
     min_nodes: int = num(0, 0, 10**9)
     procs_per_node: int = num(1, 1, 1024)
-    checkpoint_every: int = num(25, 1, STEPS)
+    # Steps between checkpoints (and one at each segment's end), or "auto": the workflow
+    # chooses it at each segment by Young-Daly, sqrt(2 x checkpoint stall x MTBF), from this
+    # run's measured checkpoint stalls and step time and the faults it has seen (a prior of
+    # ops.mtbf_s until ops.mtbf_prior_faults are seen), within [checkpoint_every_min,
+    # segment_steps], and records each choice as a `checkpoint_interval` event
+    # (workflows/interval.py). Before a checkpoint is measured: checkpoint_every_min.
+    checkpoint_every: int | str = num(25, 1, STEPS, words=("auto",))
+    checkpoint_every_min: int = num(10, 1, STEPS)  # "auto"'s lower bound, in steps
     eval_batches: int = num(8, 1, 10**6)  # validation micro-batches per evaluation
     packing: bool = True  # pack whole documents into rows (False: fixed windows of the stream)
     # fp16 dynamic loss scaling (DeepSpeed): start at 2**power, double after `window`
@@ -68,9 +75,13 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         _positive(self, "total_steps", "segment_steps", "segments_per_run", "micro_batch_tokens",
-                  "grad_accum", "lr", "checkpoint_every", "nodes", "procs_per_node",
+                  "grad_accum", "lr", "checkpoint_every_min", "nodes", "procs_per_node",
                   "eval_batches", "eps", "fp16_loss_scale_window", "fp16_hysteresis",
                   "fp16_min_loss_scale", "reduce_bucket_size", "allgather_bucket_size")
+        every = self.checkpoint_every
+        _require(every == "auto" or (not isinstance(every, str) and every > 0),
+                 "checkpoint_every", f"must be > 0 or \"auto\", got {every!r}",
+                 'set checkpoint_every to a positive number of steps, or "auto"')
         _require(0 <= self.fp16_initial_scale_power <= 32, "fp16_initial_scale_power",
                  f"must be in [0, 32], got {self.fp16_initial_scale_power}", "use e.g. 16")
         _require(2.0 ** self.fp16_initial_scale_power >= self.fp16_min_loss_scale,
@@ -105,6 +116,17 @@ class TrainConfig:
         _require(self.min_nodes in (0, self.nodes) or self.zero_stage <= 2, "min_nodes",
                  "a ZeRO-3 checkpoint cannot be resharded to fewer nodes here",
                  "use zero_stage <= 2, or min_nodes 0")
+
+    @property
+    def auto_checkpoint(self) -> bool:
+        return self.checkpoint_every == "auto"
+
+    @property
+    def first_checkpoint_every(self) -> int:
+        """The interval before the workflow has chosen one: the spec's number, or with
+        "auto" the lower bound (no checkpoint measured yet; workflows/interval.py)."""
+        every = self.checkpoint_every
+        return self.checkpoint_every_min if isinstance(every, str) else every
 
     @property
     def world_size(self) -> int:

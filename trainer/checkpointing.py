@@ -275,6 +275,7 @@ def _commit(ctx: SegmentContext, engine, state: TrainState) -> None:
     if not ctx.spec.storage.async_upload:
         ckpt.drain()
     pause = time.perf_counter() - t0
+    ctx.stall_s, ctx.stalls = ctx.stall_s + pause, ctx.stalls + 1  # "auto" intervals' cost
     if ctx.events is None:  # another node's leader: rank 0 records the checkpoint
         return
     ctx.events.emit("checkpoint_saved", step=state.step, tier="fast", pause_s=round(pause, 4),

@@ -45,6 +45,9 @@ class SegmentArgs:
     micro_split: int = 1  # each micro-batch as this many chunks (after an OOM: workflows/adapt.py)
     nnodes: int = 1  # nodes this segment spans (a multi-node gang: workflows/gang.py)
     session: str = ""  # the gang launch's id: its nodes' checkpoint parts carry it
+    # steps between checkpoints, as the workflow chose them (train.checkpoint_every
+    # "auto", workflows/interval.py); 0: the spec's
+    checkpoint_every: int = 0
 
     @property
     def launch(self) -> str:
@@ -109,6 +112,13 @@ class SegmentContext:
         self.checkpointer: TieredCheckpointer | None = None
         self.restored: tuple[int, str] | None = None  # (step, tier) of the last restore
         self.corrupt_seen: list[tuple[int, float]] = []  # (step, when) skipped as corrupt
+        self.stall_s, self.stalls = 0.0, 0  # the loop's checkpoint pauses: total, count
+
+    @property
+    def checkpoint_every(self) -> int:
+        """Steps between this segment's checkpoints: the workflow's choice, else the spec's
+        (with "auto" and no choice - a segment run by hand - its lower bound)."""
+        return self.args.checkpoint_every or self.spec.train.first_checkpoint_every
 
     @cached_property
     def fast_store(self) -> CheckpointStore:

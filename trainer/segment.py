@@ -86,7 +86,7 @@ def train(ctx: SegmentContext, engine, batches: FaultyBatches, state: TrainState
     its micro-batches → the verdict on its loss (trainer/guard.py) → skip | step, then a
     rollback if asked → maybe commit a checkpoint → progress, online evaluation. Returns
     the final state (a rollback replaces it with the restored one)."""
-    cfg, outcome = ctx.spec.train, spikes.outcome
+    cfg, outcome, every = ctx.spec.train, spikes.outcome, ctx.checkpoint_every
     step_tokens = tokens_per_step(ctx.spec)
     while state.step < ctx.target and not outcome.stopped:
         t0 = time.perf_counter()
@@ -110,7 +110,7 @@ def train(ctx: SegmentContext, engine, batches: FaultyBatches, state: TrainState
         if verdict.action == "rollback":
             state = spikes.rollback(state, verdict)
             continue
-        if state.step % cfg.checkpoint_every == 0 or state.step == ctx.target:
+        if state.step % every == 0 or state.step == ctx.target:
             commit_checkpoint(ctx, engine, state)
         if ctx.rank == 0:
             faults.after_step(state.step, ctx.last_commit and ctx.last_commit[0])
@@ -119,7 +119,7 @@ def train(ctx: SegmentContext, engine, batches: FaultyBatches, state: TrainState
             outcome.stopped = "interrupted"
             log.warning("segment_interrupted", step=state.step, reason=stop)
     if outcome.stopped in ("overfitting", "interrupted") \
-            and state.step % cfg.checkpoint_every and state.step != ctx.target:
+            and state.step % every and state.step != ctx.target:
         commit_checkpoint(ctx, engine, state)  # an early stop ends on a committed step
     return state
 
@@ -203,6 +203,9 @@ def run_segment(args: SegmentArgs, rank: int, world: int) -> None:
                         "launch nproc_per_node x nnodes processes matching the spec")
     if args.to_step < 1:
         raise BadConfig("--to-step", f"must be >= 1, got {args.to_step}", "pass a positive step")
+    if args.checkpoint_every < 0:
+        raise BadConfig("--checkpoint-every", f"must be >= 0, got {args.checkpoint_every}",
+                        "pass a positive number of steps, or 0 for the spec's")
     ctx = SegmentContext(args, spec, rank, world, config_hash=run_spec.spec_hash())
     # (an operator rollback must first uncommit the abandoned trajectory's checkpoints)
     done = None if args.rollback else finished_manifest(ctx.store, args.to_step)
@@ -258,7 +261,8 @@ def run_segment(args: SegmentArgs, rank: int, world: int) -> None:
         packing=spec.train.packing,
         flops_per_token=meter.flops_token, peak_tflops=meter.peak / 1e12,
         peak_source=meter.peak_source, restore_s=round(restore_s, 3) if state else 0.0,
-        restore_tier=ctx.restored[1] if ctx.restored and resumed_from is not None else ""))
+        restore_tier=ctx.restored[1] if ctx.restored and resumed_from is not None else "",
+        checkpoint_every=ctx.checkpoint_every))
     log.info("segment_started", resumed_from=resumed_from, to_step=args.to_step,
              world_size=world, params=model.param_count())
     if resumed_from is None:
@@ -288,7 +292,8 @@ def run_segment(args: SegmentArgs, rank: int, world: int) -> None:
             last_committed_uri=last[1] if last else None, train_loss=finite_or_none(loss),
             tokens_seen=state.tokens_seen, steps_run=state.step - first,
             resumed_from=resumed_from, outcome=outcome,
-            throughput=meter.summary(torch.device(engine.device))))
+            throughput=meter.summary(torch.device(engine.device)),
+            checkpoint_stall_s=round(ctx.stall_s, 4), checkpoints=ctx.stalls))
     log.info("segment_finished", final_step=state.step, train_loss=loss,
              stopped=outcome.stopped, rollbacks=len(outcome.rollbacks))
 
@@ -378,6 +383,9 @@ def parse_args(argv: list[str] | None = None) -> SegmentArgs:
                         "global batch)")
     p.add_argument("--session", default="",
                    help="the multi-node launch's id (its checkpoint parts carry it)")
+    p.add_argument("--checkpoint-every", type=int, default=0,
+                   help="steps between checkpoints, as the workflow chose them for "
+                        'train.checkpoint_every "auto" (0: the spec\'s)')
     ns = p.parse_args(argv)
     windows = ns.lr_windows
     if ns.lr_windows_file:
@@ -387,7 +395,8 @@ def parse_args(argv: list[str] | None = None) -> SegmentArgs:
                        fast_dir=ns.fast_dir, attempt=ns.attempt, restart=ns.restart,
                        lr_windows=tuple(tuple(w) for w in windows), rollback=ns.rollback,
                        max_rollbacks=ns.max_rollbacks, micro_split=ns.micro_split,
-                       nnodes=ns.nnodes, session=ns.session)
+                       nnodes=ns.nnodes, session=ns.session,
+                       checkpoint_every=ns.checkpoint_every)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,7 +31,12 @@ def status_view(spec: RunSpec | None, c: RunCarry, *, stage: str, evals: dict[in
             # multi-node runs (workflows/gang.py)
             "nodes_used": c.nodes_used or (spec.train.nodes if spec else 1),
             "waiting_for_nodes": c.waiting["reason"] if c.waiting else None,
-            "set_aside": dict(c.set_aside)}
+            "set_aside": dict(c.set_aside),
+            # steps between checkpoints now: the spec's, or the last choice for "auto"
+            # (workflows/interval.py; 0 before the first), and the faults it counted
+            "checkpoint_every": (c.checkpoint_every if spec and spec.train.auto_checkpoint
+                                 else spec.train.checkpoint_every if spec else 0),
+            "faults_seen": c.faults_seen}
 
 
 def bounded(c: RunCarry, cfg: SpikeConfig) -> tuple[list[int], list[int], list[list[float]]]:
@@ -62,6 +67,12 @@ def record_segment(c: RunCarry, seg: TrainSegmentResult) -> None:
         c.early_stopped = "overfitting"  # the run ends after the escalation (it may hold)
     c.rollback_steps += [r["at_step"] for r in seg.rollbacks]
     c.rollbacks_total += len(seg.rollbacks)
+    # what train.checkpoint_every "auto" is chosen from (workflows/interval.py): each
+    # attempt after the first is a fault, and so is each restart in place
+    c.faults_seen += max(0, seg.attempt - 1) + seg.faults
+    c.checkpoint_stall_s += seg.checkpoint_stall_s
+    c.checkpoints_measured += seg.checkpoints
+    c.step_time_s = seg.step_time_s or c.step_time_s
 
 
 def apply_rollback(c: RunCarry, cmd: Rollback, command_id: str, pin: str) -> None:

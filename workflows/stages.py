@@ -60,7 +60,8 @@ def start_train_segment(train_spec: RunSpec, c: RunCarry, lo: int, hi: int,
                         gang: GangMember | None = None,
                         queue: str = TRAINER_QUEUE) -> ActivityHandle[TrainSegmentResult]:
     """Steps (lo, hi] with the carry's LR windows, what is left of the rollback budget and
-    the pending operator rollback. A cancel waits for the trainer's graceful stop. With
+    the pending operator rollback (and the checkpoint interval chosen for "auto",
+    workflows/interval.py). A cancel waits for the trainer's graceful stop. With
     `gang`: one node's share of a multi-node segment, on that node's queue, tried once
     (workflows/gang.py); its node 0 records the recovery from the last fault."""
     lead = gang is None or gang.node_rank == 0
@@ -70,7 +71,8 @@ def start_train_segment(train_spec: RunSpec, c: RunCarry, lo: int, hi: int,
             max_rollbacks=rollback_allowance(c.rollback_steps, c.budget_from, lo,
                                              train_spec.spikes),
             rollback=c.pending_rollback, micro_split=c.micro_split,
-            after_fault=c.after_fault if lead else None, gang=gang),
+            after_fault=c.after_fault if lead else None, gang=gang,
+            checkpoint_every=c.checkpoint_every),
         task_queue=queue, result_type=TrainSegmentResult,
         cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
         **({"summary": f"segment {lo}-{hi}, node {gang.node_rank} of {gang.nnodes}: "

@@ -33,6 +33,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.carry import apply_rollback, bound, escalation, record_segment, status_view
     from workflows.failures import FAILURE_EXCEPTION_TYPES
     from workflows.gang import blame, members, pick_nodes, run_gang
+    from workflows.interval import choose as choose_interval
     from workflows.operator import (
         UPDATES_PER_RUN,
         aborting,
@@ -244,8 +245,10 @@ class TrainingRun:
                 break
             if segments_this_run >= s.train.segments_per_run or self._history_full():
                 await self._continue_as_new()  # keep history bounded (DESIGN §3)
-            seg = await self._segment(with_params(s, c.best_params),
-                                      *segment_bounds(c.next_step, s))
+            lo, hi = segment_bounds(c.next_step, s)
+            if s.train.auto_checkpoint:
+                await self._choose_interval(s, lo, hi)
+            seg = await self._segment(with_params(s, c.best_params), lo, hi)
             segments_this_run += 1
             if seg is None:  # stopped before the trainer answered: resume from storage
                 continue
@@ -286,7 +289,7 @@ class TrainingRun:
         if train_spec.train.nodes > 1:
             return await self._gang_segment(train_spec, lo, hi)
         handle = start_train_segment(train_spec, c, lo, hi)
-        self._running = (lo, hi)
+        self._running, began = (lo, hi), workflow.now()
         try:
             return await until(handle, lambda: bool(c.operator_queue))
         except ActivityError as err:
@@ -296,6 +299,7 @@ class TrainingRun:
                 raise
         finally:
             self._running = None
+            c.train_wall_s += (workflow.now() - began).total_seconds()
         await self._decide(train_spec, lo, failure)
         return None  # the loop schedules the segment again, from storage
 
@@ -319,11 +323,12 @@ class TrainingRun:
         team = members(nodes, f"{s.run_id}/{lo}-{hi}/{launch}")
         handles = [start_train_segment(s, c, lo, hi, gang=m, queue=n.queue)
                    for m, n in zip(team, nodes)]
-        self._running = (lo, hi)
+        self._running, began = (lo, hi), workflow.now()
         try:
             out = await run_gang(handles, [n.name for n in nodes], lambda: bool(c.operator_queue))
         finally:
             self._running = None
+            c.train_wall_s += (workflow.now() - began).total_seconds()
         if out.fatal is not None:
             raise out.fatal
         if out.decision is not None:
@@ -332,6 +337,7 @@ class TrainingRun:
         if not out.failures:
             c.node_failures, c.gang_repeat = {}, {}
             return out.result
+        c.faults_seen += 1  # the launch failed (workflows/interval.py counts it)
         verdict = blame(c, s, out.failures, lo=lo, hi=hi, launch=launch,
                         now=workflow.now().timestamp())
         for kind, event_id, payload in verdict.events:
@@ -358,6 +364,7 @@ class TrainingRun:
         """A failure a plain retry would repeat (workflows/adapt.py:decide): adapt the
         micro-batch and go on, or hold in needs_attention with the evidence and the fix."""
         c = self._carry
+        c.faults_seen += 1  # the segment failed (workflows/interval.py counts it)
         d = decide(s, c.micro_split, failure)
         c.after_fault = d.after_fault or c.after_fault  # the next segment's recovery names it
         if d.micro_split:
@@ -365,6 +372,17 @@ class TrainingRun:
             c.micro_split = d.micro_split
         else:
             await self._hold("needs_attention", d.reason, **d.payload)
+
+    async def _choose_interval(self, s: RunSpec, lo: int, hi: int) -> None:
+        """train.checkpoint_every "auto": the next segment's interval by Young-Daly from
+        what the run has measured (workflows/interval.py), recorded with its inputs."""
+        c = self._carry
+        chosen = choose_interval(s, c)
+        previous, c.checkpoint_every = c.checkpoint_every, chosen.steps
+        c.intervals_chosen += 1
+        await self._event("checkpoint_interval",
+                          f"checkpoint_interval/{lo}-{hi}/{c.intervals_chosen}",
+                          segment=[lo, hi], previous_steps=previous or None, **chosen.payload)
 
     async def _unless_aborted(self, handle):
         """Await a stage's activity or child workflow; an `abort` cancels it and ends the run."""

@@ -104,6 +104,18 @@ def test_a_checkpoint_step_a_rollback_and_a_stop_get_the_checkpoint_io_time_on_t
     assert stopping.current().limit_s == 80.0
 
 
+def test_with_auto_checkpoints_the_checkpoint_steps_are_the_ones_the_trainer_says_it_runs():
+    spec = preset("demo", **{"train.checkpoint_every": "auto"})
+    limits = HangLimits(**{**HangLimits.of(spec, to_step=40, checkpoint_bytes=500 * 10**6)
+                           .__dict__, "floor_s": 60.0})
+    assert limits.checkpoint_every == 0  # the workflow chooses it per segment (issue 16)
+    start = StartLine(resumed_from=0, world_size=1, to_step=40, attempt=1, checkpoint_every=7)
+    assert fed(limits, [start, step(14)]).current().phase == "checkpoint"
+    assert fed(limits, [start, step(10)]).current().phase == "step"
+    # before the start line says it, only the segment's end is known to commit
+    assert fed(limits, [step(14)]).current().phase == "step"
+
+
 def test_an_eval_step_gets_k_times_the_p99_per_grad_accum_of_eval_batches_until_its_line():
     limits = HangLimits(**{**AUTO.__dict__, "floor_s": 1.0, "eval_every": 5, "eval_batches": 8,
                            "grad_accum": 2})

@@ -141,6 +141,11 @@ def test_progress_file_has_start_step_and_commit_lines_in_order(single):
                                "peak_tflops", "peak_source", "peak_mem_bytes"}
     spikes = result.pop("outcome")
     assert spikes["rollbacks"] == [] and spikes["stopped"] == ""
+    # the loop's pause for its 3 checkpoints (0, 4, 8): what "auto" intervals come from
+    assert result.pop("checkpoints") == 3
+    saved = read_events(str(a), "t", kinds=("checkpoint_saved",))
+    assert result.pop("checkpoint_stall_s") == pytest.approx(
+        sum(e["payload"]["pause_s"] for e in saved), abs=1e-3)
     losses = [by_step[s]["loss"] for s in range(1, 9)]
     assert result == {"final_step": 8, "last_committed_step": 8,
                       "last_committed_uri": CheckpointStore(str(a), "t").uri(8),
@@ -150,6 +155,19 @@ def test_progress_file_has_start_step_and_commit_lines_in_order(single):
     assert throughput["step_time_s"] == pytest.approx(sum(step_times) / 8)
     assert throughput["tokens_per_s"] == pytest.approx(1024 / sum(step_times))
     assert throughput["peak_mem_bytes"] >= step["peak_mem_bytes"] > 0
+
+
+def test_an_auto_spec_checkpoints_at_the_interval_the_workflow_passes(tmp_path, dataset_uri):
+    store = tmp_path / "store"
+    spec = write_spec(tiny_spec(store, **{"train.checkpoint_every": "auto",
+                                          "train.checkpoint_every_min": 5}), tmp_path / "s.json")
+    ok(run_segment(spec, dataset_uri, 8, tmp_path / "w1", extra=("--checkpoint-every", "3")))
+    assert CheckpointStore(str(store), "t").list_committed() == [0, 3, 6, 8]
+    start = read_jsonl(tmp_path / "w1" / "progress.jsonl")[0]
+    assert start["checkpoint_every"] == 3  # the supervisor's hang watch reads it
+    # run by hand, without the workflow's choice: the lower bound
+    ok(run_segment(spec, dataset_uri, 16, tmp_path / "w2"))
+    assert CheckpointStore(str(store), "t").list_committed() == [0, 3, 6, 8, 10, 15, 16]
 
 
 def test_retry_of_a_finished_segment_exits_at_once_without_training(single, dataset_uri):

@@ -92,6 +92,10 @@ class Stubs:
         # the run's next segments fail with these, one each, as the real activity fails
         # when it needs a decision (activities/training.py: OutOfMemory, RepeatedFailure)
         self.fail_with: list[ApplicationError] = []
+        # the run's segments starting at these steps fail their first attempt (a retryable
+        # crash: Temporal retries it), and what every run segment reports it measured
+        self.retry_first: set[int] = set()
+        self.measured: dict = {}
 
     @staticmethod
     async def _beat_until(gate: asyncio.Event | None) -> None:
@@ -118,6 +122,8 @@ class Stubs:
             self.segments.append(inp)
             if self.fail_with:
                 raise self.fail_with.pop(0)
+            if inp.from_step in self.retry_first and activity.info().attempt == 1:
+                raise ApplicationError("injected crash", type="RuntimeError")
         stop = inp.to_step
         if self.block and not trial:
             try:
@@ -130,7 +136,8 @@ class Stubs:
             last_committed_uri=f"file:///stub/checkpoints/step-{stop:09d}",
             train_loss=3.0 - stop / 100, resumed_from=inp.from_step or None,
             attempt=activity.info().attempt, oldest_committed_step=0,
-            stopped="interrupted" if stop < inp.to_step else "")
+            stopped="interrupted" if stop < inp.to_step else "",
+            **({} if trial else self.measured))
 
     @activity.defn(name=EVALUATE)
     async def evaluate(self, inp: EvaluateInput) -> EvaluateResult:

@@ -352,3 +352,32 @@ async def test_a_full_disk_pauses_in_needs_attention_instead_of_failing_the_run(
     assert attention["failure"] == "DiskFull" and "resume" in attention["fix"]
     await handle.execute_update("resume", {"note": "disk freed"})
     assert (await handle.result())["status"] == "completed"
+
+
+# ---- train.checkpoint_every "auto" (issue 16) -------------------------------------------
+@scenario
+async def test_auto_checkpoints_choose_each_segments_interval_and_shrink_it_after_a_fault(
+        h: Harness):
+    spec = spec_for(f"stub-interval-{uuid.uuid4().hex[:6]}", **{
+        "train.total_steps": 30, "train.segments_per_run": 2, "train.checkpoint_every": "auto",
+        "train.checkpoint_every_min": 2, "ops.mtbf_s": 3600.0, "ops.mtbf_prior_faults": 1})
+    # every segment: 2 checkpoints stalling 0.25 s together (C = 0.125 s), 5 s steps
+    h.stubs.measured = {"checkpoint_stall_s": 0.25, "checkpoints": 2, "step_time_s": 5.0}
+    h.stubs.retry_first = {10}  # the second segment's first attempt crashes
+    handle = await h.start(spec)
+    result = await handle.result()
+    assert result["status"] == "completed" and result["workflow_runs"] == 2
+
+    chosen = h.stubs.payloads("checkpoint_interval")
+    # nothing measured: the lower bound; then sqrt(2 x 0.125 s x 3600 s) = 30 s = 6 steps;
+    # after the retried attempt the run's own MTBF (seconds) takes the prior's place
+    assert [c["steps"] for c in chosen] == [2, 6, 2]
+    assert [c["faults"] for c in chosen] == [0, 0, 1]
+    assert [c["mtbf_source"] for c in chosen] == ["prior", "prior", "observed"]
+    assert chosen[1]["young_daly_s"] == 30.0 and chosen[2]["steps_at_prior"] == 6
+    assert chosen[2]["mtbf_s"] < 10.0 and chosen[2]["previous_steps"] == 6
+    # each segment's trainer got the interval chosen for it, every attempt alike
+    assert [(s.from_step, s.checkpoint_every) for s in h.stubs.segments] == \
+        [(0, 2), (10, 6), (10, 6), (20, 2)]
+    status = await h.status(handle)
+    assert (status["checkpoint_every"], status["faults_seen"]) == (2, 1)
