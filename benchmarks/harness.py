@@ -83,9 +83,13 @@ class Services:
     root: str = field(default_factory=lambda: tempfile.mkdtemp(prefix="mainspring-bench-"))
     s3: bool = True
     env: dict[str, str] = field(default_factory=dict)  # extra worker (and trainer) environment
+    # trainer workers: the fleet's own, then each further one a restarting fleet of its own
+    # (benchmarks/recovery.py: a lost worker's retry goes to another worker)
+    trainers: int = 1
     temporal: TemporalDevServer | None = None
     seaweed: SeaweedS3 | None = None
     fleet: WorkerFleet | None = None
+    more_trainers: list[WorkerFleet] = field(default_factory=list)
 
     def start(self) -> Services:
         os.environ["TORCH_EXTENSIONS_DIR"] = private_extensions()  # workers and bare loops
@@ -99,7 +103,15 @@ class Services:
             os.environ.update(self.seaweed.env())  # this process reads events and checkpoints
         self.fleet = WorkerFleet(self.temporal.address, log_dir=os.path.join(self.root, "logs"),
                                  restart=True, env=env).start()
+        self.more_trainers = [
+            WorkerFleet(self.temporal.address, roles=("trainer",), restart=True, env=env,
+                        log_dir=os.path.join(self.root, f"logs-trainer{i}")).start()
+            for i in range(1, self.trainers)]
         return self
+
+    def trainer_fleets(self) -> list[WorkerFleet]:
+        """Every fleet with a trainer worker (`procs["trainer"]`, its log in `log_dir`)."""
+        return [f for f in (self.fleet, *self.more_trainers) if f is not None]
 
     def restart_s3(self) -> None:
         """SeaweedFS back on the same S3 port and data directory (after an outage)."""
@@ -114,7 +126,7 @@ class Services:
         return os.path.join(self.root, "store")
 
     def stop(self) -> None:
-        for part in (self.fleet, self.seaweed, self.temporal):
+        for part in (*self.more_trainers, self.fleet, self.seaweed, self.temporal):
             if part is not None:
                 part.stop()
 
