@@ -83,9 +83,11 @@ def test_faulted_run_leaves_no_secret_in_events_spans_report_history_or_logs(
     hooks.mkdir()
     (hooks / "sitecustomize.py").write_text(SITECUSTOMIZE)
     spans, store = tmp_path / "spans", tmp_path / "store"
+    # the cold launch (torchrun): the launcher that crashes at interpreter start prints
+    # into the segment's log, which a warm standby's import does not
     fleet_factory(env={**WORKER_ENV, "PYTHONPATH": str(hooks),
                        "MAINSPRING_TEST_CRASH_ONCE": str(tmp_path / "crashed"),
-                       "MAINSPRING_SPANS_DIR": str(spans)})
+                       "MAINSPRING_SPANS_DIR": str(spans)}, args=("--no-standby",))
     spec = tiny_spec("e2e-secrets", str(store), str(tmp_path / "fast"),
                      **{"sweep.enabled": False, "train.total_steps": 10,
                         "train.segment_steps": 10, "train.checkpoint_every": 5,
@@ -99,9 +101,11 @@ def test_faulted_run_leaves_no_secret_in_events_spans_report_history_or_logs(
                "spans": _files_text(spans, "*.jsonl"), "history": history,
                "report": Path(report["html"]).read_text(encoding="utf-8"),
                "worker logs": _files_text(tmp_path / "logs", "*.log")}
-    # Not vacuous: the crash is in the history and the spans, its evidence scrubbed.
-    for where in ("history", "spans"):
-        assert "hardware fault" in records[where] and "Authorization: Bearer ***" in records[where]
+    # Not vacuous: the crash's log tail is in the fault event, scrubbed. (The worker
+    # restarts a crashed launch in place, issue 16, so it no longer reaches the history or
+    # an activity span's error; both are still searched for every secret below.)
+    assert "Authorization: Bearer ***" in records["events"]
+    assert '"in_place": true' in records["events"]
     assert "recovered" in records["events"] and spec.run_id in records["report"]
     leaks = {(where, name) for where, text in records.items()
              for name, secret in SECRETS.items() if secret in text}
