@@ -72,6 +72,7 @@ from benchmarks.harness import (
     checkpoint_pauses,
     load_1m,
     progress_lines,
+    raw_run,
     rounded,
     run_workflow,
     stage_window,
@@ -466,12 +467,7 @@ def main(argv: list[str] | None = None) -> int:
                    "progress lines and fault log to this JSON file (for --from-raw)")
     p.add_argument("--from-raw", default="", help="report on a saved run instead of running")
     args = p.parse_args(argv)
-    if args.from_raw:
-        raw = json.loads(Path(args.from_raw).read_text())
-    else:
-        raw = run_soak(settings(args))
-        if args.save_raw:
-            Path(args.save_raw).write_text(json.dumps(raw))
+    raw = raw_run(args, lambda: run_soak(settings(args)))
     if raw.get("error") or raw.get("result") is None:
         raise SystemExit(f"the run did not complete: {raw.get('error')}")
     print(json.dumps({**report(raw), "inputs": raw["inputs"]}))

@@ -202,6 +202,17 @@ def checkpoint_pauses(events: list[dict]) -> float:
     return sum(e["payload"]["pause_s"] for e in events if e["kind"] == "checkpoint_saved")
 
 
+def raw_run(args, run) -> dict:
+    """What a run left: read back from `--from-raw`, or `run()` now (and written to
+    `--save-raw` when given), so a report can be made again without running."""
+    if args.from_raw:
+        return json.loads(Path(args.from_raw).read_text())
+    raw = run()
+    if args.save_raw:
+        Path(args.save_raw).write_text(json.dumps(raw))
+    return raw
+
+
 def load_1m() -> float:
     return round(os.getloadavg()[0], 2)
 

@@ -551,13 +551,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--save-raw", default="", help="also write what the run left to this file")
     p.add_argument("--from-raw", default="", help="report on a saved run instead of running")
     args = p.parse_args(argv)
-    if args.from_raw:
-        raw = json.loads(Path(args.from_raw).read_text())
-    else:
-        raw = run_bench(settings(args))
-        if args.save_raw:
-            Path(args.save_raw).write_text(json.dumps(raw))
-    from benchmarks.harness import rounded
+    from benchmarks.harness import raw_run, rounded
+
+    raw = raw_run(args, lambda: run_bench(settings(args)))
 
     print(json.dumps(rounded(report(raw))))
     return 0

@@ -7,20 +7,10 @@ import json
 
 import pytest
 
-import spec as spec_module
-from common.errors import BadConfig
-from spec import PRESETS, RunSpec
+from spec import RunSpec
+from tests.spec.helpers import demo as _demo
+from tests.spec.helpers import refused as _error
 from workflows.policy import trial_spec
-
-
-def _demo(**dotted) -> dict:
-    return spec_module.deep_merge(PRESETS["demo"], spec_module.dotted_to_nested(dotted))
-
-
-def _error(raw) -> BadConfig:
-    with pytest.raises(BadConfig) as info:
-        RunSpec.from_dict(raw)
-    return info.value
 
 
 def test_auto_round_trips_through_json_and_changes_the_hash():

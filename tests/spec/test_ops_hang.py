@@ -7,19 +7,9 @@ import json
 
 import pytest
 
-import spec as spec_module
-from common.errors import BadConfig
-from spec import PRESETS, RunSpec
-
-
-def _demo(**dotted) -> dict:
-    return spec_module.deep_merge(PRESETS["demo"], spec_module.dotted_to_nested(dotted))
-
-
-def _error(raw) -> BadConfig:
-    with pytest.raises(BadConfig) as info:
-        RunSpec.from_dict(raw)
-    return info.value
+from spec import RunSpec
+from tests.spec.helpers import demo as _demo
+from tests.spec.helpers import refused as _error
 
 
 def test_hang_and_startup_timeouts_are_auto_by_default_and_round_trip_through_json():
