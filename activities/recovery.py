@@ -200,17 +200,22 @@ class Recovery:
     recovery (the child's `start` line, then its first step)."""
 
     def __init__(self, events: EventLog, workdir: str, inp: TrainSegmentInput, attempt: int,
-                 execution: str, in_place: FaultRecorder | None = None) -> None:
+                 execution: str, in_place: FaultRecorder | None = None,
+                 unanswered: Recovery | None = None) -> None:
         """For attempt N > 1 from attempt N-1's heartbeat; for the first attempt of a segment
         the workflow scheduled again after a decision (an OOM adapted, a pause for a
         repeated failure), from `inp.after_fault`; for a restart in place, from the fault
-        the attempt's own recorder holds (`in_place`, before its restarted())."""
+        the attempt's own recorder holds (`in_place`, before its restarted()). A restart in
+        place also answers the faults of the launch before it that never reached a step
+        (`unanswered`: a retry's first launch that crashed still owes its worker_lost)."""
         self.events, self.inp, self.attempt, self.reported = events, inp, attempt, False
         self.execution, self.restart = execution, in_place.restart + 1 if in_place else 0
         self.start: StartLine | None = None
         if in_place is not None:
             f = in_place.fault
-            self.beat_step, self.fault_event_id, self.also = None, in_place.event_id, []
+            self.beat_step, self.fault_event_id = None, in_place.event_id
+            self.also = [unanswered.fault_event_id, *unanswered.also] \
+                if unanswered is not None and not unanswered.reported else []
             self.fault_ts = f.get("fault_ts") or time.time()
             self.detected_ts = f.get("detected_ts") or self.fault_ts
             self.last_step = in_place.last_step if in_place.last_step is not None \

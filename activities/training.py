@@ -210,6 +210,7 @@ def _supervise_segment(spec: RunSpec, inp: TrainSegmentInput, workdir: str,
     args = ["--spec", spec_file, "--dataset", inp.dataset_uri, "--to-step", str(inp.to_step),
             "--workdir", workdir, "--attempt", str(attempt),
             "--fast-dir", fast_tier.store_dir(spec.storage.fast, spec.run_id),
+            "--dataset-cache", fast_tier.dataset_cache_dir(spec.storage.fast, spec.run_id),
             "--lr-windows-file", windows_file, "--max-rollbacks", str(inp.max_rollbacks),
             "--micro-split", str(inp.micro_split),
             "--checkpoint-every", str(inp.checkpoint_every)]
@@ -231,7 +232,7 @@ def _supervise_segment(spec: RunSpec, inp: TrainSegmentInput, workdir: str,
                     if not launch.again_in_place(exc):
                         raise
                     recovery = Recovery(events, workdir, inp, attempt, execution_key(),
-                                        in_place=faults)
+                                        in_place=faults, unanswered=recovery)
                     faults.restarted()
                     log.warning("segment_restarting_in_place", restart=faults.restart,
                                 error=str(exc)[:300])

@@ -13,15 +13,20 @@ empty or torn MANIFEST.json that a later prepare_data would take for a cache hit
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+import structlog
 
 from common.errors import BadData
 from storage.fs import join, pipe_durable, resolve, sha256_stream
+
+log = structlog.get_logger(__name__)
 
 MANIFEST = "MANIFEST.json"
 SPLITS = ("train", "val")
@@ -100,13 +105,55 @@ def write_array(fs, path: str, array: np.ndarray) -> str:
     return sha256_stream(io.BytesIO(data))[0]
 
 
-def read_array(fs, path: str, dtype: str, expected_sha256: str, url_for_errors: str) -> np.ndarray:
-    data = fs.cat_file(path)
-    digest = sha256_stream(io.BytesIO(data))[0]
-    if digest != expected_sha256:
-        raise BadData(url_for_errors, f"checksum {digest} does not match manifest {expected_sha256}",
-                      "the shard is corrupt: delete the dataset directory and rerun prepare_data")
+def read_array(fs, path: str, dtype: str, expected_sha256: str, url_for_errors: str,
+               cache_dir: str | None = None) -> np.ndarray:
+    """A raw array, checked against its manifest sha256. With `cache_dir` (a trainer
+    machine's fast tier) a verified copy is kept there under its sha256 and read from there
+    next time: a restart or the run's next segment on this machine does not fetch the
+    dataset from the durable tier again (issue 16). A cached copy is checked like a fetched
+    one; one that does not match is dropped and fetched again."""
+    data = _cached(cache_dir, expected_sha256) if cache_dir else None
+    if data is None:
+        data = fs.cat_file(path)
+        digest = sha256_stream(io.BytesIO(data))[0]
+        if digest != expected_sha256:
+            raise BadData(url_for_errors,
+                          f"checksum {digest} does not match manifest {expected_sha256}",
+                          "the shard is corrupt: delete the dataset directory and rerun "
+                          "prepare_data")
+        if cache_dir:
+            _keep(cache_dir, expected_sha256, data)
     return np.frombuffer(data, dtype=dtype)
+
+
+def _cached(cache_dir: str, sha256: str) -> bytes | None:
+    path = os.path.join(cache_dir, sha256)
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    if sha256_stream(io.BytesIO(data))[0] == sha256:
+        return data
+    log.warning("dataset_cache_mismatch", path=path)  # a torn or rotted copy: fetch again
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+    return None
+
+
+def _keep(cache_dir: str, sha256: str, data: bytes) -> None:
+    """Best effort (a full local disk only costs the next fetch): written under a name of
+    its own, then renamed, so a reader never sees part of it."""
+    tmp = os.path.join(cache_dir, f".{sha256}.{os.getpid()}.tmp")
+    try:
+        os.makedirs(cache_dir, exist_ok=True)
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, os.path.join(cache_dir, sha256))
+    except OSError as exc:
+        log.warning("dataset_cache_skipped", dir=cache_dir, error=repr(exc)[:200])
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
 
 
 def write_shard(fs, directory: str, name: str, split: str, tokens: np.ndarray,
@@ -126,10 +173,12 @@ def commit_manifest(fs, directory: str, manifest: DatasetManifest) -> None:
     pipe_durable(fs, join(directory, MANIFEST), manifest.to_json().encode())
 
 
-def read_split(manifest_uri: str, split: str) -> tuple[np.ndarray, np.ndarray]:
+def read_split(manifest_uri: str, split: str, cache_dir: str | None = None
+               ) -> tuple[np.ndarray, np.ndarray]:
     """(tokens, document start offsets) of a whole split, concatenated in shard order.
 
-    Every shard's checksum is verified; a mismatch is BadData naming the shard.
+    Every shard's checksum is verified; a mismatch is BadData naming the shard. With
+    `cache_dir`, shards are read through a local cache (read_array).
     """
     man = load_manifest(manifest_uri)
     fs, mpath = resolve(manifest_uri)
@@ -137,8 +186,10 @@ def read_split(manifest_uri: str, split: str) -> tuple[np.ndarray, np.ndarray]:
     parts, starts, offset = [], [], 0
     for shard in man.split_shards(split):
         url = fs.unstrip_protocol(join(directory, shard.path))
-        parts.append(read_array(fs, join(directory, shard.path), man.dtype, shard.sha256, url))
-        docs = read_array(fs, join(directory, shard.docs_path), "uint64", shard.docs_sha256, url)
+        parts.append(read_array(fs, join(directory, shard.path), man.dtype, shard.sha256, url,
+                                cache_dir))
+        docs = read_array(fs, join(directory, shard.docs_path), "uint64", shard.docs_sha256,
+                          url, cache_dir)
         starts.append(docs.astype(np.int64) + offset)
         offset += shard.tokens
     if not parts:

@@ -37,6 +37,7 @@ class SegmentArgs:
     to_step: int  # train until this global step
     workdir: str  # local directory for progress and results
     fast_dir: str | None = None  # the run's fast-tier store on this machine (default: WORKDIR/ckpt)
+    dataset_cache: str | None = None  # local copies of the dataset's shards (None: none kept)
     attempt: int = 1  # the activity attempt (for events)
     restart: int = 0  # its restarts in place so far (activities/training.py)
     lr_windows: tuple[tuple[float, float, float], ...] = ()  # [start, end, factor]

@@ -165,10 +165,10 @@ def chunk_weights(targets: list[torch.Tensor]) -> list[torch.Tensor | None]:
 
 
 # ---- the segment -----------------------------------------------------------------------
-def make_batches(spec: RunSpec, dataset: str, rank: int, world: int
-                 ) -> TrainBatches | PackedBatches:
+def make_batches(spec: RunSpec, dataset: str, rank: int, world: int,
+                 cache_dir: str | None = None) -> TrainBatches | PackedBatches:
     """Packed documents (train.packing) or fixed windows of the token stream."""
-    tokens, doc_starts = read_split(dataset, "train")
+    tokens, doc_starts = read_split(dataset, "train", cache_dir)
     common = {"seq_len": spec.model.seq_len, "batch_size": micro_batch_size(spec),
               "seed": spec.seed, "rank": rank, "world": world, "source": dataset}
     if spec.train.packing:
@@ -176,11 +176,12 @@ def make_batches(spec: RunSpec, dataset: str, rank: int, world: int
     return TrainBatches(tokens, **common)
 
 
-def make_val(spec: RunSpec, dataset: str) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+def make_val(spec: RunSpec, dataset: str, cache_dir: str | None = None
+             ) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
     """Validation batches for online evaluation (train.eval_every > 0), else None."""
     if not spec.train.eval_every:
         return None
-    tokens, _ = read_split(dataset, "val")
+    tokens, _ = read_split(dataset, "val", cache_dir)
     return val_batches(tokens, seq_len=spec.model.seq_len, batch_size=micro_batch_size(spec),
                        k=spec.train.eval_batches, source=dataset)
 
@@ -228,7 +229,7 @@ def run_segment(args: SegmentArgs, rank: int, world: int) -> None:
         manifest = load_manifest(args.dataset)
         model = GPT(spec.model, manifest.vocab_size, seed=spec.seed)
         engine = build_engine(spec, model, args.micro_split)
-    source = make_batches(spec, args.dataset, rank, world)
+    source = make_batches(spec, args.dataset, rank, world, args.dataset_cache)
     meter = make_meter(spec, model, manifest.vocab_size, torch.device(engine.device), world)
 
     rollback = operator_rollback.pending(ctx, args.rollback)  # applied once per command id
@@ -278,7 +279,8 @@ def run_segment(args: SegmentArgs, rank: int, world: int) -> None:
     lr = LRSchedule(spec.train, args.lr_windows, one_shot=faults.lr_windows())
     outcome = SegmentOutcome()
     spikes = SpikeGuard(ctx, engine, outcome, args.max_rollbacks)
-    evals = OnlineEval(ctx, engine, make_val(spec, args.dataset), spikes, outcome)
+    evals = OnlineEval(ctx, engine, make_val(spec, args.dataset, args.dataset_cache), spikes,
+                       outcome)
     state = train(ctx, engine, batches, state, lr, meter, spikes, evals, faults)
     ctx.windows.close()
     finish_uploads(ctx)  # every checkpoint durable before the segment reports success
@@ -360,6 +362,9 @@ def parse_args(argv: list[str] | None = None) -> SegmentArgs:
     p.add_argument("--fast-dir", default=None,
                    help="the run's fast-tier checkpoint store on this machine (default: "
                         "WORKDIR/ckpt); shared by the run's segments")
+    p.add_argument("--dataset-cache", default=None,
+                   help="keep verified copies of the dataset's shards in this local directory "
+                        "and read them from there (default: fetch every launch)")
     p.add_argument("--attempt", type=int, default=1, help="activity attempt (for events)")
     p.add_argument("--restart", type=int, default=0,
                    help="the attempt's restarts in place so far (for events)")
@@ -392,7 +397,8 @@ def parse_args(argv: list[str] | None = None) -> SegmentArgs:
         with open(ns.lr_windows_file) as f:
             windows = json.load(f)
     return SegmentArgs(spec=ns.spec, dataset=ns.dataset, to_step=ns.to_step, workdir=ns.workdir,
-                       fast_dir=ns.fast_dir, attempt=ns.attempt, restart=ns.restart,
+                       fast_dir=ns.fast_dir, dataset_cache=ns.dataset_cache,
+                       attempt=ns.attempt, restart=ns.restart,
                        lr_windows=tuple(tuple(w) for w in windows), rollback=ns.rollback,
                        max_rollbacks=ns.max_rollbacks, micro_split=ns.micro_split,
                        nnodes=ns.nnodes, session=ns.session,
