@@ -177,14 +177,15 @@ class FaultRecorder:
 
 
 def server_outage(events: EventLog, inp: TrainSegmentInput, execution: str,
-                  attempt: int) -> dict[str, Any] | None:
+                  attempt: int, cache_dir: str | None = None) -> dict[str, Any] | None:
     """The Temporal outage the server watch recorded for `attempt` (activities/
     server_watch.py), as a fault to answer: with a heartbeat timeout shorter than the
     outage the server retries the attempt when it is back, although its worker was never
     lost — this retry answers the outage instead of recording a worker_lost."""
     prefix = f"fault/server_unavailable/{inp.from_step}-{inp.to_step}/{execution}/{attempt}/"
     try:
-        seen = [e for e in read_events(events.url, events.run_id, kinds=("fault",))
+        seen = [e for e in read_events(events.url, events.run_id, kinds=("fault",),
+                                       cache_dir=cache_dir)
                 if e["event_id"].startswith(prefix)]
     except StorageUnavailable:
         return None
@@ -201,13 +202,14 @@ class Recovery:
 
     def __init__(self, events: EventLog, workdir: str, inp: TrainSegmentInput, attempt: int,
                  execution: str, in_place: FaultRecorder | None = None,
-                 unanswered: Recovery | None = None) -> None:
+                 unanswered: Recovery | None = None, cache_dir: str | None = None) -> None:
         """For attempt N > 1 from attempt N-1's heartbeat; for the first attempt of a segment
         the workflow scheduled again after a decision (an OOM adapted, a pause for a
         repeated failure), from `inp.after_fault`; for a restart in place, from the fault
         the attempt's own recorder holds (`in_place`, before its restarted()). A restart in
         place also answers the faults of the launch before it that never reached a step
-        (`unanswered`: a retry's first launch that crashed still owes its worker_lost)."""
+        (`unanswered`: a retry's first launch that crashed still owes its worker_lost).
+        `cache_dir`: this machine's copies of the event log's batches (storage/events.py)."""
         self.events, self.inp, self.attempt, self.reported = events, inp, attempt, False
         self.execution, self.restart = execution, in_place.restart + 1 if in_place else 0
         self.start: StartLine | None = None
@@ -230,7 +232,8 @@ class Recovery:
         local_step = seen[-1].step if seen else None
         local_ts = seen[-1].ts if seen else None
         fault = (beat.get("fault") if attempt > 1 else None) or inp.after_fault or \
-            (server_outage(events, inp, execution, attempt - 1) if attempt > 1 else None) or {}
+            (server_outage(events, inp, execution, attempt - 1, cache_dir)
+             if attempt > 1 else None) or {}
         self.fault_event_id = fault.get("event_id") or fault_id(inp, execution, attempt - 1)
         # a multi-node launch's other faults (its peers' broken collectives): answered too
         self.also = [str(x) for x in fault.get("also") or []]

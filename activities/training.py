@@ -122,7 +122,8 @@ def _train_segment(spec: RunSpec, inp: TrainSegmentInput) -> TrainSegmentResult:
     os.makedirs(workdir, exist_ok=True)
     store = CheckpointStore(spec.storage.durable, spec.run_id)
     events = EventLog(spec.storage.durable, spec.run_id, "supervisor", attempt=attempt)
-    recovery = Recovery(events, workdir, inp, attempt, execution) \
+    recovery = Recovery(events, workdir, inp, attempt, execution, cache_dir=os.path.join(
+        fast_tier.cache_dir(spec.storage.fast, spec.run_id), "events")) \
         if attempt > 1 or inp.after_fault else None
     lead = inp.gang is None or inp.gang.node_rank == 0  # a gang's node 0 speaks for it
     if lead:
@@ -210,7 +211,7 @@ def _supervise_segment(spec: RunSpec, inp: TrainSegmentInput, workdir: str,
     args = ["--spec", spec_file, "--dataset", inp.dataset_uri, "--to-step", str(inp.to_step),
             "--workdir", workdir, "--attempt", str(attempt),
             "--fast-dir", fast_tier.store_dir(spec.storage.fast, spec.run_id),
-            "--dataset-cache", fast_tier.dataset_cache_dir(spec.storage.fast, spec.run_id),
+            "--cache-dir", fast_tier.cache_dir(spec.storage.fast, spec.run_id),
             "--lr-windows-file", windows_file, "--max-rollbacks", str(inp.max_rollbacks),
             "--micro-split", str(inp.micro_split),
             "--checkpoint-every", str(inp.checkpoint_every)]

@@ -131,11 +131,17 @@ def span_event_attributes(event: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def read_events(durable_url: str, run_id: str, kinds: tuple[str, ...] = ()) -> list[dict]:
+def read_events(durable_url: str, run_id: str, kinds: tuple[str, ...] = (),
+                cache_dir: str | None = None) -> list[dict]:
     """Merged, deduplicated, ordered events of a run (the same answer whatever the listing
-    order: of repeated event_ids the earliest (ts, writer) copy wins; order is (ts, event_id))."""
+    order: of repeated event_ids the earliest (ts, writer) copy wins; order is (ts, event_id)).
+
+    One listing, then the batches fetched concurrently (a run's log holds thousands: one
+    GET after another cost a restart seconds, issue 16). With `cache_dir` (a trainer
+    machine's fast tier) each batch is fetched once: batches are immutable, so a copy kept
+    there is read instead next time."""
     fs, root = resolve(durable_url)
-    events = merge(_load(fs, p, run_id) for p in _batches(fs, events_root(root, run_id)))
+    events = merge(_load_many(fs, _batches(fs, events_root(root, run_id)), run_id, cache_dir))
     return [e for e in events if not kinds or e["kind"] in kinds]
 
 
@@ -164,7 +170,7 @@ def follow(durable_url: str, run_id: str, *, poll_s: float = 1.0,
     while True:
         fresh = [p for p in _batches(fs, directory) if p not in seen_paths]
         seen_paths.update(fresh)
-        for event in merge(_load(fs, p, run_id) for p in fresh):
+        for event in merge(_load_many(fs, fresh, run_id)):
             if event["event_id"] not in seen_ids:
                 seen_ids.add(event["event_id"])
                 yield event
@@ -190,12 +196,72 @@ def _batches(fs, directory: str) -> list[str]:
 DAMAGED = "event_log_damaged"
 
 
+def _load_many(fs, paths: list[str], run_id: str = "",
+               cache_dir: str | None = None) -> Iterator[list[dict]]:
+    """Each batch's events (`_events`), fetched concurrently, through `cache_dir` if given."""
+    kept = {p: _read_local(cache_dir, p) for p in paths} if cache_dir else {}
+    fetched = _fetch(fs, [p for p in paths if kept.get(p) is None])
+    for path in paths:
+        data = kept.get(path)
+        if data is None:
+            data = fetched.get(path)
+            if data is None:
+                continue  # listed, then gone (never, for an append-only log; a test's rm)
+            if cache_dir:
+                _keep_local(cache_dir, path, data)
+        yield _events(fs, path, data, run_id)
+
+
+def _fetch(fs, paths: list[str]) -> dict[str, bytes]:
+    if not paths:
+        return {}
+    try:
+        got = fs.cat(paths, on_error="return")
+    except storage_errors() as exc:
+        raise StorageUnavailable(paths[0], repr(exc)) from exc
+    out: dict[str, bytes] = {}
+    for path, data in got.items():
+        if isinstance(data, FileNotFoundError):
+            continue
+        if isinstance(data, BaseException):
+            if is_unavailable(data):
+                raise StorageUnavailable(path, repr(data)) from data
+            raise data
+        out[fs._strip_protocol(path)] = data
+    return {p: out[fs._strip_protocol(p)] for p in paths if fs._strip_protocol(p) in out}
+
+
+def _read_local(cache_dir: str, path: str) -> bytes | None:
+    try:
+        with open(os.path.join(cache_dir, os.path.basename(path)), "rb") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _keep_local(cache_dir: str, path: str, data: bytes) -> None:
+    """Best effort, whole or absent (a temporary name, then a rename)."""
+    final = os.path.join(cache_dir, os.path.basename(path))
+    tmp = f"{final}.{os.getpid()}.tmp"
+    try:
+        os.makedirs(cache_dir, exist_ok=True)
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, final)
+    except OSError as exc:
+        log.warning("event_cache_skipped", dir=cache_dir, error=repr(exc)[:200])
+
+
 def _load(fs, path: str, run_id: str = "") -> list[dict]:
     """A batch's well-formed events, plus one `event_log_damaged` event if any line was not."""
     try:
         data = fs.cat_file(path)
     except FileNotFoundError:
         return []
+    return _events(fs, path, data, run_id)
+
+
+def _events(fs, path: str, data: bytes, run_id: str) -> list[dict]:
     events, bad = _parse(data, path)
     if not bad:
         return events

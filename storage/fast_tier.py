@@ -3,8 +3,8 @@
 Layout under `storage.fast`: `<run_id>/ckpt/step-…/` (the run's fast-tier store, shared
 by all its segments on this machine, so the writer's cleanup — keep the newest durable
 copy and what is still uploading — spans segments), `<run_id>/segments/<lo>-<hi>/` (each
-segment's progress file, logs, result), `<run_id>/dataset/` (verified copies of the dataset's shards, so a restart here does not
-fetch them again), `<run_id>/fast.json` (which durable store the run
+segment's progress file, logs, result), `<run_id>/cache/` (verified copies of the dataset's shards and the event log's batches, so
+a restart here does not fetch them again), `<run_id>/fast.json` (which durable store the run
 commits to) and `<run_id>/.lease` (held with flock while an activity of the run uses it).
 
 Issue 11: each segment had its own store and nothing removed a finished segment's
@@ -49,11 +49,12 @@ def store_dir(fast_root: str, run_id: str) -> str:
     return os.path.join(run_dir(fast_root, run_id), "ckpt")
 
 
-def dataset_cache_dir(fast_root: str, run_id: str) -> str:
-    """Verified copies of the run's dataset shards on this machine, by sha256
-    (`trainer.segment --dataset-cache`, storage/dataset.py read_array); they go with the
-    run's directory."""
-    return os.path.join(run_dir(fast_root, run_id), "dataset")
+def cache_dir(fast_root: str, run_id: str) -> str:
+    """Local copies of what a restart would otherwise fetch from the durable tier again
+    (`trainer.segment --cache-dir`): `dataset/` (verified shards by sha256, storage/dataset.py
+    read_array) and `events/` (the event log's immutable batches, storage/events.py
+    read_events). They go with the run's directory."""
+    return os.path.join(run_dir(fast_root, run_id), "cache")
 
 
 def fast_steps_to_delete(fast: list[int], durable: list[int]) -> list[int]:

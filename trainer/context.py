@@ -21,7 +21,7 @@ from common.procs import stop_requested
 from common.protocol import OperatorRollback, ProgressLine, StepLine, launch_tag
 from spec import RunSpec
 from storage.checkpoints import CheckpointStore
-from storage.events import EventLog
+from storage.events import EventLog, read_events
 from trainer.tracing import StepWindows
 
 if TYPE_CHECKING:
@@ -37,7 +37,8 @@ class SegmentArgs:
     to_step: int  # train until this global step
     workdir: str  # local directory for progress and results
     fast_dir: str | None = None  # the run's fast-tier store on this machine (default: WORKDIR/ckpt)
-    dataset_cache: str | None = None  # local copies of the dataset's shards (None: none kept)
+    # local copies of the dataset's shards and the event log's batches (None: none kept)
+    cache_dir: str | None = None
     attempt: int = 1  # the activity attempt (for events)
     restart: int = 0  # its restarts in place so far (activities/training.py)
     lr_windows: tuple[tuple[float, float, float], ...] = ()  # [start, end, factor]
@@ -54,6 +55,10 @@ class SegmentArgs:
     def launch(self) -> str:
         """This launch in event ids: `attempt`, or `attempt.restart` (common/protocol.py)."""
         return launch_tag(self.attempt, self.restart)
+
+    def cache(self, what: str) -> str | None:
+        """The local cache of `what` ("dataset", "events") under --cache-dir, if any."""
+        return os.path.join(self.cache_dir, what) if self.cache_dir else None
 
 
 class Progress:
@@ -156,6 +161,11 @@ class SegmentContext:
     def barrier(self) -> None:
         if self.world > 1:
             dist.barrier()
+
+    def read_events(self, kinds: tuple[str, ...]) -> list[dict]:
+        """The run's events of `kinds`, read on rank 0 through the local cache, broadcast."""
+        return self.from_rank0(lambda: read_events(self.spec.storage.durable, self.spec.run_id,
+                                                   kinds, cache_dir=self.args.cache("events")))
 
     def from_rank0(self, read: Callable[[], Any]) -> Any:
         """`read()` on rank 0 (storage reads, once per job), broadcast to every rank."""

@@ -25,7 +25,6 @@ import structlog
 
 from common.errors import Diverged
 from common.protocol import SegmentOutcome
-from storage.events import read_events
 from trainer import tracing
 from trainer.checkpointing import rollback_to
 from trainer.context import SegmentContext
@@ -164,8 +163,7 @@ def recorded_skip_ranges(ctx: SegmentContext) -> list[tuple[int, int]]:
     (rollback budget spent) or dies before its next commit would replay the bad data. The
     restored TrainState is merged with these, read by rank 0 and broadcast.
     """
-    events = ctx.from_rank0(lambda: read_events(ctx.spec.storage.durable, ctx.spec.run_id,
-                                                kinds=("rollback",)))
+    events = ctx.read_events(("rollback",))
     return [(int(e["payload"]["skip"][0]), int(e["payload"]["skip"][1]))
             for e in events if e["payload"].get("skip")]
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import structlog
 
 from common.protocol import OperatorRollback
-from storage.events import read_events
 from trainer.context import SegmentContext
 from trainer.data import cursor_after
 from trainer.spikes import merge_ranges
@@ -21,9 +20,8 @@ def pending(ctx: SegmentContext, rollback: OperatorRollback | None) -> OperatorR
     an earlier attempt of this segment applied it already (its event is in the log)."""
     if rollback is None:
         return None
-    done = ctx.from_rank0(lambda: any(
-        e["event_id"] == rollback.event_id for e in read_events(
-            ctx.spec.storage.durable, ctx.spec.run_id, kinds=("rollback", "rollback_refused"))))
+    done = any(e["event_id"] == rollback.event_id
+               for e in ctx.read_events(("rollback", "rollback_refused")))
     return None if done else rollback
 
 

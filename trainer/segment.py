@@ -229,7 +229,7 @@ def run_segment(args: SegmentArgs, rank: int, world: int) -> None:
         manifest = load_manifest(args.dataset)
         model = GPT(spec.model, manifest.vocab_size, seed=spec.seed)
         engine = build_engine(spec, model, args.micro_split)
-    source = make_batches(spec, args.dataset, rank, world, args.dataset_cache)
+    source = make_batches(spec, args.dataset, rank, world, args.cache("dataset"))
     meter = make_meter(spec, model, manifest.vocab_size, torch.device(engine.device), world)
 
     rollback = operator_rollback.pending(ctx, args.rollback)  # applied once per command id
@@ -279,7 +279,7 @@ def run_segment(args: SegmentArgs, rank: int, world: int) -> None:
     lr = LRSchedule(spec.train, args.lr_windows, one_shot=faults.lr_windows())
     outcome = SegmentOutcome()
     spikes = SpikeGuard(ctx, engine, outcome, args.max_rollbacks)
-    evals = OnlineEval(ctx, engine, make_val(spec, args.dataset, args.dataset_cache), spikes,
+    evals = OnlineEval(ctx, engine, make_val(spec, args.dataset, args.cache("dataset")), spikes,
                        outcome)
     state = train(ctx, engine, batches, state, lr, meter, spikes, evals, faults)
     ctx.windows.close()
@@ -362,9 +362,10 @@ def parse_args(argv: list[str] | None = None) -> SegmentArgs:
     p.add_argument("--fast-dir", default=None,
                    help="the run's fast-tier checkpoint store on this machine (default: "
                         "WORKDIR/ckpt); shared by the run's segments")
-    p.add_argument("--dataset-cache", default=None,
-                   help="keep verified copies of the dataset's shards in this local directory "
-                        "and read them from there (default: fetch every launch)")
+    p.add_argument("--cache-dir", default=None,
+                   help="keep verified copies of the dataset's shards and the event log's "
+                        "batches in this local directory and read them from there (default: "
+                        "fetch them every launch)")
     p.add_argument("--attempt", type=int, default=1, help="activity attempt (for events)")
     p.add_argument("--restart", type=int, default=0,
                    help="the attempt's restarts in place so far (for events)")
@@ -397,7 +398,7 @@ def parse_args(argv: list[str] | None = None) -> SegmentArgs:
         with open(ns.lr_windows_file) as f:
             windows = json.load(f)
     return SegmentArgs(spec=ns.spec, dataset=ns.dataset, to_step=ns.to_step, workdir=ns.workdir,
-                       fast_dir=ns.fast_dir, dataset_cache=ns.dataset_cache,
+                       fast_dir=ns.fast_dir, cache_dir=ns.cache_dir,
                        attempt=ns.attempt, restart=ns.restart,
                        lr_windows=tuple(tuple(w) for w in windows), rollback=ns.rollback,
                        max_rollbacks=ns.max_rollbacks, micro_split=ns.micro_split,

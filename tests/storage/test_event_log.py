@@ -54,7 +54,8 @@ def spawn(code: str, *args: str, **kw) -> subprocess.Popen:
                             env={**os.environ, "PYTHONPATH": os.getcwd()}, **kw)
 
 
-def test_two_writer_processes_with_retries_merge_without_duplicates_in_a_stable_order(url):
+def test_two_writer_processes_with_retries_merge_without_duplicates_in_a_stable_order(
+        url, tmp_path):
     n = 40
     procs = [spawn(WRITER, url, name, str(n)) for name in ("alpha", "beta")]
     assert [p.wait(timeout=120) for p in procs] == [0, 0]
@@ -74,6 +75,31 @@ def test_two_writer_processes_with_retries_merge_without_duplicates_in_a_stable_
         random.Random(seed).shuffle(batches)
         assert merge(batches) == events
     assert read_events(url, "r") == events
+    cache = str(tmp_path / "cache")
+    assert read_events(url, "r", cache_dir=cache) == events  # fetched, and kept
+    assert sorted(os.listdir(cache)) == sorted(os.path.basename(p)
+                                               for p in _batches(fs, f"{root}/runs/r/events"))
+    assert read_events(url, "r", cache_dir=cache) == events  # read back from the copies
+
+
+def test_a_cached_batch_is_read_from_the_cache_and_a_new_one_from_the_store(url, tmp_path):
+    log = EventLog(url, "r", "w")
+    log.emit("tick", event_id="a", n=1)
+    log.flush()
+    cache = str(tmp_path / "cache")
+    assert [e["payload"]["n"] for e in read_events(url, "r", cache_dir=cache)] == [1]
+    (name,) = os.listdir(cache)
+    # batches are immutable: the cached copy is what a reader gets, whatever the store says
+    # (here a copy edited by hand stands for it, to prove which one was read)
+    with open(os.path.join(cache, name), "rb") as f:
+        kept = f.read()
+    with open(os.path.join(cache, name), "wb") as f:
+        f.write(kept.replace(b'"n": 1', b'"n": 7'))
+    log.emit("tick", event_id="b", n=2)
+    log.flush()
+    assert [e["payload"]["n"] for e in read_events(url, "r", cache_dir=cache)] == [7, 2]
+    assert [e["payload"]["n"] for e in read_events(url, "r")] == [1, 2]
+    assert len(os.listdir(cache)) == 2
 
 
 def test_a_sigkilled_writer_loses_only_its_unflushed_batch(url):
