@@ -18,6 +18,7 @@ event log and the run's stored spans (storage/spans.py), through ops/goodput.fro
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import math
 import os
@@ -29,6 +30,16 @@ import structlog
 from common.errors import BadConfig, StorageUnavailable
 from common.redact import redact, redact_value
 from ops.goodput import from_record
+from ops.report_map import (
+    accelerators,
+    dataset_stats,
+    hour_price,
+    priced,
+    stored_spec,
+    training_map,
+    trials_of,
+)
+from ops.report_map_render import TrainingMap, map_html, plot_map
 from ops.report_render import LossSeries, Window, fmt, plot_losses, render_html
 
 log = structlog.get_logger(__name__)
@@ -253,6 +264,13 @@ def list_runs(durable_url: str, limit: int = 20) -> list[str]:
         return []
 
 
+def exit_code(exc: BaseException) -> int:
+    """Pure: a read command's exit code for `exc` — 1 when the run is not there or its store
+    cannot be reached (like `mainspring run status` of an unknown run), 2 for bad arguments."""
+    return 1 if isinstance(exc, StorageUnavailable) or getattr(exc, "field", "") == "run_id" \
+        else 2
+
+
 def missing_run(durable_url: str, run_id: str) -> BadConfig:
     """The error for a run with no event log: where we looked, what is there, how to list."""
     from storage.fs import normalize_url
@@ -270,8 +288,10 @@ def missing_run(durable_url: str, run_id: str) -> BadConfig:
                      "(its spec's storage.durable)")
 
 
-def build_report(durable_url: str, run_id: str, out_dir: str) -> dict[str, str]:
-    """Write loss.png and report.html for `run_id` into out_dir; return their paths."""
+def build_report(durable_url: str, run_id: str, out_dir: str, *,
+                 price: float | None = None) -> dict[str, str]:
+    """Write loss.png, training_map.png and report.html for `run_id` into out_dir; return
+    their paths. `price` per accelerator-hour overrides the spec's ops.accelerator_hour_price."""
     from storage.events import read_events
     from storage.fs import normalize_url
     from storage.spans import read_spans
@@ -281,11 +301,23 @@ def build_report(durable_url: str, run_id: str, out_dir: str) -> dict[str, str]:
     events = redact_value(read_events(durable_url, run_id))
     if not events:
         raise missing_run(durable_url, run_id)
+    spec = stored_spec(durable_url, run_id)
+    hourly = hour_price(spec, price)  # a bad price is refused before anything is written
+    spans = read_spans(durable_url, run_id)
     out_dir = os.path.abspath(out_dir)
     os.makedirs(out_dir, exist_ok=True)
     series, vals = loss_series(events), val_series(events)
     png = os.path.join(out_dir, "loss.png")
     plot_losses(png, run_id, series, vals, ordered(events))
+    tmap = training_map_of(durable_url, run_id, events, spans, spec, hourly)
+    map_png = os.path.join(out_dir, "training_map.png")
+    problems = plot_map(map_png, run_id, tmap, series, vals, ordered(events))
+    if problems:  # legible is the point of the picture: say so where someone will look
+        log.warning("training_map_hard_to_read", run_id=run_id, problems=problems[:5])
+    goodput = goodput_section(events, spans)
+    goodput["time"] = priced(goodput["time"], tmap.accelerators, hourly)
+    with open(map_png, "rb") as f:
+        map_b64 = base64.b64encode(f.read()).decode("ascii")
     page = os.path.join(out_dir, "report.html")
     with open(page, "w", encoding="utf-8") as f:
         f.write(render_html(
@@ -293,10 +325,29 @@ def build_report(durable_url: str, run_id: str, out_dir: str) -> dict[str, str]:
             summary=summary(events, series, vals), timeline=timeline(events),
             faults=fault_rows(events), recoveries=recovery_rows(events),
             rollbacks=rollback_rows(events), checkpoints=checkpoint_rows(events),
-            goodput=goodput_section(events, read_spans(durable_url, run_id))))
-    log.info("report_written", run_id=run_id, png=png, html=page, events=len(events),
-             windows=len(series.current))
-    return {"png": png, "html": page}
+            goodput=goodput, training_map=map_html(tmap, map_b64, run_id)))
+    log.info("report_written", run_id=run_id, png=png, map=map_png, html=page,
+             events=len(events), windows=len(series.current))
+    return {"png": png, "map": map_png, "html": page}
+
+
+def training_map_of(durable_url: str, run_id: str, events: list[dict], spans: list[dict],
+                    spec: dict | None, price: float) -> TrainingMap:
+    """The map's records gathered from the store: the dataset manifest's stats and each
+    sweep trial's loss curve (its own event log), with the accelerators of the spec."""
+    from storage.events import read_events
+
+    stats, source = dataset_stats(durable_url, events)
+    curves = {}
+    for e in events:
+        rid = e["payload"].get("trial_run_id") if e["kind"] == "sweep_trial" else None
+        if rid:
+            windows = loss_series(redact_value(read_events(durable_url, str(rid)))).current
+            curves[str(rid)] = [(w.last, w.mean) for w in windows if w.mean is not None]
+    count, count_from = accelerators(spec, spans)
+    return training_map(events, from_record(events, spans), stats=stats, stats_source=source,
+                        trials=trials_of(events, curves), accelerators=count,
+                        accelerators_from=count_from, price=price)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -306,19 +357,22 @@ def cmd_report(args: argparse.Namespace) -> int:
     telemetry.configure_logging(os.environ.get("MAINSPRING_LOG_LEVEL", "warning"))
     out = args.out or os.path.join(".mainspring", "reports", args.run_id)
     try:
-        paths = build_report(args.durable, args.run_id, out)
+        paths = build_report(args.durable, args.run_id, out, price=args.price)
     except (BadConfig, StorageUnavailable) as exc:
         print(f"mainspring report: {exc}", file=sys.stderr)
-        return 2
+        return exit_code(exc)
     print(json.dumps({"run_id": args.run_id, **paths}))
     return 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    """Add `report RUN_ID [--durable URL] [--out DIR]` to the CLI's subcommands."""
+    """Add `report RUN_ID [--durable URL] [--out DIR] [--price P]` to the CLI's subcommands."""
     p = sub.add_parser("report", help="loss curve PNG + HTML of a run, from its event log")
     p.add_argument("run_id")
     p.add_argument("--durable", default=".mainspring/store", help="durable storage URL")
     p.add_argument("--out", default="",
                    help="output directory (default .mainspring/reports/RUN_ID)")
+    p.add_argument("--price", type=float, default=None,
+                   help="price of one accelerator-hour (default: the run spec's "
+                        "ops.accelerator_hour_price; 0: unpriced)")
     p.set_defaults(fn=cmd_report)

@@ -87,7 +87,7 @@ def plot_losses(path: str, run_id: str, series: LossSeries, vals: list[tuple[int
 
     fig, ax = plt.subplots(figsize=(13, 5.5), dpi=110)
     try:
-        _draw(ax, series, vals, events)
+        draw_losses(ax, series, vals, events)
         ax.set(title=f"{run_id}: loss", xlabel="optimizer step", ylabel="loss (nats/token)")
         ax.grid(alpha=0.3)
         handles, labels = ax.get_legend_handles_labels()
@@ -101,7 +101,9 @@ def plot_losses(path: str, run_id: str, series: LossSeries, vals: list[tuple[int
         plt.close(fig)
 
 
-def _draw(ax, series: LossSeries, vals: list[tuple[int, float]], events: list[dict]) -> None:
+def draw_losses(ax, series: LossSeries, vals: list[tuple[int, float]], events: list[dict]
+                ) -> None:
+    """The loss curves and every decision's mark on `ax` (loss.png and the training map)."""
     cur = series.current
     if cur:
         x = [w.last for w in cur]
@@ -151,7 +153,10 @@ STYLE = """body{font:14px/1.4 system-ui,sans-serif;margin:2em;max-width:1200px;c
 table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:3px 8px;
 text-align:left;vertical-align:top}th{background:#f2f2f2}tr.rollback,tr.fault{background:#fff3e0}
 tr.needs_attention{background:#fde0e0}tr.recovered{background:#e8f5e9}img{max-width:100%}
-code{font-size:12px}"""
+code{font-size:12px}.map{display:flex;align-items:stretch;gap:0;margin:1em 0}
+.stage{flex:1;border:1px solid #888;border-radius:6px;padding:4px 8px;font-size:12px}
+.stage h3{margin:.2em 0;font-size:14px}.stage ul{padding-left:1.1em;margin:.3em 0}
+.stage .cost{color:#444;margin:.2em 0}.arrow{align-self:center;font-size:24px;padding:0 4px}"""
 
 
 def when(ts: float) -> str:
@@ -212,9 +217,12 @@ def goodput_html(goodput: dict | None) -> str:
             "and so goodput, unknown; the table itemises only what the event log says</em></p>")
     rows = "".join(f"<tr><th>{html.escape(title)}</th><td>{cell(figures.get(k))}</td></tr>"
                    for k, title in GOODPUT_ROWS)
+    time_columns = [("cause", "productive / badput cause"), ("seconds", "seconds"),
+                    ("percent", "% of wall")]
+    if goodput["time"] and "accel_h" in goodput["time"][0]:  # priced by the training map
+        time_columns += [("accel_h", "accelerator-hours"), ("cost", "cost")]
     return (f"{note}<table>{rows}</table><h3>Where the run's wall time went</h3>"
-            + table(goodput["time"], [("cause", "productive / badput cause"),
-                                      ("seconds", "seconds"), ("percent", "% of wall")])
+            + table(goodput["time"], time_columns)
             + "<h3>MTTR per fault kind (real faults)</h3>"
             + table(goodput["faults"], [
                 ("kind", "kind"), ("count", "faults"), ("recovered", "recovered"),
@@ -224,9 +232,11 @@ def goodput_html(goodput: dict | None) -> str:
 
 def render_html(*, run_id: str, store: str, png_path: str, summary: dict, timeline: list[dict],
                 faults: list[dict], recoveries: list[dict], rollbacks: list[dict],
-                checkpoints: list[dict], goodput: dict | None = None) -> str:
+                checkpoints: list[dict], goodput: dict | None = None,
+                training_map: str = "") -> str:
     """One self-contained page: the PNG inline (base64), every value escaped. `goodput`:
-    ops/report.goodput_section's rows."""
+    ops/report.goodput_section's rows; `training_map`: the map's section, rendered and
+    escaped already (ops/report_map_render.map_html), first on the page."""
     with open(png_path, "rb") as f:
         png = base64.b64encode(f.read()).decode("ascii")
     faults = [{**r, "handled_by": " ".join(r["handled_by"])} for r in faults]
@@ -259,5 +269,6 @@ def render_html(*, run_id: str, store: str, png_path: str, summary: dict, timeli
     return (f"<!doctype html><html><head><meta charset=\"utf-8\"><title>mainspring report: {rid}"
             f"</title><style>{STYLE}</style></head><body><h1>Run {rid}</h1>"
             f"<p>From the event log at <code>{where}</code>, generated {when(time.time())}.</p>"
-            f"<img alt=\"loss curve of {rid}\" src=\"data:image/png;base64,{png}\">"
+            + (f"<h2>Training map</h2>{training_map}<h2>Loss</h2>" if training_map else "")
+            + f"<img alt=\"loss curve of {rid}\" src=\"data:image/png;base64,{png}\">"
             f"<h2>Summary</h2><table>{summary_rows}</table>{body}</body></html>\n")

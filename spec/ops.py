@@ -5,6 +5,7 @@ run's spans go (common/telemetry.py). Stdlib only; re-exported by spec."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -26,7 +27,7 @@ class OpsConfig:
         "repeat_failure_limit": 3, "hang_floor_s": 60.0, "hang_step_factor": 10.0,
         "startup_timeout_s": "auto", "startup_floor_s": 600.0, "checkpoint_mb_per_s": 50.0,
         "node_wait_s": 300.0, "node_failure_limit": 2, "mtbf_s": 21600.0,
-        "mtbf_prior_faults": 3}
+        "mtbf_prior_faults": 3, "accelerator_hour_price": 0.0}
 
     # >= 1 s: Temporal reads a timeout that rounds to 0 as "none" and refuses the activity
     heartbeat_timeout_s: float = num(30.0, 1, DAY)
@@ -77,6 +78,10 @@ class OpsConfig:
     # per 2.8 h); a smaller job sees fewer, and its own faults soon replace the guess.
     mtbf_s: float = num(21600.0, 1, 365 * DAY)
     mtbf_prior_faults: int = num(3, 1, 1000)
+    # What one accelerator (GPU) costs for one hour, in the currency the report shows it in:
+    # `mainspring report` prices the run's accelerator-hours (wall time x world size) at
+    # this rate (your contract's). 0: unpriced, the report shows accelerator-hours only.
+    accelerator_hour_price: float = num(0.0, 0, 10**6)
 
     def __post_init__(self) -> None:
         _positive(self, "heartbeat_timeout_s", "segment_budget_s",
@@ -86,3 +91,8 @@ class OpsConfig:
             value = getattr(self, name)
             _require(value == "auto" or value > 0, name, f"must be > 0, got {value!r}",
                      f'set {name} to "auto" or a positive number of seconds')
+        price = self.accelerator_hour_price
+        _require(isinstance(price, (int, float)) and math.isfinite(price) and price >= 0,
+                 "accelerator_hour_price", f"must be a finite price >= 0, got {price!r}",
+                 "set ops.accelerator_hour_price to what one accelerator costs per hour "
+                 "(e.g. 2.5), or 0 to leave the report's costs unpriced")

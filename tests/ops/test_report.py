@@ -188,7 +188,7 @@ def test_missing_run_names_the_run_the_store_and_how_to_list_runs(url, tmp_path)
     assert "'no-such-run'" in text and f"file://{url}/runs/no-such-run/events" in text
     assert f"runs with an event log there: {RUN}" in text and f"`ls {url}/runs/`" in text
     done = report_cli("no-such-run", "--durable", url, "--out", str(tmp_path / "out"))
-    assert done.returncode == 2 and done.stdout == ""
+    assert done.returncode == 1 and done.stdout == ""
     assert "mainspring report: run_id: no events for run 'no-such-run'" in done.stderr
     assert "Traceback" not in done.stderr
     assert not (tmp_path / "out").exists()
@@ -198,6 +198,7 @@ def test_cli_prints_the_paths_as_one_json_line(url, tmp_path):
     done = report_cli(RUN, "--durable", url, "--out", str(tmp_path / "o"))
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {"run_id": RUN, "png": str(tmp_path / "o" / "loss.png"),
+                                       "map": str(tmp_path / "o" / "training_map.png"),
                                        "html": str(tmp_path / "o" / "report.html")}
 
 
