@@ -150,9 +150,14 @@ class Timeout:
 class HangWatch:
     """The progress seen so far, and the timeout it implies (`current`, `overdue`)."""
 
-    def __init__(self, limits: HangLimits, started: float) -> None:
+    def __init__(self, limits: HangLimits, started: float,
+                 times: deque[float] | None = None) -> None:
+        """`times`: the step times of the attempt's earlier launches (a restart in place:
+        activities/training.py), carried on; a launch's first step (its warm-up) joins
+        them only while there is nothing else to measure by."""
         self.limits, self.started, self.last_at = limits, started, started
-        self.times: deque[float] = deque(maxlen=STEP_WINDOW)
+        self.times: deque[float] = times if times is not None else deque(maxlen=STEP_WINDOW)
+        self.first = True  # the next step line is this launch's first
         self.step: StepLine | None = None  # the last step line
         self.evaluated = False  # the last step's eval line came
         self.measured, self.estimated = limits.checkpoint_bytes, 0
@@ -165,8 +170,9 @@ class HangWatch:
         self.last_at = now
         if isinstance(line, StepLine):
             self.step, self.evaluated = line, False
-            t = line.step_time_s
-            if t is not None and math.isfinite(t) and t >= 0:
+            t, first = line.step_time_s, self.first
+            self.first = False
+            if t is not None and math.isfinite(t) and t >= 0 and not (first and self.times):
                 self.times.append(t)
         elif isinstance(line, EvalLine):
             self.evaluated = True

@@ -146,12 +146,14 @@ def supervise(cmd: list[str], *, workdir: str, env: dict[str, str],
               on_failure: Callable[[ChildFailure], None] = lambda _: None,
               draining: Callable[[], str] = lambda: "",
               stop_quiet_s: float | None = None,
-              warm: LaunchRequest | None = None) -> None:
+              warm: LaunchRequest | None = None,
+              step_times: deque[float] | None = None) -> None:
     """Run a child to completion; raise a classified error if it does not succeed.
 
     With `warm` (the same launch as `cmd`) and a standby ready in this worker
     (activities/standby.py), the standby launches it without torchrun's and the ranks'
-    imports; otherwise `cmd` is started.
+    imports; otherwise `cmd` is started. `step_times` (activities/hang.py HangWatch) carries
+    the step times the hang timeout is measured by from an earlier launch of the attempt.
 
     On cancellation, or when `draining()` gives a reason (the worker got SIGTERM,
     activities/drain.py), the child is asked to stop (common/procs.py STOP_FILE: it commits
@@ -186,7 +188,7 @@ def supervise(cmd: list[str], *, workdir: str, env: dict[str, str],
     last_progress_ts, stop_at, lost_rank = time.time(), None, None
     seen_since_stop, steps = False, StepGaps()
     watch = HangWatch(hang if isinstance(hang, HangLimits) else HangLimits.fixed(hang),
-                      started=time.monotonic())
+                      started=time.monotonic(), times=step_times)
     launcher = LauncherLog(log_path)
     try:
         while True:

@@ -17,6 +17,7 @@ import os
 import sys
 import threading
 import time
+from collections import deque
 from typing import Callable
 
 import structlog
@@ -34,8 +35,8 @@ from activities.contracts import (
     TrainSegmentResult,
 )
 from activities.errors import classified
-from activities.hang import HangLimits
-from activities.metrics import MetricsForwarder
+from activities.hang import STEP_WINDOW, HangLimits
+from activities.metrics import MeteredEventLog, MetricsForwarder
 from activities.recovery import FaultRecorder, Recovery, execution_key, prior_repeat
 from activities.supervise import (
     ChildFailure,
@@ -121,7 +122,8 @@ def _train_segment(spec: RunSpec, inp: TrainSegmentInput) -> TrainSegmentResult:
     workdir = segment_workdir(spec, inp.from_step, inp.to_step)
     os.makedirs(workdir, exist_ok=True)
     store = CheckpointStore(spec.storage.durable, spec.run_id)
-    events = EventLog(spec.storage.durable, spec.run_id, "supervisor", attempt=attempt)
+    # its faults and recoveries are also Prometheus series (activities/metrics.py)
+    events = MeteredEventLog(spec.storage.durable, spec.run_id, "supervisor", attempt=attempt)
     recovery = Recovery(events, workdir, inp, attempt, execution, cache_dir=os.path.join(
         fast_tier.cache_dir(spec.storage.fast, spec.run_id), "events")) \
         if attempt > 1 or inp.after_fault else None
@@ -278,6 +280,9 @@ class Launch:
         self.spec, self.inp, self.store, self.workdir = spec, inp, store, workdir
         self.args, self.faults = args, faults
         self.checkpoint_bytes = checkpoint_bytes  # the newest commit's (the hang timeout's)
+        # the hang timeout's step times, carried across restarts in place: a restart's
+        # timeout is not re-learnt from its first, slow steps
+        self.step_times: deque[float] = deque(maxlen=STEP_WINDOW)
 
     def run(self, on_progress: Callable[[ProgressLine], None],
             heartbeat: Callable[[], None]) -> None:
@@ -302,7 +307,8 @@ class Launch:
                   stop_grace_s=spec.ops.stop_grace_s, poll_s=POLL_S,
                   # a gang member that cannot finish a step after a stop has lost its
                   # peers: killed, not left in a collective (workflows/gang.py)
-                  stop_quiet_s=GANG_STOP_QUIET_S if inp.gang else None)
+                  stop_quiet_s=GANG_STOP_QUIET_S if inp.gang else None,
+                  step_times=self.step_times)
 
     def again_in_place(self, exc: BaseException) -> bool:
         """Whether the failure just recorded is answered by launching again here."""

@@ -9,6 +9,7 @@ trainer/segment.py.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
@@ -88,6 +89,29 @@ def on_sigterm(signum: int, frame: object) -> None:
     SIGNALLED.append("SIGTERM (preemption notice)")
 
 
+class Prefetch:
+    """`read()` running in a thread; result() waits for it and returns (or raises) what it
+    did."""
+
+    def __init__(self, kinds: tuple[str, ...], read: Callable[[], list[dict]]) -> None:
+        self.kinds, self._out, self._error = kinds, [], None
+        self._thread = threading.Thread(target=self._run, args=(read,), daemon=True,
+                                        name="mainspring-prefetch")
+        self._thread.start()
+
+    def _run(self, read: Callable[[], list[dict]]) -> None:
+        try:
+            self._out = read()
+        except BaseException as exc:  # noqa: BLE001 — raised again in the reader's thread
+            self._error = exc
+
+    def result(self) -> list[dict]:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._out
+
+
 class SegmentContext:
     """What one segment process knows: arguments, spec, rank, stores, and rank 0's outputs."""
 
@@ -119,6 +143,17 @@ class SegmentContext:
         self.restored: tuple[int, str] | None = None  # (step, tier) of the last restore
         self.corrupt_seen: list[tuple[int, float]] = []  # (step, when) skipped as corrupt
         self.stall_s, self.stalls = 0.0, 0  # the loop's checkpoint pauses: total, count
+        self.snapshots: dict = {}  # step -> trainer/checkpointing.Snapshot, until committed
+        self._prefetched: Prefetch | None = None
+
+    def prefetch_events(self, kinds: tuple[str, ...]) -> None:
+        """Start reading the run's events of `kinds` now, on rank 0 in a thread, for the
+        start-up's reads (read_events): the listing and fetches overlap the process group,
+        engine and dataset set-up instead of following them (issue 16)."""
+        if self.rank == 0:
+            self._prefetched = Prefetch(kinds, lambda: read_events(
+                self.spec.storage.durable, self.spec.run_id, kinds,
+                cache_dir=self.args.cache("events")))
 
     @property
     def checkpoint_every(self) -> int:
@@ -163,9 +198,15 @@ class SegmentContext:
             dist.barrier()
 
     def read_events(self, kinds: tuple[str, ...]) -> list[dict]:
-        """The run's events of `kinds`, read on rank 0 through the local cache, broadcast."""
-        return self.from_rank0(lambda: read_events(self.spec.storage.durable, self.spec.run_id,
-                                                   kinds, cache_dir=self.args.cache("events")))
+        """The run's events of `kinds`, read on rank 0 through the local cache (or taken from
+        the prefetch when it covers them), broadcast."""
+        def read() -> list[dict]:
+            pre = self._prefetched
+            if pre is not None and set(kinds) <= set(pre.kinds):
+                return [e for e in pre.result() if e["kind"] in kinds]
+            return read_events(self.spec.storage.durable, self.spec.run_id, kinds,
+                               cache_dir=self.args.cache("events"))
+        return self.from_rank0(read)
 
     def from_rank0(self, read: Callable[[], Any]) -> Any:
         """`read()` on rank 0 (storage reads, once per job), broadcast to every rank."""

@@ -66,6 +66,7 @@ from trainer.online_eval import OnlineEval
 from trainer.schedule import LRSchedule
 from trainer.spikes import merge_ranges
 from trainer.state import TrainState
+from trainer.step_metrics import StepProbe
 from trainer.throughput import (
     DTYPES,
     Meter,
@@ -88,9 +89,11 @@ def train(ctx: SegmentContext, engine, batches: FaultyBatches, state: TrainState
     the final state (a rollback replaces it with the restored one)."""
     cfg, outcome, every = ctx.spec.train, spikes.outcome, ctx.checkpoint_every
     step_tokens = tokens_per_step(ctx.spec)
+    probe = StepProbe(ctx, engine)  # grad norm, memory, sampled overlap (issue 17)
     while state.step < ctx.target and not outcome.stopped:
         t0 = time.perf_counter()
         step = state.step + 1  # the step being run, 1-based
+        probe.begin(step)
         set_lr(engine, step_lr := lr(step))
         first_cursor = skip_past(state.data_cursor, state.skip_ranges)
         loss_sum = forward_backward(engine, batches, state, step, cfg.grad_accum,
@@ -100,12 +103,14 @@ def train(ctx: SegmentContext, engine, batches: FaultyBatches, state: TrainState
         verdict = spikes.judge(state, step, loss, first_cursor)
         if verdict.action != "ok":  # skip | rollback: this batch's update is vetoed
             veto_next_update(engine)
+        probe.before_update(engine)
         engine.step()  # the update (a no-op when vetoed; DeepSpeed's bookkeeping still runs)
         state.step, state.tokens_seen = step, state.tokens_seen + step_tokens
         ctx.progress.write(StepLine(step=step, loss=finite_or_none(loss), lr=step_lr,
                                     verdict=verdict.action,
                                     **meter.add(step_tokens, time.perf_counter() - t0),
-                                    peak_mem_bytes=peak_memory_bytes(torch.device(engine.device))))
+                                    peak_mem_bytes=peak_memory_bytes(torch.device(engine.device)),
+                                    **probe.fields(step, engine)))
         verdict = spikes.after_step(step, loss, verdict)  # fp16: overflow at the minimum scale
         if verdict.action == "rollback":
             state = spikes.rollback(state, verdict)
@@ -195,6 +200,11 @@ def make_meter(spec: RunSpec, model: GPT, vocab_size: int, device: torch.device,
     return Meter(flops_token=fpt, peak=peak, peak_source=source, devices=world)
 
 
+# what the start-up reads of the run's event log (the skip windows of rollbacks decided
+# after the restored checkpoint, an operator rollback applied already): read in advance
+STARTUP_EVENTS = ("rollback", "rollback_refused")
+
+
 def run_segment(args: SegmentArgs, rank: int, world: int) -> None:
     run_spec = load_spec(args.spec)
     spec = on_nodes(run_spec, args.nnodes)  # fewer nodes: the same global batch (elastic)
@@ -208,8 +218,9 @@ def run_segment(args: SegmentArgs, rank: int, world: int) -> None:
         raise BadConfig("--checkpoint-every", f"must be >= 0, got {args.checkpoint_every}",
                         "pass a positive number of steps, or 0 for the spec's")
     ctx = SegmentContext(args, spec, rank, world, config_hash=run_spec.spec_hash())
-    # (an operator rollback must first uncommit the abandoned trajectory's checkpoints)
-    done = None if args.rollback else finished_manifest(ctx.store, args.to_step)
+    # (an operator rollback must first uncommit the abandoned trajectory's checkpoints; a
+    # restart in place follows a launch that failed before its end: no listing for it)
+    done = None if args.rollback or args.restart else finished_manifest(ctx.store, args.to_step)
     if done is not None:
         if rank == 0:  # idempotent retry: the segment already finished
             write_result(ctx, SegmentResult(
@@ -219,6 +230,7 @@ def run_segment(args: SegmentArgs, rank: int, world: int) -> None:
         log.info("segment_already_done", to_step=args.to_step)
         return
 
+    ctx.prefetch_events(STARTUP_EVENTS)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 0)
                           or max(1, (os.cpu_count() or 1) // world))
     import deepspeed

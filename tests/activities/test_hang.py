@@ -91,6 +91,22 @@ def test_slow_steps_raise_the_hang_timeout_to_k_times_their_p99():
     assert "10 x p99 step 7.500s of 5" in watch.current().how
 
 
+def test_a_restart_in_place_keeps_the_step_times_and_its_slow_first_step_does_not_count():
+    limits = HangLimits(**{**AUTO.__dict__, "floor_s": 1.0})
+    first = fed(limits, [step(n, dt=0.5) for n in range(1, 21)])
+    assert first.current().limit_s == 5.0
+    again = HangWatch(limits, started=30.0, times=first.times)  # the next launch
+    again.seen(step(21, dt=4.0), 31.0)  # its warm-up step: allocations, first collective
+    assert again.current().limit_s == 5.0  # not 10 x 4 s: the window it carried decides
+    again.seen(step(22, dt=0.6), 32.0)
+    assert again.current().limit_s == 6.0 and again.current().steps_measured == 21
+
+
+def test_a_launch_with_nothing_measured_yet_counts_its_first_step():
+    watch = fed(HangLimits(**{**AUTO.__dict__, "floor_s": 1.0}), [step(1, dt=4.0)])
+    assert watch.current().limit_s == 40.0  # the floor alone would call a 2nd slow step hung
+
+
 def test_a_checkpoint_step_a_rollback_and_a_stop_get_the_checkpoint_io_time_on_top():
     limits = HangLimits(**{**AUTO.__dict__, "checkpoint_bytes": 500 * 10**6})  # 20 s of I/O
     assert fed(limits, [step(9)]).current().limit_s == 60.0
