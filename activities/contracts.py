@@ -461,6 +461,11 @@ class ClaimRunInput:
     spec: dict[str, Any]  # recorded in runs/<run_id>/RUN.json for whoever finds the id taken
 
 
+# ---- the root a spec's relative paths are anchored at (spec/paths.py): a local activity
+# of the orchestrator, no input; answers `mainspring worker --spec-root` (ops/worker.py)
+SPEC_ROOT = "spec_root"
+
+
 # ---- pins: an admitted operator rollback's target, kept from retention until applied ----
 PIN_ROLLBACK = "pin_rollback"
 

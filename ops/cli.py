@@ -1,49 +1,26 @@
-"""The `mainspring` command line (DESIGN §6)."""
+"""The `mainspring` command line (DESIGN §6): the parser, `dev`, `worker`, `bench`.
+
+The run commands are in ops/cli_runs.py, `events` in ops/cli_events.py, what they print
+in ops/cli_output.py, and the one-line errors (unknown run, unreachable server: exit 1)
+in ops/cli_errors.py. A bad config exits 2.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import getpass
-import json
+import logging
 import os
 import re
 import signal
-import socket
 import sys
-import time
-from typing import TYPE_CHECKING
+from typing import NoReturn
 
-from activities.contracts import WORKFLOW_TYPE
 from common.errors import BadConfig
 from common.metrics import PORT_ENV, TEMPORAL_PORT_ENV
 from common.procs import NODE_ENV
-
-if TYPE_CHECKING:
-    from spec import RunSpec
-
-
-def _load_spec(args: argparse.Namespace):
-    from spec import RunSpec, deep_merge, dotted_to_nested, preset
-
-    overrides = {}
-    for item in args.set or ():
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise BadConfig(f"--set {item}", "expected KEY=VALUE", "e.g. --set train.total_steps=400")
-        try:
-            overrides[key] = json.loads(value)
-        except ValueError:  # not JSON (JSONDecodeError), or a number json refuses to read
-            overrides[key] = value
-    if args.spec:
-        try:
-            with open(args.spec) as f:
-                raw = json.load(f)
-        except (OSError, ValueError) as exc:  # ValueError: JSONDecodeError, an absurd number
-            raise BadConfig("--spec", f"cannot read {args.spec}: {exc}",
-                            "give a JSON RunSpec file") from None
-        return RunSpec.from_dict(deep_merge(raw, dotted_to_nested(overrides)))
-    return preset(args.preset, **overrides)
+from ops.cli_errors import temporal_command, unreachable
+from ops.client import TemporalUnreachable
 
 
 def cmd_dev(args: argparse.Namespace) -> int:
@@ -81,7 +58,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
                                 args.metrics_port, args.temporal_metrics_port,
                                 drain_timeout_s=args.drain_timeout_s, node=_node(args),
                                 fast_root=os.path.abspath(args.fast_root) if args.fast_root else "",
-                                standby_launcher=not args.no_standby))
+                                standby_launcher=not args.no_standby,
+                                spec_root=args.spec_root))
     finally:
         telemetry.flush()
     return 0
@@ -108,164 +86,6 @@ def _node(args: argparse.Namespace):
                     procs=args.procs, gpus=args.gpus, worker=f"{args.node}-{os.getpid()}")
 
 
-async def _run_start(args: argparse.Namespace) -> int:
-    from common import telemetry
-    from ops.client import localize
-    from storage.runs import check_claim
-
-    spec = localize(_load_spec(args))
-    # the run's own claim refuses it too; saying so here saves starting a doomed workflow
-    check_claim(spec.storage.durable, spec.run_id, spec.spec_hash())
-    # The client's StartWorkflow span is the root of the run's trace: it goes where the
-    # run's own processes send theirs (ops.otlp_endpoint). Logs to stderr, JSON to stdout.
-    telemetry.configure("cli", otlp_endpoint=spec.ops.otlp_endpoint,
-                        log_level=os.environ.get("MAINSPRING_LOG_LEVEL", "warning"))
-    try:
-        return await _start_and_watch(args, spec)
-    finally:
-        # an unreachable collector delays the exit by the exporter's timeout (10 s unless
-        # OTEL_EXPORTER_OTLP_TRACES_TIMEOUT says otherwise); the span file has the span
-        telemetry.flush()
-
-
-async def _start_and_watch(args: argparse.Namespace, spec: RunSpec) -> int:
-    from temporalio.exceptions import WorkflowAlreadyStartedError
-
-    from ops.client import connect, start_run
-    from ops.demo import watch
-
-    client = await connect(args.address, args.namespace)
-    try:
-        handle = await start_run(client, spec)
-    except WorkflowAlreadyStartedError:
-        print(f"mainspring: run {spec.run_id} is running or has completed in Temporal; only a "
-              "failed, aborted or terminated run can be started again (to resume it, with the "
-              "same spec); to start a new run, pick a new run_id", file=sys.stderr)
-        return 1
-    print(json.dumps({"run_id": spec.run_id, "workflow_id": handle.id,
-                      "run": handle.result_run_id}))
-    if args.wait:
-        result = await watch(client, spec.run_id, spec.storage.durable)
-        print(json.dumps(result, default=str))
-    return 0
-
-
-def list_query(stage: str | None, running_only: bool) -> str:
-    """Temporal visibility query for mainspring runs (search attributes, DESIGN §6)."""
-    clauses = [f"WorkflowType = '{WORKFLOW_TYPE}'"]
-    if stage:
-        clauses.append(f"MainspringStage = '{stage}'")
-    if running_only:
-        clauses.append("ExecutionStatus = 'Running'")
-    return " AND ".join(clauses)
-
-
-async def _run_list(args: argparse.Namespace) -> int:
-    from ops.client import connect
-
-    client = await connect(args.address, args.namespace)
-    async for wf in client.list_workflows(list_query(args.stage, args.running), limit=args.limit):
-        attrs = wf.typed_search_attributes
-        row = {"run_id": wf.id, "status": wf.status.name if wf.status else None,
-               "started": wf.start_time.isoformat(timespec="seconds")}
-        for key in ("MainspringStage", "MainspringStep", "MainspringLoss"):
-            value = next((p.value for p in attrs if p.key.name == key), None)
-            row[key.removeprefix("Mainspring").lower()] = value
-        print(json.dumps(row))
-    return 0
-
-
-async def _run_status(args: argparse.Namespace) -> int:
-    from ops.client import connect
-
-    client = await connect(args.address, args.namespace)
-    handle = client.get_workflow_handle(args.run_id)
-    desc = await handle.describe()
-    out = {"run_id": args.run_id, "workflow_status": desc.status.name if desc.status else None}
-    try:
-        out.update(await handle.query("status"))
-    except Exception as exc:  # noqa: BLE001 - a closed run may not answer queries
-        out["query_error"] = str(exc)
-    print(json.dumps(out, default=str, indent=1))
-    return 0
-
-
-def operator_identity() -> str:
-    """Who sent an operator command (recorded in the run's `operator` event)."""
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):  # no passwd entry (some containers)
-        user = os.environ.get("USER", "unknown")
-    return f"{user}@{socket.gethostname()}"
-
-
-def operator_payload(args: argparse.Namespace) -> dict:
-    """The JSON object a TrainingRun operator update/signal takes: the typed command
-    (activities/contracts.py) as sent. Its own fields are checked here (Refused)."""
-    from activities.contracts import Abort, Pause, Resume, Rollback, SetLrScale
-
-    who, note = args.who or operator_identity(), args.note
-    if args.run_command == "rollback":
-        cmd = Rollback(to_step=args.to_step, skip_data=not args.keep_data, who=who, note=note)
-    elif args.run_command == "set-lr":
-        cmd = SetLrScale(scale=args.scale, steps=args.steps, who=who, note=note)
-    else:
-        cmd = {"pause": Pause, "resume": Resume, "abort": Abort}[args.run_command](
-            who=who, note=note)
-    return cmd.to_dict()
-
-
-async def _run_operator(args: argparse.Namespace) -> int:
-    """pause | resume | rollback | set-lr (Temporal updates, validated: a refusal says why)
-    and abort (a signal)."""
-    from temporalio.client import WorkflowUpdateFailedError
-    from temporalio.service import RPCError
-
-    from activities.contracts import Refused
-    from ops.client import connect
-
-    try:
-        payload = operator_payload(args)
-    except Refused as exc:  # the command's own fields: refused before it is sent
-        print(f"mainspring: cannot {args.run_command} {args.run_id}: {exc}", file=sys.stderr)
-        return 1
-
-    client = await connect(args.address, args.namespace)
-    handle = client.get_workflow_handle(args.run_id)
-    name = args.run_command.replace("-", "_").replace("set_lr", "set_lr_scale")
-    try:
-        if name == "abort":
-            await handle.signal("abort", payload)
-            out = {"run_id": args.run_id, "signalled": "abort"}
-        else:
-            out = await handle.execute_update(name, payload)
-    except (WorkflowUpdateFailedError, RPCError) as exc:  # refused / run closed / unknown id
-        cause = getattr(getattr(exc, "cause", None), "message", None) or str(exc)
-        print(f"mainspring: cannot {args.run_command} {args.run_id}: {cause}", file=sys.stderr)
-        return 1
-    print(json.dumps(out, default=str))
-    return 0
-
-
-async def _run_watch(args: argparse.Namespace) -> int:
-    from ops.client import connect
-    from ops.demo import watch
-
-    client = await connect(args.address, args.namespace)
-    status = await client.get_workflow_handle(args.run_id).query("status")
-    print(json.dumps(await watch(client, args.run_id, status["durable"]), default=str))
-    return 0
-
-
-def cmd_events(args: argparse.Namespace) -> int:
-    from storage.events import read_events
-
-    for event in read_events(args.durable, args.run_id, tuple(args.kind or ())):
-        stamp = time.strftime("%H:%M:%S", time.localtime(event["ts"]))
-        print(f"{stamp} step={event['step']} {event['kind']:<20} {json.dumps(event['payload'])}")
-    return 0
-
-
 BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                           "benchmarks")
 
@@ -287,18 +107,26 @@ def benchmark_scripts() -> dict[str, str]:
     return found
 
 
+def benchmark_doc(path: str) -> str:
+    """A benchmark's first line of text (its docstring's or comment's)."""
+    with open(path) as f:
+        return next((ln.strip().strip('"#').strip() for ln in f
+                     if ln.strip().strip('"#').strip() and not ln.startswith("#!")), "")
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
-    """`mainspring bench` lists the benchmarks; `mainspring bench NAME [ARGS]` runs one
-    (each prints one JSON line with its figure and inputs)."""
+    """`mainspring bench [--json]` lists the benchmarks; `mainspring bench NAME [ARGS]` runs
+    one (each prints one JSON line with its figure and inputs)."""
     import subprocess
+
+    from ops.cli_output import json_line
 
     scripts = benchmark_scripts()
     if not args.name:
         for name, path in scripts.items():
-            with open(path) as f:
-                doc = next((ln.strip().strip('"#').strip() for ln in f
-                            if ln.strip().strip('"#').strip() and not ln.startswith("#!")), "")
-            print(f"{name:<18} {doc}")
+            doc = benchmark_doc(path)
+            print(json_line({"name": name, "path": path, "doc": doc}) if args.json
+                  else f"{name:<18} {doc}")
         return 0
     if args.name not in scripts:
         known = ", ".join(scripts) or f"none: no benchmarks/ next to {os.path.dirname(BENCHMARKS)}"
@@ -309,10 +137,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from ops import cli_runs
     from ops.client import default_address
 
-    p = argparse.ArgumentParser(prog="mainspring", description=__doc__)
+    p = argparse.ArgumentParser(prog="mainspring",
+                                description="The mainspring command line (DESIGN §6).")
     sub = p.add_subparsers(dest="command", required=True)
+
+    def json_flag(sp: argparse.ArgumentParser, text: str) -> None:
+        sp.add_argument("--json", action="store_true", help=f"for scripts: {text}")
 
     def temporal_flags(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--address", default=default_address(), help="Temporal frontend host:port")
@@ -343,6 +176,10 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--no-standby", action="store_true",
                         help="trainer role: keep no warm trainer launcher ready (each launch "
                              "then starts torchrun and imports torch anew)")
+    worker.add_argument("--spec-root", default="",
+                        help="orchestrator role: the directory a run spec's relative paths "
+                             "are anchored at (env MAINSPRING_SPEC_ROOT; default: the "
+                             "directory the worker is started in; docs/runspec.md)")
     node = worker.add_argument_group("node (trainer role): multi-node segments, docs/multinode.md")
     node.add_argument("--node", default=os.environ.get(NODE_ENV, ""),
                       help="this node's name: the worker announces itself to the node registry "
@@ -368,23 +205,26 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--set", action="append", help="override, e.g. train.total_steps=400")
     start.add_argument("--wait", action="store_true", help="watch until the run ends")
     temporal_flags(start)
-    start.set_defaults(fn=lambda a: asyncio.run(_run_start(a)))
-    status = run_sub.add_parser("status")
+    start.set_defaults(fn=temporal_command(cli_runs.run_start, interruptible=True))
+    status = run_sub.add_parser("status", help="a run's stage, step, loss and more")
     status.add_argument("run_id")
+    json_flag(status, "the status as one JSON object on one line")
     temporal_flags(status)
-    status.set_defaults(fn=lambda a: asyncio.run(_run_status(a)))
+    status.set_defaults(fn=temporal_command(cli_runs.run_status))
 
     listing = run_sub.add_parser("list", help="runs on this Temporal namespace, newest first")
     listing.add_argument("--stage", help="e.g. needs_attention, paused, train")
     listing.add_argument("--running", action="store_true", help="only runs still running")
     listing.add_argument("--limit", type=int, default=50)
+    json_flag(listing, "one JSON object per run and line")
     temporal_flags(listing)
-    listing.set_defaults(fn=lambda a: asyncio.run(_run_list(a)))
+    listing.set_defaults(fn=temporal_command(cli_runs.run_list))
 
-    watch_p = run_sub.add_parser("watch", help="print a run's progress until it ends")
+    watch_p = run_sub.add_parser("watch", help="show a run's progress until it ends")
     watch_p.add_argument("run_id")
+    json_flag(watch_p, "one JSON object per progress update on stdout, then the result")
     temporal_flags(watch_p)
-    watch_p.set_defaults(fn=lambda a: asyncio.run(_run_watch(a)))
+    watch_p.set_defaults(fn=temporal_command(cli_runs.run_watch, interruptible=True))
 
     operator_help = {
         "pause": "stop the running segment at its next step (with a checkpoint) and wait",
@@ -407,18 +247,17 @@ def build_parser() -> argparse.ArgumentParser:
             op.add_argument("--scale", type=float, required=True, help="factor on the LR")
             op.add_argument("--steps", type=int, default=0, help="for this many steps (0: to the end)")
         temporal_flags(op)
-        op.set_defaults(fn=lambda a: asyncio.run(_run_operator(a)))
+        op.set_defaults(fn=temporal_command(cli_runs.run_operator))
 
     bench = sub.add_parser("bench", help="list the scoreboard benchmarks, or run one")
     bench.add_argument("name", nargs="?", help="e.g. resume_exact (none: list them)")
+    json_flag(bench, "the list as one JSON object per benchmark and line")
     bench.add_argument("args", nargs=argparse.REMAINDER, help="passed to the benchmark")
     bench.set_defaults(fn=cmd_bench)
 
-    events = sub.add_parser("events", help="print a run's event log")
-    events.add_argument("run_id")
-    events.add_argument("--durable", default=".mainspring/store", help="durable storage URL")
-    events.add_argument("--kind", action="append")
-    events.set_defaults(fn=cmd_events)
+    from ops.cli_events import register as register_events
+
+    register_events(sub)  # mainspring events RUN [--kind K]... [--json] [--follow]
 
     from ops.report import register as register_report
 
@@ -432,7 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--json", action="store_true", help="end with one JSON summary line")
     demo.add_argument("--address", default="", help="use this Temporal instead of embedding one")
     demo.add_argument("--state-dir", default=".mainspring")
-    demo.set_defaults(fn=lambda a: asyncio.run(_demo(a)))
+    demo.set_defaults(fn=temporal_command(_demo))
     return p
 
 
@@ -445,12 +284,42 @@ async def _demo(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The `mainspring` command. With argv None it is this process's own command line (the
+    console script, `python -m ops.cli`); callers in-process (tests) pass argv."""
     args = build_parser().parse_args(argv)
+    code = _dispatch(args)
+    if argv is None and getattr(args.fn, "temporal_client", False):
+        exit_now(code)
+    return code
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     try:
         return args.fn(args) or 0
     except BadConfig as exc:
         print(f"mainspring: bad config: {exc}", file=sys.stderr)
         return 2
+    except TemporalUnreachable as exc:  # `worker`: no traceback either
+        print(f"mainspring: {unreachable(exc.address, exc.reason)}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:  # `mainspring run list | head -1`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
+        return 0
+
+
+def exit_now(code: int) -> NoReturn:
+    """Exit without the interpreter's teardown, after a command that was a Temporal client:
+    the SDK's Rust threads may still call into Python while it finalizes, and the process
+    then aborts ("Fatal Python error: PyGILState_Release", exit -6) after a command that
+    worked — about one `run set-lr` in six here (temporalio/sdk-python#300, open). Each
+    command has flushed its spans (telemetry.flush); logs and stdio are flushed here."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a reader that went away, a closed stream
+            pass
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,7 +20,8 @@ from temporalio.service import TLSConfig
 from activities.contracts import ORCHESTRATOR_QUEUE, WORKFLOW_TYPE
 from common.errors import BadConfig
 from spec import RunSpec
-from storage.fs import normalize_url
+from spec.paths import anchor
+from spec.summary import static_details, static_summary
 
 DEFAULT_ADDRESS = "127.0.0.1:7233"
 # Temporal CLI: --id-reuse-policy AllowDuplicateFailedOnly (README, "From the Temporal CLI")
@@ -70,23 +72,63 @@ def _pem(env: Mapping[str, str], names: tuple[str, ...]) -> bytes | None:
                         "point it at a readable PEM file") from None
 
 
+class TemporalUnreachable(RuntimeError):
+    """Nothing answered at `address` (refused, no such host, a TLS handshake that failed):
+    `cause` is the SDK's words, `reason` their gist. A RuntimeError, as the SDK's own is,
+    so callers that wait for a server to come back (benchmarks/harness.py) still catch it."""
+
+    def __init__(self, address: str, cause: str) -> None:
+        self.address, self.cause, self.reason = address, cause, connect_reason(cause)
+        super().__init__(f"cannot reach the Temporal server at {address}: {self.reason}")
+
+
+# The SDK's bridge (temporalio 1.x) reports a failed connection as a bare RuntimeError
+# "Failed client connect: <the Rust error's Debug text>"; there is no typed exception.
+CONNECT_FAILED = "Failed client connect"
+
+
+def connect_reason(cause: str) -> str:
+    """Pure: the gist of a failed connection's Debug text ("Connection refused", "failed to
+    lookup address information: …"), or the text itself, cut at 200 characters."""
+    found = (re.findall(r'(?:message|error): "([^"]+)"', cause)
+             or re.findall(r'ConnectError\("([^"]+)"', cause))
+    text = found[-1] if found else cause.removeprefix(CONNECT_FAILED).lstrip(": ")
+    return " ".join(text.split())[:200]
+
+
 async def connect(address: str = "", namespace: str = "") -> Client:
-    """Connect with tracing. TLS, mTLS, Temporal Cloud: `tls_config` and TEMPORAL_API_KEY."""
+    """Connect with tracing. TLS, mTLS, Temporal Cloud: `tls_config` and TEMPORAL_API_KEY.
+
+    Raises TemporalUnreachable when nothing answers, BadConfig for an address that is no
+    host:port."""
+    address = address or default_address()
     api_key = os.environ.get("TEMPORAL_API_KEY") or None
-    return await Client.connect(address or default_address(),
-                                namespace=namespace or os.environ.get("TEMPORAL_NAMESPACE", "default"),
-                                api_key=api_key, tls=tls_config(),
-                                plugins=[OpenTelemetryPlugin(add_temporal_spans=True)])
+    try:
+        return await Client.connect(address,
+                                    namespace=namespace or os.environ.get("TEMPORAL_NAMESPACE",
+                                                                          "default"),
+                                    api_key=api_key, tls=tls_config(),
+                                    plugins=[OpenTelemetryPlugin(add_temporal_spans=True)])
+    except RuntimeError as exc:
+        if not str(exc).startswith(CONNECT_FAILED):
+            raise
+        raise TemporalUnreachable(address, str(exc)) from exc
+    except ValueError as exc:  # the SDK parses the target before connecting
+        if "invalid target" not in str(exc):
+            raise
+        raise BadConfig("--address", f"{address!r} is not a Temporal frontend address ({exc})",
+                        "give host:port, e.g. 127.0.0.1:7233 (or set TEMPORAL_ADDRESS)") from None
 
 
 def localize(spec: RunSpec) -> RunSpec:
-    """Relative storage paths become absolute, so workers in other directories agree."""
-    return spec.replace(**{"storage.durable": normalize_url(spec.storage.durable),
-                           "storage.fast": os.path.abspath(spec.storage.fast)})
+    """Relative paths (storage, corpus, tokenizer, fault files) become absolute under this
+    directory and `~/` this user's home, so every worker and child agrees (spec/paths.py)."""
+    return anchor(spec, os.getcwd(), home=os.path.expanduser("~"))
 
 
 async def start_run(client: Client, spec: RunSpec) -> WorkflowHandle[Any, Any]:
-    """Start TrainingRun with workflow id = run id and the run-id search attribute.
+    """Start TrainingRun with workflow id = run id, the run-id search attribute and the
+    static summary and details the Web UI lists (spec/summary.py).
 
     A failed, aborted or terminated run can be started again with its id (to resume it,
     with the same spec: storage/runs.py); a running or completed one is refused by Temporal
@@ -96,4 +138,6 @@ async def start_run(client: Client, spec: RunSpec) -> WorkflowHandle[Any, Any]:
         SearchAttributeKey.for_keyword("MainspringRunId"), spec.run_id)])
     return await client.start_workflow(WORKFLOW_TYPE, spec.to_dict(), id=spec.run_id,
                                        task_queue=ORCHESTRATOR_QUEUE, search_attributes=attrs,
-                                       id_reuse_policy=ID_REUSE_POLICY)
+                                       id_reuse_policy=ID_REUSE_POLICY,
+                                       static_summary=static_summary(spec),
+                                       static_details=static_details(spec))

@@ -8,16 +8,23 @@ import json
 import os
 import sys
 import time
+from datetime import timedelta
 from typing import Any
 
 from temporalio.client import WorkflowFailureError
+from temporalio.exceptions import TemporalError
 
+from common.errors import StorageUnavailable
 from common.procs import WorkerFleet
+from ops.cli_output import automatic_rollback, injected, progress_view, recoveries, snapshot
 from ops.client import connect, localize, start_run
 from ops.report import build_report
 from ops.services import TemporalDevServer, free_port, port_free
 from spec import RunSpec, preset
 from storage.events import read_events
+
+# No worker to answer (a restart): show "waiting" after this long rather than hang.
+QUERY_TIMEOUT = timedelta(seconds=10)
 
 
 def summarize(spec: RunSpec, result: dict[str, Any] | None, status: str, wall_s: float) -> dict:
@@ -37,51 +44,25 @@ def summarize(spec: RunSpec, result: dict[str, Any] | None, status: str, wall_s:
             "promoted_checkpoint": result.get("promoted_checkpoint"), "wall_s": round(wall_s, 1)}
 
 
-def injected(event: dict) -> bool:
-    """A fault the spec asked for (a real one, even one it caused, says injected: false)."""
-    return event["kind"] == "fault" and bool(event["payload"].get("injected"))
-
-
-def recoveries(events: list[dict]) -> int:
-    """Automatic recoveries: a retried segment that resumed (`recovered`), a rollback past
-    bad data (`rollback`), a skipped non-finite step (`batch_skipped` of a NaN loss)."""
-    return sum(e["kind"] == "recovered" or automatic_rollback(e)
-               or (e["kind"] == "batch_skipped" and e["payload"].get("reason") == "non_finite_loss")
-               for e in events)
-
-
-def automatic_rollback(event: dict) -> bool:
-    """A rollback the spike guard decided (an operator's carries by=operator)."""
-    return event["kind"] == "rollback" and event["payload"].get("by") != "operator"
-
-
-def _progress_line(status: dict, events: list[dict]) -> str:
-    faults = sum(map(injected, events))
-    recovered = recoveries(events)
-    loss = status.get("train_loss")
-    committed = max((e["step"] for e in events if e["kind"] == "checkpoint_committed"
-                     and e["run_id"] == status.get("run_id")), default=None)
-    return (f"stage={status.get('stage'):<13} step={status.get('step')}/{status.get('total_steps')}"
-            f" committed={committed}"
-            f" loss={loss if loss is None else round(loss, 3)} faults={faults}"
-            f" recovered={recovered} events={len(events)}")
-
-
-async def watch(client, run_id: str, durable: str, out=sys.stderr, every_s: float = 2.0) -> dict:
-    """Print progress until the run ends (across continue-as-new); return its result dict."""
+async def watch(client, run_id: str, durable: str, out=sys.stderr, every_s: float = 2.0,
+                as_json: bool = False) -> dict:
+    """Show progress until the run ends (across continue-as-new); return its result dict.
+    On `out`: a rich step bar when it is a terminal, plain lines when not, JSON lines with
+    `as_json` (ops/cli_output.py). A failed run raises WorkflowFailureError."""
     handle = client.get_workflow_handle(run_id)  # no run id: always the latest run
     task = asyncio.ensure_future(handle.result())
-    last = ""
-    while not task.done():
-        try:
-            line = _progress_line(await handle.query("status"),
-                                  read_events(durable, run_id))
-        except Exception as exc:  # noqa: BLE001 - a query can fail across continue-as-new
-            line = f"(waiting: {type(exc).__name__})"
-        if line != last:
-            print(line, file=out, flush=True)
-            last = line
-        await asyncio.wait([task], timeout=every_s)
+    try:
+        with progress_view(out, as_json) as view:
+            while not task.done():
+                try:
+                    status = await handle.query("status", rpc_timeout=QUERY_TIMEOUT)
+                    view.show(snapshot(status, read_events(durable, run_id)))
+                except (TemporalError, StorageUnavailable) as exc:
+                    view.waiting(type(exc).__name__)  # a query fails across continue-as-new
+                await asyncio.wait([task], timeout=every_s)
+    finally:
+        if not task.done():  # Ctrl-C: stop waiting for the result, not the run
+            task.cancel()
     result = task.result()
     return result if isinstance(result, dict) else result.__dict__
 

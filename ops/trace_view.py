@@ -445,6 +445,7 @@ def no_spans(durable_url: str, run_id: str) -> BadConfig:
 
 def cmd_trace(args: argparse.Namespace) -> int:
     from common.redact import redact, redact_value
+    from ops.report import exit_code
     from storage.spans import read_spans
 
     try:
@@ -454,7 +455,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
             raise no_spans(args.durable, args.run_id)
     except (BadConfig, StorageUnavailable) as exc:
         print(f"mainspring trace: {redact(str(exc))}", file=sys.stderr)
-        return 2
+        return exit_code(exc)
     if args.perfetto:
         path = os.path.abspath(args.perfetto)
         with open(path, "w", encoding="utf-8") as f:
@@ -472,7 +473,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
 def cmd_goodput(args: argparse.Namespace) -> int:
     from common.redact import redact
     from ops.goodput import from_record
-    from ops.report import missing_run
+    from ops.report import exit_code, missing_run
     from storage.events import read_events
     from storage.spans import read_spans
 
@@ -483,7 +484,7 @@ def cmd_goodput(args: argparse.Namespace) -> int:
         spans = read_spans(args.durable, args.run_id)
     except (BadConfig, StorageUnavailable) as exc:
         print(f"mainspring goodput: {redact(str(exc))}", file=sys.stderr)
-        return 2
+        return exit_code(exc)
     result = from_record(events, spans)
     if args.json:
         print(json.dumps(result, default=str))

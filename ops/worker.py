@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import signal
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import structlog
+from temporalio import activity
 from temporalio.worker import Worker
 
 from activities import drain, nodes, server_watch, standby
@@ -20,6 +22,7 @@ from activities.contracts import (
     NODE_REGISTRY_ID,
     NODE_REGISTRY_TYPE,
     ORCHESTRATOR_QUEUE,
+    SPEC_ROOT,
     TRAINER_QUEUE,
     NodeInfo,
 )
@@ -33,6 +36,24 @@ log = structlog.get_logger(__name__)
 
 ROLES = ("orchestrator", "data", "trainer", "all")
 ANNOUNCE_EVERY_S = 5.0  # a node's liveness (contracts.NODE_TTL_S: three missed ones)
+SPEC_ROOT_ENV = "MAINSPRING_SPEC_ROOT"
+# where this orchestrator anchors a spec's relative paths (spec/paths.py): --spec-root, else
+# $MAINSPRING_SPEC_ROOT, else the directory the worker was started in (run_workers)
+_spec_root = os.getcwd()
+
+
+def configure_spec_root(root: str = "") -> str:
+    """Set (and return) the orchestrator's root for relative spec paths, made absolute."""
+    global _spec_root
+    _spec_root = os.path.abspath(root or os.environ.get(SPEC_ROOT_ENV) or os.getcwd())
+    return _spec_root
+
+
+@activity.defn(name=SPEC_ROOT)
+def spec_root_activity() -> str:
+    """The local activity a TrainingRun asks once, when its spec has a relative path: the
+    answer is in the run's history, so every worker and child uses the same place."""
+    return _spec_root
 
 
 def build_workers(client, roles: set[str], trainer_slots: int = 1,
@@ -52,7 +73,7 @@ def build_workers(client, roles: set[str], trainer_slots: int = 1,
         workers.append(Worker(client, task_queue=ORCHESTRATOR_QUEUE,
                               workflows=[TrainingRun, Sweep, NodeRegistry],
                               activities=[record_event, suggest_trials, claim_run, pin_rollback,
-                                          nodes.list_nodes],
+                                          nodes.list_nodes, spec_root_activity],
                               activity_executor=ThreadPoolExecutor(4)))
     if roles & {"data", "all"}:
         workers.append(Worker(client, task_queue=DATA_QUEUE, activities=[prepare_data, promote],
@@ -102,11 +123,13 @@ async def run_workers(roles: set[str], address: str = "", namespace: str = "",
                       trainer_slots: int = 1, metrics_port: int = 0,
                       temporal_metrics_port: int = 0, drain_timeout_s: float = 300.0,
                       node: NodeInfo | None = None, fast_root: str = "",
-                      standby_launcher: bool = True) -> None:
+                      standby_launcher: bool = True, spec_root: str = "") -> None:
     """Run the role's workers until SIGTERM or SIGINT. Then the worker drains
     (activities/drain.py): it stops polling, each running segment commits at its current
     step and fails over with a retryable Preempted at once, and the worker exits when they
-    have (at most `drain_timeout_s`, then they are cancelled)."""
+    have (at most `drain_timeout_s`, then they are cancelled). `spec_root`: where an
+    orchestrator anchors relative spec paths (configure_spec_root)."""
+    configure_spec_root(spec_root)
     # Both before connecting: the Temporal SDK's metrics live in the Runtime the client uses.
     serve_metrics(metrics_port, f"worker-{'-'.join(sorted(roles))}")
     serve_temporal_metrics(temporal_metrics_port)
@@ -122,7 +145,7 @@ async def run_workers(roles: set[str], address: str = "", namespace: str = "",
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    log.info("workers_started", roles=sorted(roles), address=address)
+    log.info("workers_started", roles=sorted(roles), address=address, spec_root=_spec_root)
     tasks = [asyncio.create_task(w.run()) for w in workers]
     if node is not None:  # a drained node stops announcing: no new gang chooses it
         tasks.append(asyncio.create_task(announce(client, stop)))

@@ -172,7 +172,8 @@ def members(nodes: list[NodeInfo], session: str) -> list[GangMember]:
 # ---- in the workflow ------------------------------------------------------------------
 async def list_nodes() -> ListNodesResult:
     return await workflow.execute_local_activity(
-        LIST_NODES, result_type=ListNodesResult, start_to_close_timeout=timedelta(seconds=30))
+        LIST_NODES, result_type=ListNodesResult, start_to_close_timeout=timedelta(seconds=30),
+        summary="list the node registry's nodes")
 
 
 async def pick_nodes(s: RunSpec, c: RunCarry, *, stop: Callable[[], bool],

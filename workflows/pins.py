@@ -23,4 +23,6 @@ async def pin_targets(spec: RunSpec, pin_ids: list[str], to_step: int | None) ->
     await workflow.execute_local_activity(
         PIN_ROLLBACK, PinInput(durable=spec.storage.durable, run_id=spec.run_id,
                                pin_ids=list(pin_ids), to_step=to_step),
-        start_to_close_timeout=timedelta(seconds=60))
+        start_to_close_timeout=timedelta(seconds=60),
+        summary=(f"pin rollback target step {to_step} against retention" if to_step is not None
+                 else f"release {len(pin_ids)} rollback pin(s)"))

@@ -2,6 +2,10 @@
 input, timeouts and retry policy), the Sweep child and the event local activity, one
 function each, so that workflows/training_run.py reads as the run's decisions. Workflow
 code: these schedule work through Temporal and do no I/O of their own.
+
+Each carries a summary (`data prep: …`, `segment 80–160 of 160, …`, `evaluate …`), the
+line the Temporal UI's timeline shows for it; a summary is metadata, not part of what a
+replay compares, so adding one keeps old histories replaying (tests/workflows/test_replay.py).
 """
 
 from __future__ import annotations
@@ -44,16 +48,25 @@ with workflow.unsafe.imports_passed_through():
 
 
 def start_prepare_data(spec: dict[str, Any], s: RunSpec) -> ActivityHandle[PrepareDataResult]:
-    return workflow.start_activity(PREPARE_DATA, PrepareDataInput(spec), task_queue=DATA_QUEUE,
-                                   result_type=PrepareDataResult, **short_options(s))
+    d = s.data
+    dedup = "+".join(k for k, on in (("exact", d.dedup.exact), ("near", d.dedup.near)) if on)
+    tokenizer = d.tokenizer.path or f"BPE {d.tokenizer.vocab_size}"
+    return workflow.start_activity(
+        PREPARE_DATA, PrepareDataInput(spec), task_queue=DATA_QUEUE,
+        result_type=PrepareDataResult, **short_options(s),
+        summary=f"data prep: {d.corpus} → clean, {dedup or 'no'} dedup, tokenize "
+                f"({tokenizer}), shards")
 
 
 async def start_sweep(spec: dict[str, Any],
                       dataset_uri: str) -> ChildWorkflowHandle[Any, SweepResult]:
     """The Sweep child, on the run's own queue, named after the run."""
+    s = RunSpec.from_dict(spec)
     return await workflow.start_child_workflow(
         Sweep.run, SweepInput(spec, dataset_uri), id=f"{workflow.info().workflow_id}-sweep",
-        task_queue=workflow.info().task_queue)
+        task_queue=workflow.info().task_queue,
+        static_summary=f"warm-up sweep of {s.run_id}: {s.sweep.trials} trials × "
+                       f"{s.sweep.trial_steps} steps over {', '.join(sorted(s.sweep.space))}")
 
 
 def start_train_segment(train_spec: RunSpec, c: RunCarry, lo: int, hi: int,
@@ -75,22 +88,39 @@ def start_train_segment(train_spec: RunSpec, c: RunCarry, lo: int, hi: int,
             checkpoint_every=c.checkpoint_every),
         task_queue=queue, result_type=TrainSegmentResult,
         cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
-        **({"summary": f"segment {lo}-{hi}, node {gang.node_rank} of {gang.nnodes}: "
-                       f"{gang.node}", **gang_options(train_spec)} if gang
-           else segment_options(train_spec)))
+        summary=segment_summary(train_spec, c, lo, hi, gang),
+        **(gang_options(train_spec) if gang else segment_options(train_spec)))
+
+
+def segment_summary(s: RunSpec, c: RunCarry, lo: int, hi: int,
+                    gang: GangMember | None = None) -> str:
+    """`segment 80–160 of 160` and what is special about this launch: a gang member's node,
+    the operator rollback it applies, the fault it answers, an OOM's micro-batch split."""
+    out = [f"segment {lo}–{hi} of {s.train.total_steps}"]
+    if gang:
+        out.append(f"node {gang.node_rank} of {gang.nnodes}: {gang.node}")
+    if c.pending_rollback:
+        out.append(f"operator rollback to step {c.pending_rollback.to_step}")
+    if c.after_fault:
+        out.append("after a fault")
+    if c.micro_split > 1:
+        out.append(f"micro-batch in {c.micro_split} chunks")
+    return ", ".join(out)
 
 
 def start_evaluate(train_spec: RunSpec, dataset_uri: str,
                    steps: list[int]) -> ActivityHandle[EvaluateResult]:
     return workflow.start_activity(
         EVALUATE, EvaluateInput(train_spec.to_dict(), dataset_uri, steps),
-        task_queue=TRAINER_QUEUE, result_type=EvaluateResult, **short_options(train_spec))
+        task_queue=TRAINER_QUEUE, result_type=EvaluateResult, **short_options(train_spec),
+        summary="evaluate: held-out loss at steps " + ", ".join(map(str, steps)))
 
 
 def start_promote(train_spec: RunSpec, step: int) -> ActivityHandle[PromoteResult]:
     return workflow.start_activity(
         PROMOTE, PromoteInput(train_spec.to_dict(), step), task_queue=DATA_QUEUE,
-        result_type=PromoteResult, **short_options(train_spec))
+        result_type=PromoteResult, **short_options(train_spec),
+        summary=f"promote step {step}: copy and verify to promoted/")
 
 
 async def record_event(s: RunSpec, kind: str, event_id: str, step: int,
@@ -99,7 +129,7 @@ async def record_event(s: RunSpec, kind: str, event_id: str, step: int,
     await workflow.execute_local_activity(
         RECORD_EVENT, RecordEventInput(durable=s.storage.durable, run_id=s.run_id, kind=kind,
                                        event_id=event_id, step=step, payload=payload),
-        start_to_close_timeout=timedelta(seconds=60))
+        start_to_close_timeout=timedelta(seconds=60), summary=f"event {event_id}")
 
 
 async def until(handle: Any, interrupted: Callable[[], bool]) -> Any:

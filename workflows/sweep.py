@@ -58,7 +58,9 @@ class Sweep:
                                          else None) for t in trials]
             plan = await workflow.execute_local_activity(
                 SUGGEST_TRIALS, SuggestInput(spec.to_dict()["sweep"], observed, size, spec.seed),
-                result_type=SuggestResult, **suggest_options())
+                result_type=SuggestResult, **suggest_options(),
+                summary=f"sweep round {round_no}: suggest {size} points "
+                        f"({'initial design' if not observed else 'GP + EI'})")
             for start in range(0, size, spec.sweep.parallel):
                 batch = plan.points[start:start + spec.sweep.parallel]
                 first = len(trials)
@@ -72,12 +74,15 @@ class Sweep:
                      params: dict[str, float], round_no: int, source: str) -> TrialResult:
         tspec = trial_spec(spec, index, params)
         steps = tspec.train.total_steps
+        shown = ", ".join(f"{k} {v:.3g}" for k, v in sorted(params.items()))
         await workflow.execute_activity(
             TRAIN_SEGMENT, TrainSegmentInput(tspec.to_dict(), dataset_uri, 0, steps),
-            task_queue=TRAINER_QUEUE, result_type=TrainSegmentResult, **segment_options(tspec))
+            task_queue=TRAINER_QUEUE, result_type=TrainSegmentResult, **segment_options(tspec),
+            summary=f"sweep trial {index} (round {round_no}, {shown}): train {steps} steps")
         scored = await workflow.execute_activity(
             EVALUATE, EvaluateInput(tspec.to_dict(), dataset_uri, [steps]),
-            task_queue=TRAINER_QUEUE, result_type=EvaluateResult, **short_options(tspec))
+            task_queue=TRAINER_QUEUE, result_type=EvaluateResult, **short_options(tspec),
+            summary=f"sweep trial {index}: held-out loss at step {steps}")
         val_loss = scored.results[0].val_loss
         await workflow.execute_local_activity(
             RECORD_EVENT, RecordEventInput(
@@ -85,5 +90,6 @@ class Sweep:
                 event_id=f"sweep_trial/{index}", step=0,
                 payload={"params": params, "result": val_loss, "trial_run_id": tspec.run_id,
                          "round": round_no, "source": source}),
-            start_to_close_timeout=timedelta(seconds=60))
+            start_to_close_timeout=timedelta(seconds=60),
+            summary=f"event sweep_trial/{index}: held-out loss {val_loss:.4f}")
         return TrialResult(params=params, val_loss=val_loss, run_id=tspec.run_id)

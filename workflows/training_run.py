@@ -33,6 +33,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.carry import apply_rollback, bound, escalation, record_segment, status_view
     from workflows.failures import FAILURE_EXCEPTION_TYPES
     from workflows.gang import blame, members, pick_nodes, run_gang
+    from workflows.headline import Headline
     from workflows.interval import choose as choose_interval
     from workflows.operator import (
         UPDATES_PER_RUN,
@@ -62,7 +63,7 @@ with workflow.unsafe.imports_passed_through():
         start_train_segment,
         until,
     )
-    from workflows.start import claim, parse_spec
+    from workflows.start import anchor_paths, claim, parse_spec
     from workflows.tracing import RunTrace
 
 
@@ -89,6 +90,7 @@ class TrainingRun:
         self._running: tuple[int, int] | None = None  # [lo, hi) of the running segment
         self._updates = 0  # updates accepted by this workflow run (Temporal limits them per run)
         self._promoted: tuple[int, str] | None = None  # (step, uri) once promoted
+        self._headline = Headline()  # memo + current details (workflows/headline.py)
 
     @workflow.query
     def status(self) -> dict:
@@ -186,18 +188,24 @@ class TrainingRun:
             return await self._run(s)
         except Exception as exc:  # failed or aborted: its spans end, saying why (not on
             # continue-as-new, a cancellation or an eviction: those are BaseExceptions)
-            self._trace.end("aborted" if self._stage == "aborted" else "failed",
-                            error=str(exc) or type(exc).__name__, step=self._carry.next_step)
+            ended = "aborted" if self._stage == "aborted" else "failed"
+            self._trace.end(ended, error=str(exc) or type(exc).__name__,
+                            step=self._carry.next_step)
+            self._headline.show(self._spec, self._carry, ended)
             raise
 
     async def _run(self, s: RunSpec) -> RunResult:
         c = self._carry  # built by __init__: commands accepted in the first task are in it
+        # relative paths: one place for every worker and child (workflows/start.py)
+        self._raw_spec, s = await anchor_paths(self._raw_spec, s)
+        self._spec = s
         show_run_id(s.run_id)
         # the chain's first run claims the id; histories from before the claim skip it
         if c.runs == 1 and not c.stages_done and workflow.patched("claim_run"):
             await claim(s)
         if c.runs == 1 and not c.stages_done:
             await self._event("run_started", "run_started", spec_hash=s.spec_hash())
+            self._show()  # a continued run starts with the memo its last run passed on
         work = {"prepare_data": self._prepare_data, "warmup_sweep": self._warmup_sweep,
                 "train": self._train, "evaluate": self._evaluate, "promote": self._promote}
         for stage in STAGES:  # in order; a run continued as new skips the ones it has done
@@ -206,6 +214,7 @@ class TrainingRun:
         assert self._promoted is not None
         step, uri = self._promoted
         self._stage = "completed"
+        self._show()
         await self._event("run_finished", "run_finished", status="completed")
         self._trace.end("completed", step=c.next_step, promoted_step=step)
         return RunResult(run_id=s.run_id, status="completed", stages=c.stages_done,
@@ -258,6 +267,7 @@ class TrainingRun:
                 c.rollback_pins = []
             record_segment(c, seg)
             show_progress(c.next_step, seg.train_loss)
+            self._show()
             if seg.rollbacks:
                 await self._escalate()
             bound(c, s.spikes)
@@ -290,6 +300,7 @@ class TrainingRun:
             return await self._gang_segment(train_spec, lo, hi)
         handle = start_train_segment(train_spec, c, lo, hi)
         self._running, began = (lo, hi), workflow.now()
+        self._show()
         try:
             return await until(handle, lambda: bool(c.operator_queue))
         except ActivityError as err:
@@ -324,6 +335,7 @@ class TrainingRun:
         handles = [start_train_segment(s, c, lo, hi, gang=m, queue=n.queue)
                    for m, n in zip(team, nodes)]
         self._running, began = (lo, hi), workflow.now()
+        self._show()
         try:
             out = await run_gang(handles, [n.name for n in nodes], lambda: bool(c.operator_queue))
         finally:
@@ -359,6 +371,7 @@ class TrainingRun:
             await self._event("waiting_for_nodes",
                               f"waiting_for_nodes/{c.next_step}/{c.gang_launches}", reason=reason)
         show_stage(self._stage)
+        self._show()
 
     async def _decide(self, s: RunSpec, lo: int, failure: ApplicationError) -> None:
         """A failure a plain retry would repeat (workflows/adapt.py:decide): adapt the
@@ -419,6 +432,7 @@ class TrainingRun:
         assert s is not None
         self._stage = "aborted"
         show_stage("aborted")
+        self._show()
         await self._event("run_finished", "run_finished", status="aborted", reason=reason,
                           who=who, step=c.next_step)
         raise run_aborted(s.run_id, who, c.next_step, reason)
@@ -452,6 +466,7 @@ class TrainingRun:
             self._resume_note = None
         self._stage = stage
         show_stage(stage)
+        self._show()
         if new:
             await self._event(stage, f"{stage}/{c.next_step}/{c.pauses}", reason=reason,
                               **payload)
@@ -470,6 +485,7 @@ class TrainingRun:
                           note=self._resume_note, who=self._resume_who, paused_for=reason)
         self._stage = "train"
         show_stage("train")
+        self._show()
 
     def _history_full(self) -> bool:
         return self._updates >= UPDATES_PER_RUN or workflow.info().is_continue_as_new_suggested()
@@ -482,19 +498,25 @@ class TrainingRun:
         if self._carry.held and self._resume_note is not None:
             return
         self._carry.runs += 1  # carry only what is done
-        workflow.continue_as_new(args=[self._raw_spec, self._carry])
+        workflow.continue_as_new(args=[self._raw_spec, self._carry],
+                                 memo=self._headline.carried())
 
     # ---- stage bookkeeping: search attributes + events via a local activity ---------
     async def _begin(self, stage: str) -> None:
         self._stage = stage
         self._trace.begin(stage)  # its activities' spans are its children
         show_stage(stage)
+        self._show()
         await self._event("stage_started", f"stage_started/{stage}", stage=stage)
 
     async def _finish(self, stage: str, **payload: object) -> None:
         self._carry.stages_done.append(stage)
         self._trace.finish(stage, **payload)
         await self._event("stage_finished", f"stage_finished/{stage}", stage=stage, **payload)
+
+    def _show(self) -> None:
+        """The run's headline in the Temporal UI: current details, the memo when it changed."""
+        self._headline.show(self._spec, self._carry, self._stage, self._running)
 
     async def _event(self, kind: str, event_id: str, /, **payload: object) -> None:
         assert self._spec is not None

@@ -68,8 +68,16 @@ def test_bench_lists_the_scoreboard_scripts_and_runs_one_by_name(capsys):
     assert main(["bench", "dataprep", "--help"]) == 0  # arguments reach the script
 
 
+def test_bench_json_lists_one_object_per_benchmark_with_its_path_and_first_line(capsys):
+    assert main(["bench", "--json"]) == 0
+    rows = {r["name"]: r for r in map(json.loads, capsys.readouterr().out.splitlines())}
+    assert {"resume_exact", "packing", "gpu_check", "spikes"} <= set(rows)
+    assert rows["packing"]["path"] == os.path.join(ROOT, "benchmarks", "packing.py")
+    assert rows["packing"]["doc"] and not rows["packing"]["doc"].startswith(('"', "#"))
+
+
 def test_run_list_queries_mainspring_runs_by_stage_and_status():
-    from ops.cli import list_query
+    from ops.cli_runs import list_query
 
     assert list_query(None, False) == "WorkflowType = 'TrainingRun'"
     assert list_query("needs_attention", True) == ("WorkflowType = 'TrainingRun' AND "
@@ -149,20 +157,20 @@ def test_trace_json_and_perfetto_outputs(tmp_path, capsys):
     assert sum(e["ph"] == "X" for e in events) == len(run_spans())
 
 
-def test_trace_of_a_run_without_spans_names_the_store_and_exits_2(tmp_path, capsys):
+def test_trace_of_a_run_without_spans_names_the_store_and_exits_1(tmp_path, capsys):
     from storage.events import EventLog
     from tests.ops.test_trace_view import run_spans
 
     store = tmp_path / "store"
     write_span_batches(store, "r1", run_spans())
-    assert main(["trace", "nope", "--durable", str(store)]) == 2
+    assert main(["trace", "nope", "--durable", str(store)]) == 1
     err = capsys.readouterr().err
     assert f"file://{store}/runs/nope/spans" in err and "runs with spans there: r1" in err
     assert "--durable" in err
     log = EventLog(str(store), "r2", "workflow")  # events but no spans: say which is missing
     log.emit("stage_started", {"stage": "train"}, step=0)
     log.flush()
-    assert main(["trace", "r2", "--durable", str(store)]) == 2
+    assert main(["trace", "r2", "--durable", str(store)]) == 1
     assert "though its event log is there" in capsys.readouterr().err
 
 
@@ -211,7 +219,7 @@ def test_goodput_prints_productive_time_badput_by_cause_and_mttr_per_fault_kind(
     assert rows["rank_lost"] == ["1", "1", "14.00 s", "14.00 s", "10"]
 
 
-def test_goodput_json_is_one_object_and_a_missing_run_exits_2_naming_the_store(tmp_path,
+def test_goodput_json_is_one_object_and_a_missing_run_exits_1_naming_the_store(tmp_path,
                                                                               capsys):
     store = tmp_path / "store"
     write_goodput_record(store)
@@ -221,6 +229,6 @@ def test_goodput_json_is_one_object_and_a_missing_run_exits_2_naming_the_store(t
     assert round(out["badput_s"]["replayed"], 6) == 10.0
     assert out["faults"]["rank_lost"] == {"count": 1, "recovered": 1, "mttr_s_median": 14.0,
                                           "mttr_s_max": 14.0, "lost_steps": 10}
-    assert main(["goodput", "nope", "--durable", str(store)]) == 2
+    assert main(["goodput", "nope", "--durable", str(store)]) == 1
     err = capsys.readouterr().err
     assert f"file://{store}/runs/nope/events" in err and "r1" in err

@@ -36,6 +36,7 @@ from activities.contracts import (
     PREPARE_DATA,
     PROMOTE,
     RECORD_EVENT,
+    SPEC_ROOT,
     SUGGEST_TRIALS,
     TRAIN_SEGMENT,
     TRAINER_QUEUE,
@@ -64,6 +65,7 @@ from workflows.training_run import TrainingRun
 HISTORIES = Path(__file__).parent / "histories"
 RECORD = os.environ.get("MAINSPRING_RECORD_HISTORIES", "")  # a label: see the docstring
 STOP_AFTER = 7  # a cancelled stub segment stops this many steps after its start
+SPEC_ROOT_DIR = "/stub/root"  # what the stub orchestrator anchors relative spec paths at
 LOSS_AT = {0: 5.0}  # held-out loss the stub evaluator reports (default: falls with the step)
 FAST = timedelta(milliseconds=100)  # heartbeat throttle: a cancel reaches a stub at once
 
@@ -96,6 +98,9 @@ class Stubs:
         # crash: Temporal retries it), and what every run segment reports it measured
         self.retry_first: set[int] = set()
         self.measured: dict = {}
+        self.claims: list[ClaimRunInput] = []
+        self.prepared: list[PrepareDataInput] = []
+        self.roots_asked = 0
 
     @staticmethod
     async def _beat_until(gate: asyncio.Event | None) -> None:
@@ -106,6 +111,7 @@ class Stubs:
     # ---- data queue ----
     @activity.defn(name=PREPARE_DATA)
     async def prepare_data(self, inp: PrepareDataInput) -> PrepareDataResult:
+        self.prepared.append(inp)
         await self._beat_until(self.prepare_gate)
         return PrepareDataResult("file:///stub/datasets/h/MANIFEST.json", False, 60, 4096,
                                  512, 512)
@@ -162,7 +168,13 @@ class Stubs:
 
     @activity.defn(name=CLAIM_RUN)
     async def claim_run(self, inp: ClaimRunInput) -> str:
+        self.claims.append(inp)
         return "created"
+
+    @activity.defn(name=SPEC_ROOT)
+    async def spec_root(self) -> str:
+        self.roots_asked += 1
+        return SPEC_ROOT_DIR
 
     @activity.defn(name=SUGGEST_TRIALS)
     async def suggest_trials(self, inp: SuggestInput) -> SuggestResult:
@@ -185,7 +197,8 @@ class Harness:
         s = stubs
         self.workers = [
             Worker(client, task_queue=self.queue, workflows=[TrainingRun, Sweep],
-                   activities=[s.record_event, s.pin_rollback, s.claim_run, s.suggest_trials]),
+                   activities=[s.record_event, s.pin_rollback, s.claim_run, s.suggest_trials,
+                               s.spec_root]),
             Worker(client, task_queue=DATA_QUEUE, activities=[s.prepare_data, s.promote],
                    max_heartbeat_throttle_interval=FAST, default_heartbeat_throttle_interval=FAST),
             Worker(client, task_queue=TRAINER_QUEUE, activities=[s.train_segment, s.evaluate],

@@ -8,17 +8,23 @@ tests/workflows/histories/<label>/ with the Replayer, so such a change fails CI 
 
 The fixtures are the stub runs of test_training_run_stubs.py (a completed run with its sweep
 child and a continue-as-new; paused then resumed; two rollbacks at one boundary with the
-pending one carried across continue-as-new; an abort), each run of a chain one file.
-`<label>` is the commit of the workflow code that recorded them: 4c7ad72 is the code before
-issue 12's typed operator inputs and the rewind -> rollback rename (its carries hold the
-old `rewind` / `rewind_pins` keys).
+pending one carried across continue-as-new; an abort) and, from issue17 on, of
+test_headline.py (a spec with relative paths, anchored at the orchestrator's root), each run
+of a chain one file. `<label>` names the workflow code that recorded them: a commit, or an
+issue for code not yet committed when recorded. 4c7ad72 is the code before issue 12's typed
+operator inputs and the rewind -> rollback rename (its carries hold the old `rewind` /
+`rewind_pins` keys); 2cf21d9 the code before issue 17; issue17 the code of issue 17, whose
+new commands (memo upserts, the `spec_root` local activity, the memo passed on at
+continue-as-new) are behind `workflow.patched("headline_memo")` and
+`workflow.patched("anchor_paths")`, so the two older directories replay without them.
 
 Keep every directory. Record a new one (never over an old one) when a change makes new
 histories the old fixtures do not cover, with the workflow code of that commit:
     MAINSPRING_RECORD_HISTORIES=$(git rev-parse --short HEAD) \
-        .venv/bin/pytest tests/workflows/test_training_run_stubs.py
+        .venv/bin/pytest tests/workflows/test_training_run_stubs.py tests/workflows/test_headline.py
 A change that must break replay on purpose goes behind `workflow.patched(...)` (as
-`claim_run` and `pin_rollback` do), so the old histories keep replaying.
+`claim_run`, `pin_rollback`, `decide_failures`, `anchor_paths` and `headline_memo` do), so
+the old histories keep replaying. docs/operations.md says why patches, not worker versioning.
 """
 
 from __future__ import annotations
@@ -51,6 +57,29 @@ def test_there_are_fixtures_of_every_kind_of_run():
     kinds = {load(p).events[0].workflow_execution_started_event_attributes.workflow_type.name
              for p in FIXTURES}
     assert kinds == {"TrainingRun", "Sweep"}
+
+
+def test_the_newest_fixtures_hold_the_patched_commands_and_the_older_ones_do_not():
+    """Replay covers both sides of each patch: histories recorded with the memo upserts and
+    the anchored paths (issue17), and histories from before them (2cf21d9)."""
+    def commands(path: Path) -> set[str]:
+        """Patch ids, local activity types and `memo` when the memo was upserted."""
+        found = set()
+        for e in load(path).events:
+            if e.HasField("workflow_properties_modified_event_attributes"):
+                found.add("memo")
+            if e.HasField("marker_recorded_event_attributes"):
+                for p in e.marker_recorded_event_attributes.details.values():
+                    data = json.loads(p.payloads[0].data or b"null")
+                    if isinstance(data, dict):
+                        found.add(data.get("id") or data.get("activity_type") or "")
+        return found
+
+    new = commands(HISTORIES / "issue17" / "relative_paths.0.json")
+    old = commands(HISTORIES / "2cf21d9" / "completed.0.json")
+    assert {"anchor_paths", "spec_root", "headline_memo", "memo", "claim_run"} <= new
+    assert {"anchor_paths", "spec_root", "headline_memo", "memo"}.isdisjoint(old)
+    assert "claim_run" in old
 
 
 @pytest.mark.parametrize("path", FIXTURES, ids=lambda p: f"{p.parent.name}/{p.stem}")

@@ -1,0 +1,114 @@
+"""`mainspring events RUN [--kind K]... [--json] [--follow]`: a run's event log from its
+durable store (storage/events.py), no Temporal needed.
+
+--follow keeps printing events as they are appended (the log is polled every --poll-s)
+and stops when the run has finished (its newest event is `run_finished`, whatever --kind
+shows) or on Ctrl-C, exit 0 either way. A run with no event log is one line naming the
+store and the fix, exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from common.errors import BadConfig, StorageUnavailable
+from common.redact import redact, redact_value
+from ops.cli_output import json_line
+
+# The event the workflow writes last, completed or aborted (workflows/training_run.py).
+TERMINAL = "run_finished"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add `events RUN [--durable URL] [--kind K]... [--json] [--follow [--poll-s S]]`."""
+    p = sub.add_parser("events", help="print a run's event log (--follow: as it grows)")
+    p.add_argument("run_id")
+    p.add_argument("--durable", default=".mainspring/store", help="durable storage URL")
+    p.add_argument("--kind", action="append",
+                   help="only events of this kind (e.g. fault, recovered); may be repeated")
+    p.add_argument("--json", action="store_true", help="one JSON object per event and line")
+    p.add_argument("--follow", "-f", action="store_true",
+                   help="keep printing new events until the run finishes or Ctrl-C")
+    p.add_argument("--poll-s", type=float, default=1.0,
+                   help="with --follow: seconds between reads of the log (default 1)")
+    p.set_defaults(fn=cmd_events)
+
+
+def event_line(event: dict, as_json: bool) -> str:
+    """Pure: one event as a line: a JSON object, or `HH:MM:SS step=N kind payload`."""
+    if as_json:
+        return json_line(event)
+    stamp = time.strftime("%H:%M:%S", time.localtime(event["ts"]))
+    return f"{stamp} step={event['step']} {event['kind']:<20} {json.dumps(event['payload'])}"
+
+
+class Finished:
+    """Whether the run has finished: its newest event (by time) is TERMINAL. A run started
+    again after an abort writes on, so an older TERMINAL does not count."""
+
+    def __init__(self) -> None:
+        self.newest: tuple[float, str] = (float("-inf"), "")
+
+    def see(self, event: dict) -> None:
+        self.newest = max(self.newest, (event["ts"], event["kind"]))
+
+    def __call__(self) -> bool:
+        return self.newest[1] == TERMINAL
+
+
+def cmd_events(args: argparse.Namespace) -> int:
+    from common import telemetry
+    from ops.report import missing_run
+    from storage.events import read_events
+
+    # Logs (a damaged batch's warning) to stderr: stdout carries only the events.
+    telemetry.configure_logging(os.environ.get("MAINSPRING_LOG_LEVEL", "warning"))
+    if not args.poll_s > 0:
+        raise BadConfig("--poll-s", f"got {args.poll_s}", "give a number of seconds above 0")
+    kinds = tuple(args.kind or ())
+    try:
+        if args.follow:
+            return _follow(args, kinds)
+        events = read_events(args.durable, args.run_id)
+        if not events:
+            raise missing_run(args.durable, args.run_id)
+    except (BadConfig, StorageUnavailable) as exc:
+        print(f"mainspring events: {' '.join(redact(str(exc)).split())}", file=sys.stderr)
+        return 1
+    for event in events:
+        if not kinds or event["kind"] in kinds:
+            print(event_line(redact_value(event), args.json))
+    absent = sorted(set(kinds) - {e["kind"] for e in events})
+    if absent:  # a typo prints nothing at all: say what there is
+        there = ", ".join(sorted({e["kind"] for e in events}))
+        print(f"mainspring events: no {', '.join(absent)} events in run {args.run_id!r} "
+              f"(kinds there: {there})", file=sys.stderr)
+    return 0
+
+
+def _follow(args: argparse.Namespace, kinds: tuple[str, ...]) -> int:
+    from storage.events import follow
+
+    finished, polled = Finished(), False
+
+    def stop() -> bool:  # called after each poll of the log
+        nonlocal polled
+        if not polled and finished.newest[1] == "":
+            print(f"mainspring events: run {args.run_id!r} has no events under {args.durable} "
+                  "yet; waiting for them (Ctrl-C stops; check the run id and --durable)",
+                  file=sys.stderr, flush=True)
+        polled = True
+        return finished()
+
+    try:
+        for event in follow(args.durable, args.run_id, poll_s=args.poll_s, stop=stop):
+            finished.see(event)
+            if not kinds or event["kind"] in kinds:
+                print(event_line(redact_value(event), args.json), flush=True)
+    except KeyboardInterrupt:  # Ctrl-C is how a person stops following
+        pass
+    return 0
