@@ -19,7 +19,9 @@ done: the step it resumed from, the steps lost, and the time split into detectio
 
 from __future__ import annotations
 
+import functools
 import os
+import threading
 import time
 from typing import Any
 
@@ -213,10 +215,11 @@ class Recovery:
         self.events, self.inp, self.attempt, self.reported = events, inp, attempt, False
         self.execution, self.restart = execution, in_place.restart + 1 if in_place else 0
         self.start: StartLine | None = None
+        self._settling: threading.Thread | None = None
         if in_place is not None:
             f = in_place.fault
             self.beat_step, self.fault_event_id = None, in_place.event_id
-            self.also = [unanswered.fault_event_id, *unanswered.also] \
+            self.also = [unanswered.settled().fault_event_id, *unanswered.also] \
                 if unanswered is not None and not unanswered.reported else []
             self.fault_ts = f.get("fault_ts") or time.time()
             self.detected_ts = f.get("detected_ts") or self.fault_ts
@@ -231,15 +234,44 @@ class Recovery:
                                         from_start=True).read() if isinstance(p, StepLine)]
         local_step = seen[-1].step if seen else None
         local_ts = seen[-1].ts if seen else None
-        fault = (beat.get("fault") if attempt > 1 else None) or inp.after_fault or \
-            (server_outage(events, inp, execution, attempt - 1, cache_dir)
-             if attempt > 1 else None) or {}
-        self.fault_event_id = fault.get("event_id") or fault_id(inp, execution, attempt - 1)
-        # a multi-node launch's other faults (its peers' broken collectives): answered too
-        self.also = [str(x) for x in fault.get("also") or []]
         # this attempt was scheduled when Temporal gave up on the last one (the timeout)
         scheduled = info.current_attempt_scheduled_time.timestamp() \
             if info.current_attempt_scheduled_time else time.time()
+        fault = (beat.get("fault") if attempt > 1 else None) or inp.after_fault
+        settle = functools.partial(self._settle, beat_ts=beat_ts, local_step=local_step,
+                                   local_ts=local_ts, scheduled=scheduled)
+        if fault or attempt == 1:
+            settle(fault or {})
+            return
+        # The previous attempt left no fault in its heartbeat: its worker was lost, unless
+        # the server watch recorded a Temporal outage for it (a read of the event log). The
+        # read runs beside the launch; every reader of this Recovery waits for it (settled).
+        def look() -> None:
+            try:
+                outage = server_outage(events, inp, execution, attempt - 1, cache_dir)
+            except Exception as exc:  # noqa: BLE001 — no answer is a lost worker's answer
+                log.warning("server_outage_unread", error=repr(exc)[:300])
+                outage = None
+            try:
+                settle(outage or {})
+            except StorageUnavailable as exc:  # the fault event stays buffered: next flush
+                log.warning("worker_lost_not_stored", error=exc.cause[:200])
+        self._settling = threading.Thread(target=look, name="mainspring-recovery", daemon=True)
+        self._settling.start()
+
+    def settled(self) -> Recovery:
+        """This Recovery, once the fault it answers is known (and a worker_lost recorded)."""
+        if self._settling is not None:
+            self._settling.join()
+            self._settling = None
+        return self
+
+    def _settle(self, fault: dict[str, Any], *, beat_ts: float | None, local_step: int | None,
+                local_ts: float | None, scheduled: float) -> None:
+        inp, execution, attempt = self.inp, self.execution, self.attempt
+        self.fault_event_id = fault.get("event_id") or fault_id(inp, execution, attempt - 1)
+        # a multi-node launch's other faults (its peers' broken collectives): answered too
+        self.also = [str(x) for x in fault.get("also") or []]
         known = [t for t in (beat_ts, local_ts) if t is not None]
         self.fault_ts = fault.get("fault_ts") or (max(known) if known else scheduled)
         self.detected_ts = fault.get("detected_ts") or scheduled
@@ -270,6 +302,7 @@ class Recovery:
             self.report(self.start.resumed_from, first_step_ts=line.ts)
 
     def report(self, resumed: int | None, first_step_ts: float | None = None) -> None:
+        self.settled()
         if self.reported:
             return
         self.reported = True
