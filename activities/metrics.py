@@ -13,19 +13,24 @@ of an id). `execution` tells apart two schedulings of the same segment bounds, b
 one forwarder the ids are deterministic, so a window emitted twice dedupes on read.
 
 The same lines also feed the worker's live Prometheus gauges and counters (`LiveMetrics`,
-instruments in `common/metrics.py`) when the worker serves metrics; otherwise that is a no-op.
+instruments in `common/metrics.py`) when the worker serves metrics, and so do the faults
+and recoveries the supervisor records (`MeteredEventLog`); otherwise that is a no-op.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import structlog
 
+from activities import nvml
 from common.errors import StorageUnavailable
 from common.metrics import TrainingInstruments, training_instruments
-from common.protocol import CommitLine, ProgressLine, StepLine
+from common.protocol import CommitLine, EvalLine, ProgressLine, StepLine
 from storage.events import EventLog
 
 log = structlog.get_logger(__name__)
@@ -69,20 +74,90 @@ def _finite(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
+class RunTally:
+    """What this worker has seen of one run, across its segments: the goodput's two terms
+    and the fault and recovery events already counted (a `worker_lost` that a later retry
+    writes again under the same id counts once).
+
+    Goodput, live: the step time of the steps the model kept (each step number's last
+    execution, ops/goodput.py's final trajectory) that were applied (verdict ok), over the
+    wall time since this worker began its first segment of the run — start-ups, restarts,
+    replays, skips, checkpoint pauses and the gaps between segments are the badput.
+    `mainspring goodput RUN` is the whole run's figure from its durable record."""
+
+    KEEP_STEPS = 20_000  # step times that can still be replaced: a replay reaches back a
+    # checkpoint interval or a spike window, nowhere near this far
+
+    def __init__(self, since: float) -> None:
+        self.since, self.productive = since, 0.0
+        self.kept: dict[int, float] = {}
+        self.seen: set[str] = set()
+        self.lock = threading.Lock()
+
+    def step(self, step: int, seconds: float, applied: bool) -> None:
+        with self.lock:
+            new = seconds if applied else 0.0
+            self.productive += new - self.kept.get(step, 0.0)  # a replay replaces it
+            self.kept[step] = new
+            if len(self.kept) > 2 * self.KEEP_STEPS:
+                self.kept = {k: v for k, v in self.kept.items() if k > step - self.KEEP_STEPS}
+
+    def goodput(self, now: float) -> float | None:
+        wall = now - self.since
+        return min(1.0, max(0.0, self.productive / wall)) if wall > 0 else None
+
+    def first(self, event_id: str) -> bool:
+        """True the first time this event id is seen (then remembered)."""
+        with self.lock:
+            new = event_id not in self.seen
+            self.seen.add(event_id)
+            return new
+
+
+_tallies: dict[str, RunTally] = {}
+_tallies_lock = threading.Lock()
+MAX_RUNS = 1000  # runs remembered per worker process (oldest dropped)
+
+
+def tally(run_id: str) -> RunTally:
+    with _tallies_lock:
+        if run_id not in _tallies:
+            while len(_tallies) >= MAX_RUNS:
+                _tallies.pop(next(iter(_tallies)))
+            _tallies[run_id] = RunTally(time.time())
+        return _tallies[run_id]
+
+
 class LiveMetrics:
-    """One run's progress lines as Prometheus updates: a few instrument calls per step.
+    """One run's progress lines and supervisor events as Prometheus updates: a few
+    instrument calls per line.
 
     Gauges hold the last value reported (a null, i.e. non-finite, loss leaves the loss
     gauge at its last finite value; the skip it causes is counted). Counters count what
-    the worker ran, rollback replays included, so their rate is the work done. Callers
-    pass `commit` and `step` lines (MetricsForwarder does).
+    the worker ran, rollback replays included, so their rate is the work done; the ones
+    every run has (rollbacks, skips, recoveries, checkpoint stall time) start at 0, so a
+    run without any shows 0 rather than no data. Callers pass `step`, `commit` and `eval`
+    lines (MetricsForwarder does) and events (MeteredEventLog does). NVML's GPU gauges take
+    the newest sample (activities/nvml.py) with the step lines, at most every NVML_EVERY_S.
     """
+
+    NVML_EVERY_S = 2.0
 
     def __init__(self, instruments: TrainingInstruments, run_id: str) -> None:
         self.m, self.attrs = instruments, {"run_id": run_id}
         self.gauges = ((instruments.loss, "loss"), (instruments.learning_rate, "lr"),
                        (instruments.tokens_per_second, "tokens_per_s"), (instruments.mfu, "mfu"),
-                       (instruments.peak_memory, "peak_mem_bytes"))  # StepLine fields
+                       (instruments.peak_memory, "peak_mem_bytes"),
+                       (instruments.step_time, "step_time_s"),
+                       (instruments.grad_norm, "grad_norm"),
+                       (instruments.comm_exposed_time, "comm_exposed_s"),
+                       (instruments.comm_exposed_fraction, "comm_exposed_frac"))  # StepLine's
+        self.tally = tally(run_id)
+        for counter in (instruments.rollbacks, instruments.batches_skipped,
+                        instruments.recoveries, instruments.checkpoint_stall_time):
+            counter.add(0, self.attrs)
+        self.gpus = nvml.shared()
+        self.sampled = 0.0  # monotonic time of the last NVML sample
 
     @classmethod
     def for_run(cls, run_id: str) -> LiveMetrics | None:
@@ -90,9 +165,18 @@ class LiveMetrics:
         instruments = training_instruments()
         return cls(instruments, run_id) if instruments else None
 
-    def on_progress(self, line: StepLine | CommitLine) -> None:
+    def on_progress(self, line: StepLine | CommitLine | EvalLine) -> None:
         if isinstance(line, CommitLine):
             self.m.checkpoints_committed.add(1, self.attrs)
+            if _finite(line.stall_s):
+                self.m.checkpoint_stall.set(line.stall_s, self.attrs)
+                self.m.checkpoint_stall_time.add(line.stall_s, self.attrs)
+            if _finite(line.upload_lag_s):
+                self.m.upload_lag.set(line.upload_lag_s, self.attrs)
+            return
+        if isinstance(line, EvalLine):
+            if _finite(line.val_loss):
+                self.m.validation_loss.set(line.val_loss, self.attrs)
             return
         self.m.step.set(line.step, self.attrs)
         self.m.steps.add(1, self.attrs)
@@ -104,6 +188,65 @@ class LiveMetrics:
             self.m.tokens.add(tokens, self.attrs)
         if line.verdict == "skip":
             self.m.batches_skipped.add(1, self.attrs)
+        elif line.verdict == "rollback":
+            self.m.rollbacks.add(1, self.attrs)
+        for rank, allocated, reserved in line.mem_by_rank or ():
+            where = {**self.attrs, "rank": str(rank)}
+            self.m.memory_peak_allocated.set(allocated, where)
+            self.m.memory_reserved.set(reserved, where)
+        if _finite(line.step_time_s):
+            self.tally.step(line.step, float(line.step_time_s), line.verdict == "ok")
+        if (goodput := self.tally.goodput(time.time())) is not None:
+            self.m.goodput.set(goodput, self.attrs)
+        self.sample_gpus()
+
+    def on_event(self, event: dict) -> None:
+        """A supervisor's event: a real fault (by kind) or a recovery (its MTTR)."""
+        kind, p = event["kind"], event["payload"]
+        if kind not in ("fault", "recovered") or not self.tally.first(event["event_id"]):
+            return
+        if kind == "fault" and not p.get("injected"):
+            self.m.faults.add(1, {**self.attrs, "kind": str(p.get("kind", "unknown"))})
+        elif kind == "recovered":
+            self.m.recoveries.add(1, self.attrs)
+            if _finite(p.get("mttr_s")):
+                self.m.mttr.set(p["mttr_s"], self.attrs)
+
+    def sample_gpus(self) -> None:
+        now = time.monotonic()
+        if self.gpus is None or now - self.sampled < self.NVML_EVERY_S:
+            return
+        self.sampled = now
+        g = self.m.gpu
+        for s in self.gpus.latest():
+            at = {**self.attrs, "gpu": s.gpu}
+            for gauge, value, extra in (
+                    (g.utilization, s.utilization, {}), (g.memory_used, s.memory_used, {}),
+                    (g.memory_bandwidth, s.memory_bandwidth, {}), (g.power, s.power_w, {}),
+                    (g.temperature, s.temperature_c, {}),
+                    (g.pcie, s.pcie_tx, {"direction": "tx"}),
+                    (g.pcie, s.pcie_rx, {"direction": "rx"}),
+                    (g.ecc_errors, s.ecc_corrected, {"type": "corrected"}),
+                    (g.ecc_errors, s.ecc_uncorrected, {"type": "uncorrected"})):
+                if _finite(value):
+                    gauge.set(value, {**at, **extra})
+
+
+class MeteredEventLog(EventLog):
+    """The supervisor's event log: the faults and recoveries it records also count on this
+    worker's Prometheus endpoint (LiveMetrics.on_event). A plain EventLog when the worker
+    serves no metrics."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.live = LiveMetrics.for_run(self.run_id)
+
+    def emit(self, kind: str, payload: Mapping[str, Any] | None = None, /,
+             **fields: Any) -> dict[str, Any]:
+        event = super().emit(kind, payload, **fields)
+        if self.live is not None:
+            self.live.on_event(event)
+        return event
 
 
 def step_tokens(line: StepLine) -> int | None:
@@ -139,6 +282,10 @@ class MetricsForwarder:
             if self.live:
                 self.live.on_progress(line)
             self._flush()
+            return
+        if isinstance(line, EvalLine):
+            if self.live:
+                self.live.on_progress(line)
             return
         if not isinstance(line, StepLine) or not isinstance(line.step, int):
             return

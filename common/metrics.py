@@ -21,6 +21,24 @@ counters. What a user greps for, every series labelled `run_id`:
     mainspring_tokens_total                 counter  tokens trained on (replays included)
     mainspring_batches_skipped_total        counter  updates skipped by the spike guard
     mainspring_checkpoints_committed_total  counter  durable checkpoint commits
+    mainspring_step_time_seconds            gauge    wall time of the last optimizer step
+    mainspring_grad_norm                    gauge    gradient 2-norm of the last step (pre-clip)
+    mainspring_validation_loss              gauge    last online evaluation's held-out loss
+    mainspring_checkpoint_stall_seconds     gauge    the loop's pause for the last checkpoint
+    mainspring_checkpoint_stall_time_seconds_total  counter  those pauses, summed
+    mainspring_checkpoint_upload_lag_seconds  gauge  last checkpoint: fast-tier copy -> durable
+    mainspring_rollbacks_total              counter  spike-guard rollbacks
+    mainspring_faults_total                 counter  faults the supervisor recorded, by `kind`
+    mainspring_recoveries_total             counter  recoveries from them
+    mainspring_mttr_seconds                 gauge    the last recovery's fault -> first new step
+    mainspring_goodput                      gauge    productive step time / wall time (0..1)
+    mainspring_memory_peak_allocated_bytes  gauge    per `rank` (CPU: peak RSS)
+    mainspring_memory_reserved_bytes        gauge    per `rank`, peak (CPU: current RSS)
+    mainspring_comm_exposed_time_seconds    gauge    exposed communication of a profiled step
+    mainspring_comm_exposed_fraction        gauge    that time / its step time (0..1)
+    mainspring_gpu_*                        gauges   NVML, per `gpu` (activities/nvml.py)
+
+The efficiency figures and how each is measured: docs/design.md §4 ("Metrics").
 
 The Temporal SDK's own worker metrics (task slots, poll and schedule-to-start latencies,
 activity failures) come from its Rust core, which serves Prometheus itself and so needs a
@@ -61,11 +79,28 @@ class TrainingInstruments:
     tokens: Counter
     batches_skipped: Counter
     checkpoints_committed: Counter
+    step_time: Gauge
+    grad_norm: Gauge
+    validation_loss: Gauge
+    checkpoint_stall: Gauge
+    checkpoint_stall_time: Counter
+    upload_lag: Gauge
+    rollbacks: Counter
+    faults: Counter
+    recoveries: Counter
+    mttr: Gauge
+    goodput: Gauge
+    memory_peak_allocated: Gauge
+    memory_reserved: Gauge
+    comm_exposed_time: Gauge
+    comm_exposed_fraction: Gauge
+    gpu: GpuInstruments
 
     @classmethod
     def create(cls, meter: Meter) -> TrainingInstruments:
         g, c = meter.create_gauge, meter.create_counter
         return cls(
+            **cls._dashboard_series(meter),
             step=g("mainspring.train.step", unit="{step}", description="Last optimizer step"),
             loss=g("mainspring.train.loss", unit="1",
                    description="Last finite training loss (a non-finite one is not recorded)"),
@@ -84,6 +119,83 @@ class TrainingInstruments:
                               description="Updates skipped by the spike guard"),
             checkpoints_committed=c("mainspring.checkpoints_committed", unit="{checkpoint}",
                                     description="Checkpoints committed to the durable tier"),
+        )
+
+    @staticmethod
+    def _dashboard_series(meter: Meter) -> dict:
+        """The wall-dashboard series (issue 17; ops/dashboards/mainspring.json)."""
+        g, c = meter.create_gauge, meter.create_counter
+        return dict(
+            step_time=g("mainspring.step_time", unit="s",
+                        description="Wall time of the last optimizer step"),
+            grad_norm=g("mainspring.grad_norm", unit="1",
+                        description="Gradient 2-norm of the last step, before clipping"),
+            validation_loss=g("mainspring.validation.loss", unit="1",
+                              description="Held-out loss of the last online evaluation"),
+            checkpoint_stall=g("mainspring.checkpoint.stall", unit="s",
+                               description="The step loop's pause for the last checkpoint"),
+            checkpoint_stall_time=c("mainspring.checkpoint.stall_time", unit="s",
+                                    description="The step loop's checkpoint pauses, summed"),
+            upload_lag=g("mainspring.checkpoint.upload_lag", unit="s",
+                         description="Last checkpoint: fast-tier copy to durable commit"),
+            rollbacks=c("mainspring.rollbacks", unit="{rollback}",
+                        description="Rollbacks of the spike guard"),
+            faults=c("mainspring.faults", unit="{fault}",
+                     description="Faults the supervisor recorded, by kind"),
+            recoveries=c("mainspring.recoveries", unit="{recovery}",
+                         description="Recoveries from faults (a new launch's first step)"),
+            mttr=g("mainspring.mttr", unit="s",
+                   description="The last recovery's time from fault to first new step"),
+            goodput=g("mainspring.goodput", unit="1",
+                      description="Kept productive step time / wall time since this worker's "
+                                  "first segment of the run, 0..1"),
+            memory_peak_allocated=g("mainspring.memory.peak_allocated", unit="By",
+                                    description="Peak allocated device memory per rank "
+                                                "(CPU: peak RSS)"),
+            memory_reserved=g("mainspring.memory.reserved", unit="By",
+                              description="Peak reserved device memory per rank "
+                                          "(CPU: current RSS)"),
+            comm_exposed_time=g("mainspring.comm.exposed_time", unit="s",
+                                description="Exposed communication time of the last "
+                                            "profiled step (ops.profile_every)"),
+            comm_exposed_fraction=g("mainspring.comm.exposed_fraction", unit="1",
+                                    description="Compute/communication overlap: exposed "
+                                                "communication / step time, 0..1"),
+            gpu=GpuInstruments.create(meter),
+        )
+
+
+@dataclass(frozen=True)
+class GpuInstruments:
+    """NVML's view of the worker's GPUs (activities/nvml.py), labelled `run_id` and `gpu`."""
+
+    utilization: Gauge
+    memory_used: Gauge
+    memory_bandwidth: Gauge
+    pcie: Gauge
+    power: Gauge
+    temperature: Gauge
+    ecc_errors: Gauge
+
+    @classmethod
+    def create(cls, meter: Meter) -> GpuInstruments:
+        g = meter.create_gauge
+        return cls(
+            utilization=g("mainspring.gpu.utilization", unit="1",
+                          description="Fraction of time a kernel ran (NVML), 0..1"),
+            memory_used=g("mainspring.gpu.memory.used", unit="By",
+                          description="Device memory in use (NVML)"),
+            memory_bandwidth=g("mainspring.gpu.memory_bandwidth.utilization", unit="1",
+                               description="Fraction of time device memory was read or "
+                                           "written (NVML), 0..1"),
+            pcie=g("mainspring.gpu.pcie.throughput", unit="By/s",
+                   description="PCIe throughput by direction, tx | rx (NVML, 20 ms window)"),
+            power=g("mainspring.gpu.power", unit="W", description="Power draw (NVML)"),
+            temperature=g("mainspring.gpu.temperature", unit="Cel",
+                          description="GPU die temperature (NVML)"),
+            ecc_errors=g("mainspring.gpu.ecc_errors", unit="{error}",
+                         description="ECC errors since the driver loaded, by type "
+                                     "corrected | uncorrected (NVML, volatile)"),
         )
 
 

@@ -183,6 +183,22 @@ class StepLine(_Line):
     step_time_s: float | None = None
     mfu: float | None = None
     peak_mem_bytes: int | None = None
+    # Added for the worker's Prometheus series (issue 17); absent (None) in older lines and
+    # in steps that did not sample them (trainer/step_metrics.py).
+    grad_norm: float | None = None  # 2-norm of the step's gradients, before clipping
+    # every ops.metrics_every steps, for each rank of the node: [rank, peak allocated, peak
+    # reserved] bytes (CPU: [rank, peak RSS, current RSS])
+    mem_by_rank: list[list[int]] | None = None
+    # every ops.profile_every steps: the profiled step's exposed communication time, and
+    # that time / the step's time (trainer/overlap.py)
+    comm_exposed_s: float | None = None
+    comm_exposed_frac: float | None = None
+    SAMPLED: ClassVar[tuple[str, ...]] = ("mem_by_rank", "comm_exposed_s", "comm_exposed_frac")
+
+    def to_dict(self) -> dict[str, Any]:
+        """A step that did not sample them leaves the sampled fields out of its line."""
+        return {k: v for k, v in super().to_dict().items()
+                if v is not None or k not in self.SAMPLED}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -193,6 +209,10 @@ class CommitLine(_Line):
     step: int
     uri: str
     bytes: int = 0
+    # the loop's pause to save this checkpoint, and its snapshot -> durable commit time;
+    # None for a commit announced again at a restore (issue 17)
+    stall_s: float | None = None
+    upload_lag_s: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -27,7 +27,7 @@ class OpsConfig:
         "repeat_failure_limit": 3, "hang_floor_s": 60.0, "hang_step_factor": 10.0,
         "startup_timeout_s": "auto", "startup_floor_s": 600.0, "checkpoint_mb_per_s": 50.0,
         "node_wait_s": 300.0, "node_failure_limit": 2, "mtbf_s": 21600.0,
-        "mtbf_prior_faults": 3, "accelerator_hour_price": 0.0}
+        "mtbf_prior_faults": 3, "accelerator_hour_price": 0.0, "profile_every": 0}
 
     # >= 1 s: Temporal reads a timeout that rounds to 0 as "none" and refuses the activity
     heartbeat_timeout_s: float = num(30.0, 1, DAY)
@@ -82,6 +82,11 @@ class OpsConfig:
     # `mainspring report` prices the run's accelerator-hours (wall time x world size) at
     # this rate (your contract's). 0: unpriced, the report shows accelerator-hours only.
     accelerator_hour_price: float = num(0.0, 0, 10**6)
+    # Every this many steps rank 0 runs one optimizer step under torch.profiler and reports
+    # its compute/communication overlap: exposed communication time / step time
+    # (trainer/overlap.py, the `mainspring_comm_exposed_fraction` series). 0: off. The
+    # profiled step is slower by the profiler's overhead: sample sparsely (e.g. 100).
+    profile_every: int = num(0, 0, 10**9)
 
     def __post_init__(self) -> None:
         _positive(self, "heartbeat_timeout_s", "segment_budget_s",
@@ -91,6 +96,11 @@ class OpsConfig:
             value = getattr(self, name)
             _require(value == "auto" or value > 0, name, f"must be > 0, got {value!r}",
                      f'set {name} to "auto" or a positive number of seconds')
+        every = self.profile_every
+        _require(isinstance(every, int) and not isinstance(every, bool) and every >= 0,
+                 "profile_every", f"must be a whole number of steps >= 0, got {every!r}",
+                 "set ops.profile_every to how many steps apart to profile one (e.g. 100), "
+                 "or 0 to leave profiling off")
         price = self.accelerator_hour_price
         _require(isinstance(price, (int, float)) and math.isfinite(price) and price >= 0,
                  "accelerator_hour_price", f"must be a finite price >= 0, got {price!r}",

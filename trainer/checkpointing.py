@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from dataclasses import dataclass, field
 
 import structlog
 import torch
@@ -67,7 +68,31 @@ def _on_durable_commit(ctx: SegmentContext, man: CheckpointManifest, uri: str) -
     except StorageUnavailable as exc:  # the batch stays buffered for the next flush
         log.warning("event_flush_deferred", step=man.step, error=exc.cause[:200])
     ctx.last_commit = (man.step, uri)
-    ctx.progress.write(CommitLine(step=man.step, uri=uri, bytes=man.total_bytes))
+    snap = ctx.snapshots.pop(man.step, None)  # None: announced again at a restore
+    ctx.progress.write(CommitLine(step=man.step, uri=uri, bytes=man.total_bytes,
+                                  stall_s=snap.stall_s() if snap else None,
+                                  upload_lag_s=snap.lag_s() if snap else None))
+
+
+@dataclass
+class Snapshot:
+    """Rank 0's checkpoint of a step from the loop's side, for its `commit` line: when the
+    loop paused for it (perf_counter) and when the fast-tier copy was handed to the writer,
+    then how long the pause lasted once it is over. The commit arrives on the
+    checkpointer's reader thread, after the pause — or during it, when the loop waits for
+    the durable copy (storage.async_upload off): then the pause so far, which that commit
+    ends."""
+
+    began: float
+    handed: float = field(default_factory=time.time)
+    pause_s: float | None = None
+
+    def stall_s(self) -> float:
+        pause = self.pause_s if self.pause_s is not None else time.perf_counter() - self.began
+        return round(pause, 4)
+
+    def lag_s(self) -> float:
+        return round(max(0.0, time.time() - self.handed), 4)
 
 
 def finish_uploads(ctx: SegmentContext) -> None:
@@ -266,6 +291,9 @@ def _commit(ctx: SegmentContext, engine, state: TrainState) -> None:
     if not ctx.leader:
         return
     ckpt = ctx.checkpointer
+    snap = Snapshot(t0) if ctx.rank == 0 else None
+    if snap is not None:
+        ctx.snapshots[state.step] = snap  # a rollback's replay of the step replaces it
     waited = ckpt.submit(
         state.step, tokens_seen=state.tokens_seen, data_cursor=state.data_cursor,
         skip_ranges=tuple(tuple(r) for r in state.skip_ranges), detector_state=state_file(0),
@@ -276,6 +304,8 @@ def _commit(ctx: SegmentContext, engine, state: TrainState) -> None:
         ckpt.drain()
     pause = time.perf_counter() - t0
     ctx.stall_s, ctx.stalls = ctx.stall_s + pause, ctx.stalls + 1  # "auto" intervals' cost
+    if snap is not None:
+        snap.pause_s = pause
     if ctx.events is None:  # another node's leader: rank 0 records the checkpoint
         return
     ctx.events.emit("checkpoint_saved", step=state.step, tier="fast", pause_s=round(pause, 4),

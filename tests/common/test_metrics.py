@@ -3,17 +3,21 @@
 
 from __future__ import annotations
 
+import json
+import pathlib
+import re
 import socket
+import time
 import urllib.request
 import uuid
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from activities.metrics import MetricsForwarder
+from activities.metrics import MeteredEventLog, MetricsForwarder, RunTally, tally
 from common import metrics
 from common.errors import BadConfig
-from common.protocol import CommitLine, StartLine, StepLine
+from common.protocol import CommitLine, EvalLine, StartLine, StepLine
 from ops.cli import build_parser
 from ops.services import free_port
 from storage.events import EventLog, read_events
@@ -123,3 +127,111 @@ def test_temporal_runtime_serves_prometheus_and_names_its_flag_when_the_port_is_
         metrics.temporal_runtime(port, "127.0.0.1")
     assert err.value.field == "--temporal-metrics-port" and "already in use" in err.value.problem
     del runtime
+
+
+def samples(port: int, run_id: str) -> dict[tuple[str, tuple], float]:
+    """{(sample name, its labels but run_id, sorted): value} of one run's series."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    return {(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "run_id"))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples
+            if s.labels.get("run_id") == run_id}
+
+
+def test_wall_dashboard_series_come_from_progress_lines_and_the_supervisor_s_events(
+        tmp_path, endpoint):
+    run = f"w-{uuid.uuid4().hex[:8]}"
+    events = MeteredEventLog(str(tmp_path), run, "supervisor", attempt=1)
+    fwd = MetricsForwarder(events, 10, segment="0-80", attempt=1)
+    assert samples(endpoint, run)[("mainspring_rollbacks_total", ())] == 0  # from the start
+    two_ranks = [[0, 3000, 4000], [1, 3100, 4200]]
+    for line in (step(1, 3.0, dt=1.0), step(2, 2.9, dt=1.0),
+                 StepLine(step=3, loss=2.8, lr=1e-4, step_time_s=0.5, grad_norm=1.5,
+                          mem_by_rank=two_ranks, comm_exposed_s=0.1, comm_exposed_frac=0.2),
+                 CommitLine(step=3, uri="file:///x", stall_s=0.25, upload_lag_s=1.5),
+                 EvalLine(step=3, val_loss=3.25),
+                 step(4, 50.0, "rollback", dt=1.0),  # vetoed, and the model goes back
+                 step(4, 2.7, dt=0.5),  # the replay: its time replaces the first's
+                 CommitLine(step=4, uri="file:///x", stall_s=0.5, upload_lag_s=2.0)):
+        fwd.on_progress(line)
+    fault = events.emit("fault", step=4, event_id="fault/0-80/x/1", kind="rank_lost",
+                        injected=False)
+    events.emit("fault", step=4, event_id="fault/0-80/x/1", kind="worker_lost")  # again: once
+    events.emit("fault", step=2, event_id="fault/injected/2", kind="crash", injected=True)
+    events.emit("recovered", step=3, event_id="recovered/0-80/x/1.1", mttr_s=7.5,
+                fault_event_id=fault["event_id"])
+
+    got = samples(endpoint, run)
+    assert got[("mainspring_step_time_seconds", ())] == 0.5
+    assert got[("mainspring_grad_norm", ())] == 1.5
+    assert got[("mainspring_validation_loss", ())] == 3.25
+    assert got[("mainspring_checkpoint_stall_seconds", ())] == 0.5
+    assert got[("mainspring_checkpoint_stall_time_seconds_total", ())] == 0.75
+    assert got[("mainspring_checkpoint_upload_lag_seconds", ())] == 2.0
+    assert got[("mainspring_rollbacks_total", ())] == 1
+    assert got[("mainspring_faults_total", (("kind", "rank_lost"),))] == 1
+    assert ("mainspring_faults_total", (("kind", "worker_lost"),)) not in got
+    assert ("mainspring_faults_total", (("kind", "crash"),)) not in got  # injected: no fault
+    assert got[("mainspring_recoveries_total", ())] == 1
+    assert got[("mainspring_mttr_seconds", ())] == 7.5
+    for rank, allocated, reserved in two_ranks:
+        assert got[("mainspring_memory_peak_allocated_bytes", (("rank", str(rank)),))] == allocated
+        assert got[("mainspring_memory_reserved_bytes", (("rank", str(rank)),))] == reserved
+    assert got[("mainspring_comm_exposed_time_seconds", ())] == 0.1
+    assert got[("mainspring_comm_exposed_fraction", ())] == 0.2
+    # kept applied step time: 1 + 1 + 0.5 + the replay's 0.5 (the rollback step's 1 s is
+    # replaced), over the wall time since the run's first segment began here: far more
+    goodput = got[("mainspring_goodput", ())]
+    assert 0 < goodput <= 1
+    assert tally(run).productive == pytest.approx(3.0)
+    assert not any(name.startswith("mainspring_gpu_") for name, _ in got)  # no NVML here
+    # the dashboard's other queries are on series this endpoint serves (the e2e test runs
+    # them on a real Prometheus)
+    served = {name for name, _ in got}
+    assert {n for n in dashboard_names() if not n.startswith("mainspring_gpu_")} <= served
+
+
+def dashboard_names() -> set[str]:
+    dashboard = json.loads((pathlib.Path(__file__).resolve().parents[2] / "ops" / "dashboards"
+                            / "mainspring.json").read_text())
+    return {n for p in dashboard["panels"] for t in p.get("targets", [])
+            for n in re.findall(r"mainspring_[a-z_]+", t["expr"])}
+
+
+def test_goodput_counts_each_step_number_s_last_execution_and_only_applied_updates():
+    t = RunTally(since=100.0)
+    for step_no, seconds, applied in ((1, 1.0, True), (2, 1.0, True), (3, 1.0, False),
+                                      (2, 2.0, True), (3, 1.5, True)):  # a replay of 2-3
+        t.step(step_no, seconds, applied)
+    assert t.productive == pytest.approx(1.0 + 2.0 + 1.5)
+    assert t.goodput(110.0) == pytest.approx(0.45)
+    assert t.goodput(100.0) is None and t.goodput(101.0) == 1.0  # clamped
+    assert t.first("fault/a") and not t.first("fault/a")
+
+
+def test_nvml_samples_are_published_under_the_names_the_dashboard_s_nvml_panels_query(
+        tmp_path, endpoint, monkeypatch):
+    from activities import nvml
+    from tests.activities.test_nvml import fake_pynvml
+
+    sampler = nvml.Nvml(fake_pynvml(ecc=True), [("0", object())]).start(0.01)
+    deadline = time.monotonic() + 10
+    while not sampler.latest() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    sampler.stop()
+    monkeypatch.setattr(nvml, "_opened", [sampler])  # as on a CUDA worker with pynvml
+    run = f"g-{uuid.uuid4().hex[:8]}"
+    MetricsForwarder(EventLog(str(tmp_path), run, "supervisor", attempt=1), 10,
+                     segment="0-80", attempt=1).on_progress(step(1, 3.0))
+    got = {(name, labels): v for (name, labels), v in samples(endpoint, run).items()
+           if name.startswith("mainspring_gpu_")}
+    assert got[("mainspring_gpu_utilization", (("gpu", "0"),))] == 0.87
+    assert got[("mainspring_gpu_memory_bandwidth_utilization", (("gpu", "0"),))] == 0.41
+    assert got[("mainspring_gpu_memory_used_bytes", (("gpu", "0"),))] == 40 * 2**30
+    assert got[("mainspring_gpu_pcie_throughput_bytes_per_second",
+                (("direction", "rx"), ("gpu", "0")))] == 250 * 1024
+    assert got[("mainspring_gpu_power_watts", (("gpu", "0"),))] == 312.5
+    assert got[("mainspring_gpu_temperature_celsius", (("gpu", "0"),))] == 64
+    assert got[("mainspring_gpu_ecc_errors", (("gpu", "0"), ("type", "uncorrected")))] == 1
+    queried = {n for n in dashboard_names() if n.startswith("mainspring_gpu_")}
+    assert queried == {name for name, _ in got}  # every NVML series on the wall, no other

@@ -1,0 +1,144 @@
+"""What the step loop measures for the worker's Prometheus series (issue 17), beyond the
+throughput Meter: the fields a `step` progress line adds (common/protocol.py StepLine).
+
+- `grad_norm`, every step: DeepSpeed's own (`engine.get_global_grad_norm()`, which its
+  bf16, fp16 and ZeRO optimizers keep), else — ZeRO 0 in fp32, where DeepSpeed clips
+  without keeping the norm — the 2-norm of the gradients as they stand before the update:
+  all-reduced across ranks (DeepSpeed reduces them in the last backward) and not yet
+  clipped, as DeepSpeed's own figure is. Reading it costs one host sync after the update
+  on a GPU (Megatron's logging pays the same).
+- `mem_by_rank`, every `ops.metrics_every` steps: [rank, peak allocated, peak reserved]
+  bytes of each rank of this node (its leader writes the node's progress file), gathered
+  in one small all-gather; on CPU [rank, peak RSS, current RSS].
+- `comm_exposed_s` / `comm_exposed_frac`, every `ops.profile_every` steps (0: never), on
+  rank 0: that step runs under torch.profiler and trainer/overlap.py measures how much of
+  it was communication no computation hid.
+
+Every rank calls the same methods at the same steps (the all-gather needs all of them).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import resource
+import time
+
+import structlog
+import torch
+import torch.distributed as dist
+
+from trainer.context import SegmentContext
+from trainer.overlap import exposed_comm_us, ops_from_profile, overlap_fraction
+
+log = structlog.get_logger(__name__)
+
+
+def memory_bytes(device: torch.device) -> list[int]:
+    """[peak allocated, peak reserved] on CUDA; [peak RSS, current RSS] of this process on CPU."""
+    if device.type == "cuda":
+        return [int(torch.cuda.max_memory_allocated(device)),
+                int(torch.cuda.max_memory_reserved(device))]
+    peak = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # KiB on Linux
+    now = rss_bytes() or peak
+    return [max(peak, now), now]  # the kernel's high-water mark can trail /proc's count
+
+
+def rss_bytes() -> int | None:
+    """This process's resident set size now (Linux /proc), None where it cannot be read."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def grad_norm(parameters) -> torch.Tensor | None:
+    """The 2-norm of the gradients present, on their device (no host sync); None if none."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    if not grads:
+        return None
+    return torch.linalg.vector_norm(
+        torch.stack([torch.linalg.vector_norm(g.detach().float()) for g in grads]))
+
+
+def finite(x: float | None) -> float | None:
+    return x if x is not None and math.isfinite(x) else None
+
+
+class StepProbe:
+    """The loop calls begin(step) first, before_update(engine) just before engine.step()
+    and fields(step, engine) in the step's progress line."""
+
+    def __init__(self, ctx: SegmentContext, engine) -> None:
+        self.ctx, self.device = ctx, torch.device(engine.device)
+        self.profile_every = ctx.spec.ops.profile_every if ctx.rank == 0 else 0
+        self.memory_every = ctx.spec.ops.metrics_every
+        self.own_norm = True  # until DeepSpeed shows it keeps the norm itself (first step)
+        self._norm: torch.Tensor | None = None
+        self._prof = None
+        self._t0 = 0.0
+
+    def begin(self, step: int) -> None:
+        if not (self.profile_every and step % self.profile_every == 0):
+            return
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU]
+        if self.device.type == "cuda":
+            activities.append(ProfilerActivity.CUDA)
+        try:
+            self._prof = profile(activities=activities)
+            self._prof.start()
+        except RuntimeError as exc:  # another profiler active, no kineto: stop sampling
+            log.warning("step_profile_unavailable", step=step, error=str(exc)[:300])
+            self._prof, self.profile_every = None, 0
+        self._t0 = time.perf_counter()
+
+    def before_update(self, engine) -> None:
+        self._norm = grad_norm(engine.module.parameters()) if self.own_norm else None
+
+    def fields(self, step: int, engine) -> dict:
+        out: dict = {"grad_norm": self._grad_norm(engine)}
+        if self._prof is not None:
+            out.update(self._overlap(step))
+        if step % self.memory_every == 0:
+            out["mem_by_rank"] = self._memory()
+        return out
+
+    def _grad_norm(self, engine) -> float | None:
+        kept = engine.get_global_grad_norm()
+        if kept is not None:
+            self.own_norm = False
+            return finite(float(kept))
+        return finite(float(self._norm)) if self._norm is not None else None
+
+    def _overlap(self, step: int) -> dict:
+        prof, self._prof = self._prof, None
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # the step's kernels end inside the window
+        step_s = time.perf_counter() - self._t0
+        try:
+            prof.stop()
+            exposed_s = exposed_comm_us(ops_from_profile(prof)) / 1e6
+        except Exception as exc:  # a measurement must not fail the step: sampling stops
+            log.warning("step_profile_failed", step=step, error=repr(exc)[:300])
+            self.profile_every = 0
+            return {}
+        log.info("step_profiled", step=step, step_s=round(step_s, 4),
+                 comm_exposed_s=round(exposed_s, 6))
+        return {"comm_exposed_s": round(exposed_s, 6),
+                "comm_exposed_frac": overlap_fraction(exposed_s, step_s)}
+
+    def _memory(self) -> list[list[int]]:
+        ctx = self.ctx
+        mine = memory_bytes(self.device)
+        if ctx.world == 1:
+            return [[0, *mine]]
+        t = torch.tensor(mine, dtype=torch.int64, device=ctx.comm_device())
+        parts = [torch.empty_like(t) for _ in range(ctx.world)]
+        dist.all_gather(parts, t)
+        procs = ctx.world // ctx.nnodes  # torchrun: rank = node rank x procs + local rank
+        first = ctx.node_rank * procs
+        return [[rank, *(int(v) for v in parts[rank].tolist())]
+                for rank in range(first, first + procs)]
