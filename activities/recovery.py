@@ -19,6 +19,7 @@ done: the step it resumed from, the steps lost, and the time split into detectio
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import os
 import threading
@@ -256,7 +257,9 @@ class Recovery:
                 settle(outage or {})
             except StorageUnavailable as exc:  # the fault event stays buffered: next flush
                 log.warning("worker_lost_not_stored", error=exc.cause[:200])
-        self._settling = threading.Thread(target=look, name="mainspring-recovery", daemon=True)
+        # in the activity's context: the fault is an event of the attempt's span too
+        self._settling = threading.Thread(target=contextvars.copy_context().run, args=(look,),
+                                          name="mainspring-recovery", daemon=True)
         self._settling.start()
 
     def settled(self) -> Recovery:
