@@ -69,13 +69,14 @@ def segment_workdir(spec: RunSpec, from_step: int, to_step: int) -> str:
                         f"{from_step:09d}-{to_step:09d}")
 
 
-def prepare_fast_tier(spec: RunSpec, store: CheckpointStore) -> int:
+def prepare_fast_tier(spec: RunSpec, store: CheckpointStore, committed: list[int]) -> int:
     """Before a child writes checkpoints here: free what other runs left on this machine,
     then refuse at once (not retried) when the disk cannot hold what the segment keeps —
-    the newest durable copy, the snapshots in flight and the one being written. Returns the
-    newest durable checkpoint's size (0: none yet)."""
+    the newest durable copy (of `committed`, the run's durable steps), the snapshots in
+    flight and the one being written. Returns the newest durable checkpoint's size (0: none
+    yet)."""
     fast_tier.collect_garbage(spec.storage.fast, keep_run=spec.run_id)
-    newest = store.latest_committed()
+    newest = committed[-1] if committed else None
     if newest is None:
         return 0
     size = store.manifest(newest).total_bytes
@@ -189,8 +190,9 @@ def _supervise_segment(spec: RunSpec, inp: TrainSegmentInput, workdir: str,
                        faults: FaultRecorder, recovery: Recovery | None,
                        beat: Callable[[], None]) -> TrainSegmentResult:
     attempt = activity.info().attempt
-    checkpoint_bytes = prepare_fast_tier(spec, store)
-    latest = store.latest_committed(at_or_before=inp.to_step)
+    committed = store.list_committed()  # one listing for both
+    checkpoint_bytes = prepare_fast_tier(spec, store, committed)
+    latest = max((s for s in committed if s <= inp.to_step), default=None)
     tracker.step, tracker.uri = latest, store.uri(latest) if latest is not None else ""
     info = activity.info()  # the same bounds can be scheduled twice (a stop before step 1)
     metrics = MetricsForwarder(events, spec.ops.metrics_every,

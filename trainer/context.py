@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+import structlog
 import torch
 import torch.distributed as dist
 
@@ -27,6 +28,9 @@ from trainer.tracing import StepWindows
 
 if TYPE_CHECKING:
     from storage.tiered import TieredCheckpointer
+
+
+log = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -145,6 +149,28 @@ class SegmentContext:
         self.stall_s, self.stalls = 0.0, 0  # the loop's checkpoint pauses: total, count
         self.snapshots: dict = {}  # step -> trainer/checkpointing.Snapshot, until committed
         self._prefetched: Prefetch | None = None
+        self.commit_lock = threading.Lock()  # last_commit and its commit line, set together
+        self._background: threading.Thread | None = None
+
+    def in_background(self, work: Callable[[], None]) -> None:
+        """Run `work` in a thread of its own, after the previous one (rank 0's announcement
+        of the restored step's durable commit: trainer/checkpointing.py)."""
+        self.settle()
+
+        def run() -> None:
+            try:
+                work()
+            except Exception as exc:  # noqa: BLE001 — the next commit announces itself
+                log.warning("background_work_failed", error=repr(exc)[:300])
+        self._background = threading.Thread(target=run, name="mainspring-announce",
+                                            daemon=True)
+        self._background.start()
+
+    def settle(self) -> None:
+        """Wait for the work in_background started (before the result is written)."""
+        if self._background is not None:
+            self._background.join()
+            self._background = None
 
     def prefetch_events(self, kinds: tuple[str, ...]) -> None:
         """Start reading the run's events of `kinds` now, on rank 0 in a thread, for the

@@ -295,6 +295,7 @@ def run_segment(args: SegmentArgs, rank: int, world: int) -> None:
                        outcome)
     state = train(ctx, engine, batches, state, lr, meter, spikes, evals, faults)
     ctx.windows.close()
+    ctx.settle()  # the restored step's announcement (its last_commit) before the result
     finish_uploads(ctx)  # every checkpoint durable before the segment reports success
     if ctx.events is not None:
         ctx.events.flush()  # decisions after the last checkpoint (evaluations) too
