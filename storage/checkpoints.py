@@ -66,6 +66,8 @@ __all__ = ["FILE_PATTERNS", "MANIFEST", "PARTS", "STEP_DIR", "CheckpointManifest
 
 log = structlog.get_logger(__name__)
 
+LIST_TRIES = 5  # listings of a checkpoint root taken again after racing a delete
+
 class CheckpointStore:
     """Committed checkpoints of one run on one fsspec URL (durable tier, or a local fast tier)."""
 
@@ -107,9 +109,21 @@ class CheckpointStore:
     # ---- reading --------------------------------------------------------------
     def _steps_under(self, root: str) -> list[int]:
         """One listing of `root` (on S3 a LIST of the prefix, not a HEAD per step: a
-        resume and a segment's end read this on the restart path, issue 16)."""
-        self.fs.invalidate_cache()
-        found = self.fs.glob(join(root, "step-*", MANIFEST))
+        resume and a segment's end read this on the restart path, issue 16).
+
+        Retention deletes old steps while others list (another launch's writer, the
+        checkpointer's own cleanup): a step directory that vanishes between the glob's
+        listing and its look inside raises FileNotFoundError — seen in benchmarks/
+        recovery.py as a rank crashing on its first step. The listing is then taken again."""
+        for tries_left in reversed(range(LIST_TRIES)):
+            self.fs.invalidate_cache()
+            try:
+                found = self.fs.glob(join(root, "step-*", MANIFEST))
+                break
+            except FileNotFoundError:
+                if not tries_left:
+                    raise
+                log.info("checkpoint_listing_raced_a_delete", root=root)
         names = [p.rstrip("/").rsplit("/", 2)[-2] for p in found]
         return sorted({int(m.group(1)) for n in names if (m := STEP_DIR.fullmatch(n))})
 
