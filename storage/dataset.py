@@ -24,7 +24,7 @@ import numpy as np
 import structlog
 
 from common.errors import BadData
-from storage.fs import join, pipe_durable, resolve, sha256_stream
+from storage.fs import join, keep_cached, pipe_durable, read_cached, resolve, sha256_stream
 
 log = structlog.get_logger(__name__)
 
@@ -122,38 +122,18 @@ def read_array(fs, path: str, dtype: str, expected_sha256: str, url_for_errors: 
                           "the shard is corrupt: delete the dataset directory and rerun "
                           "prepare_data")
         if cache_dir:
-            _keep(cache_dir, expected_sha256, data)
+            keep_cached(cache_dir, expected_sha256, data)
     return np.frombuffer(data, dtype=dtype)
 
 
 def _cached(cache_dir: str, sha256: str) -> bytes | None:
-    path = os.path.join(cache_dir, sha256)
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    if sha256_stream(io.BytesIO(data))[0] == sha256:
+    data = read_cached(cache_dir, sha256)
+    if data is None or sha256_stream(io.BytesIO(data))[0] == sha256:
         return data
-    log.warning("dataset_cache_mismatch", path=path)  # a torn or rotted copy: fetch again
+    log.warning("dataset_cache_mismatch", path=os.path.join(cache_dir, sha256))  # torn, rotted
     with contextlib.suppress(OSError):
-        os.unlink(path)
+        os.unlink(os.path.join(cache_dir, sha256))
     return None
-
-
-def _keep(cache_dir: str, sha256: str, data: bytes) -> None:
-    """Best effort (a full local disk only costs the next fetch): written under a name of
-    its own, then renamed, so a reader never sees part of it."""
-    tmp = os.path.join(cache_dir, f".{sha256}.{os.getpid()}.tmp")
-    try:
-        os.makedirs(cache_dir, exist_ok=True)
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, os.path.join(cache_dir, sha256))
-    except OSError as exc:
-        log.warning("dataset_cache_skipped", dir=cache_dir, error=repr(exc)[:200])
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
 
 
 def write_shard(fs, directory: str, name: str, split: str, tokens: np.ndarray,

@@ -34,7 +34,15 @@ from opentelemetry import trace
 from common.errors import StorageUnavailable
 from common.redact import redact_value
 from common.telemetry import current_trace_id
-from storage.fs import is_unavailable, join, put_new, resolve, storage_errors
+from storage.fs import (
+    is_unavailable,
+    join,
+    keep_cached,
+    put_new,
+    read_cached,
+    resolve,
+    storage_errors,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -199,7 +207,7 @@ DAMAGED = "event_log_damaged"
 def _load_many(fs, paths: list[str], run_id: str = "",
                cache_dir: str | None = None) -> Iterator[list[dict]]:
     """Each batch's events (`_events`), fetched concurrently, through `cache_dir` if given."""
-    kept = {p: _read_local(cache_dir, p) for p in paths} if cache_dir else {}
+    kept = {p: read_cached(cache_dir, os.path.basename(p)) for p in paths} if cache_dir else {}
     fetched = _fetch(fs, [p for p in paths if kept.get(p) is None])
     for path in paths:
         data = kept.get(path)
@@ -208,7 +216,7 @@ def _load_many(fs, paths: list[str], run_id: str = "",
             if data is None:
                 continue  # listed, then gone (never, for an append-only log; a test's rm)
             if cache_dir:
-                _keep_local(cache_dir, path, data)
+                keep_cached(cache_dir, os.path.basename(path), data)
         yield _events(fs, path, data, run_id)
 
 
@@ -229,27 +237,6 @@ def _fetch(fs, paths: list[str]) -> dict[str, bytes]:
             raise data
         out[fs._strip_protocol(path)] = data
     return {p: out[fs._strip_protocol(p)] for p in paths if fs._strip_protocol(p) in out}
-
-
-def _read_local(cache_dir: str, path: str) -> bytes | None:
-    try:
-        with open(os.path.join(cache_dir, os.path.basename(path)), "rb") as f:
-            return f.read()
-    except OSError:
-        return None
-
-
-def _keep_local(cache_dir: str, path: str, data: bytes) -> None:
-    """Best effort, whole or absent (a temporary name, then a rename)."""
-    final = os.path.join(cache_dir, os.path.basename(path))
-    tmp = f"{final}.{os.getpid()}.tmp"
-    try:
-        os.makedirs(cache_dir, exist_ok=True)
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, final)
-    except OSError as exc:
-        log.warning("event_cache_skipped", dir=cache_dir, error=repr(exc)[:200])
 
 
 def _load(fs, path: str, run_id: str = "") -> list[dict]:

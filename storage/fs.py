@@ -19,9 +19,12 @@ from typing import IO
 from uuid import uuid4
 
 import fsspec
+import structlog
 from fsspec.spec import AbstractFileSystem
 
 from common.errors import BadConfig
+
+log = structlog.get_logger(__name__)
 
 CHUNK = 8 << 20
 
@@ -256,3 +259,28 @@ def commit_lock(fs: AbstractFileSystem, directory: str) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # closing the last descriptor releases the lock
+
+
+def read_cached(cache_dir: str, name: str) -> bytes | None:
+    """A local cache's copy of `name` (storage/dataset.py, storage/events.py); None if absent."""
+    try:
+        with open(os.path.join(cache_dir, name), "rb") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def keep_cached(cache_dir: str, name: str, data: bytes) -> None:
+    """Keep `data` as `name` in a local cache, whole or absent (a name of its own, then a
+    rename). Best effort: a full local disk only costs the next fetch."""
+    final = os.path.join(cache_dir, name)
+    tmp = f"{final}.{os.getpid()}.tmp"
+    try:
+        os.makedirs(cache_dir, exist_ok=True)
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, final)
+    except OSError as exc:
+        log.warning("local_cache_skipped", dir=cache_dir, error=repr(exc)[:200])
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
