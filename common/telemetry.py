@@ -20,6 +20,7 @@ import logging
 import os
 import random
 import sys
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
@@ -127,6 +128,24 @@ def _add_trace_ids(_, __, event_dict: dict) -> dict:
     return event_dict
 
 
+class _StderrLogger:
+    """structlog's PrintLogger, writing to whatever `sys.stderr` is when each line is logged:
+    a logger cached while stderr was a harness's (pytest's capture, a daemon's redirect)
+    never writes to that stream after it is closed."""
+
+    _lock = threading.Lock()
+
+    def msg(self, message: str) -> None:
+        with self._lock:
+            print(message, file=sys.stderr, flush=True)
+
+    log = debug = info = warn = warning = err = error = critical = exception = fatal = msg
+
+
+def _stderr_logger(*_args: Any) -> _StderrLogger:
+    return _StderrLogger()
+
+
 def configure_logging(level: str = "") -> None:
     level = (level or os.environ.get("MAINSPRING_LOG_LEVEL", "info")).upper()
     logging.basicConfig(stream=sys.stderr, level=level, format="%(message)s")
@@ -136,7 +155,7 @@ def configure_logging(level: str = "") -> None:
                     structlog.processors.format_exc_info, _redact_log,
                     structlog.processors.JSONRenderer()],
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level, 20)),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        logger_factory=_stderr_logger,
         cache_logger_on_first_use=True,
     )
 

@@ -127,3 +127,19 @@ def test_spans_the_store_refused_during_an_outage_are_written_with_the_next_expo
         pass
     assert not exporter.unsent
     assert sorted(s["name"] for s in read_spans(str(store), "r1")) == ["steps 1-25", "steps 26-50"]
+
+
+def test_a_logger_cached_while_stderr_was_a_closed_capture_writes_to_the_stderr_of_now(
+        monkeypatch):
+    import io
+
+    import structlog
+    first, now = io.StringIO(), io.StringIO()
+    monkeypatch.setattr("sys.stderr", first)
+    telemetry.configure_logging("info")
+    log = structlog.get_logger("unit")
+    log.info("cached_while_captured")
+    first.close()  # what pytest does to a test's capture when the test ends
+    monkeypatch.setattr("sys.stderr", now)
+    log.warning("after_the_capture_closed", n=1)
+    assert json.loads(now.getvalue().splitlines()[-1])["event"] == "after_the_capture_closed"
