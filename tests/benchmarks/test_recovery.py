@@ -1,4 +1,4 @@
-"""The recovery benchmark's arithmetic (benchmarks/recovery.py), on literal records: the
+"""The recovery benchmark's arithmetic (benchmarks/recovery_marks.py), on literal records: the
 parts of an MTTR add up to it, a missing mark lands in `unaccounted`, the relaunch is read
 from the spans, progress lines and worker log it left, and the per-kind summary."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.recovery import (
+from benchmarks.recovery_marks import (
     answer,
     fault_report,
     launch_marks,
