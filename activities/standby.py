@@ -34,9 +34,11 @@ log = structlog.get_logger(__name__)
 
 # Set per launch, not at import: a standby started without them serves any of their values.
 PER_LAUNCH = frozenset({"TRACEPARENT", "TRACESTATE", "MAINSPRING_WORKER_PID"})
-# After a take, the replacement waits this long: its imports (seconds of CPU) would
-# otherwise compete with the ranks just launched for a small node's cores.
-REPLACE_AFTER_S = 1.0
+# After a take, the replacement waits for the launch's first step (`launch_stepping`), at
+# most this long: its imports (3-7 s of CPU here) would otherwise compete with the ranks'
+# start-up, restore and first step for a small node's cores (issue 16). A launch that
+# finds no standby ready hurries it.
+REPLACE_AT_MOST_S = 30.0
 
 
 def import_key(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
@@ -127,7 +129,8 @@ class Pool:
                 time.sleep(0.05)
                 with self.lock:
                     standby, self.current = self.current, None
-        self.wanted.put(REPLACE_AFTER_S)
+        self.hurry.clear()  # a hurry from before this take is not this launch's first step
+        self.wanted.put(REPLACE_AT_MOST_S)
         if standby is None:
             return None
         if standby.key != import_key(env):
@@ -158,6 +161,12 @@ def warm(env: Callable[[], dict[str, str]]) -> Pool:
     if _POOL is None:
         _POOL = Pool(env)
     return _POOL
+
+
+def launch_stepping() -> None:
+    """The launch that took the standby is stepping: start its replacement now."""
+    if _POOL is not None:
+        _POOL.hurry.set()
 
 
 def take(env: dict[str, str], wait_s: float = 30.0) -> Standby | None:

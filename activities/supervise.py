@@ -197,6 +197,8 @@ def supervise(cmd: list[str], *, workdir: str, env: dict[str, str],
                 watch.seen(line, time.monotonic())
                 last_progress_ts = time.time()
                 seen_since_stop = seen_since_stop or stop_at is not None
+                if steps.last_ts is None and isinstance(line, StepLine):
+                    standby.launch_stepping()  # its replacement may import now
                 steps.seen(line, time.monotonic())
                 on_progress(line)
             heartbeat()

@@ -192,11 +192,12 @@ def make_val(spec: RunSpec, dataset: str, cache_dir: str | None = None
 
 
 def make_meter(spec: RunSpec, model: GPT, vocab_size: int, device: torch.device,
-               world: int) -> Meter:
+               world: int, cache_dir: str | None = None) -> Meter:
     """FLOPs per token of this model and the peak its MFU is measured against."""
     n = matmul_params(model.param_count(), spec.model, vocab_size)
     fpt = flops_per_token(n, spec.model.n_layers, spec.model.d_model, spec.model.seq_len)
-    peak, source = peak_flops(spec.train.peak_tflops, device, DTYPES[spec.train.precision])
+    peak, source = peak_flops(spec.train.peak_tflops, device, DTYPES[spec.train.precision],
+                              cache_dir)
     return Meter(flops_token=fpt, peak=peak, peak_source=source, devices=world)
 
 
@@ -242,7 +243,8 @@ def run_segment(args: SegmentArgs, rank: int, world: int) -> None:
         model = GPT(spec.model, manifest.vocab_size, seed=spec.seed)
         engine = build_engine(spec, model, args.micro_split)
     source = make_batches(spec, args.dataset, rank, world, args.cache("dataset"))
-    meter = make_meter(spec, model, manifest.vocab_size, torch.device(engine.device), world)
+    meter = make_meter(spec, model, manifest.vocab_size, torch.device(engine.device), world,
+                       args.cache("device"))
 
     rollback = operator_rollback.pending(ctx, args.rollback)  # applied once per command id
     restore_began = time.perf_counter()

@@ -42,12 +42,28 @@ PR_SET_NAME = 15  # <linux/prctl.h>: the process name ps and psutil show (ops/ch
 def warm_imports() -> None:
     """What every rank would import first, imported once here (no work is run)."""
     import deepspeed
-    import torch  # noqa: F401
+    import torch
     import torch._dynamo  # noqa: F401  (torch.optim's first optimizer imports it: ~1.4 s)
 
     import trainer.evaluate  # noqa: F401
     import trainer.segment  # noqa: F401  (the trainer and all it imports)
     deepspeed.utils.logger.setLevel("WARNING")
+    if not torch.cuda.is_available():  # (on CUDA the probe would touch the devices: no
+        warm_cpu_comm()               # CUDA context may exist before the fork)
+
+
+def warm_cpu_comm() -> None:
+    """What `deepspeed.init_distributed` does first on CPU, done once here: probe which of
+    DeepSpeed's ops build on this machine (a C compiler run, setuptools imported) and load
+    its shared-memory allreduce op — 0.4 s of each rank's start-up (issue 16). Both are
+    cached in the process (`deepspeed.ops.__compatible_ops__`, the op builders' loaded
+    ops), so every fork reuses them; the op is initialised per rank, later. Its "built
+    successfully" goes to stderr: stdout carries only the READY line."""
+    import contextlib
+
+    from deepspeed.comm.torch import build_shm_op
+    with contextlib.redirect_stdout(sys.stderr):
+        build_shm_op()
 
 
 def free_port() -> int:

@@ -11,6 +11,8 @@ figure is comparable with published MFU numbers (it slightly overstates packed w
 
 from __future__ import annotations
 
+import json
+import math
 import resource
 import time
 from dataclasses import dataclass
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from spec import ModelConfig
+from storage.fs import keep_cached, read_cached
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -65,13 +68,28 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def peak_flops(configured_tflops: float, device: torch.device, dtype: torch.dtype
-               ) -> tuple[float, str]:
-    """(peak FLOP/s per device, how it was obtained): the config if set, else a probe."""
+def peak_flops(configured_tflops: float, device: torch.device, dtype: torch.dtype,
+               cache_dir: str | None = None) -> tuple[float, str]:
+    """(peak FLOP/s per device, how it was obtained): the config if set, else a probe.
+
+    With `cache_dir` (the run's local cache on this machine) a probe is taken once per
+    device and dtype and reused by every later launch: a restart does not spend 0.3 s of
+    each rank's start-up measuring the same matmul again (issue 16), and the run's MFU is
+    measured against one ceiling."""
     if configured_tflops > 0:
         return configured_tflops * 1e12, "config:train.peak_tflops"
-    return measured_peak_flops(device, dtype), f"measured:matmul_probe:{dtype}".replace(
-        "torch.", "")
+    source = f"measured:matmul_probe:{dtype}".replace("torch.", "")
+    name = f"peak-{device}-{dtype}.json".replace("torch.", "").replace(":", "")
+    cached = read_cached(cache_dir, name) if cache_dir else None
+    try:
+        peak = float(json.loads(cached)["flops"]) if cached else 0.0
+    except (ValueError, KeyError, TypeError):  # a torn or foreign file: measure again
+        peak = 0.0
+    if not (peak > 0 and math.isfinite(peak)):
+        peak = measured_peak_flops(device, dtype)
+        if cache_dir:
+            keep_cached(cache_dir, name, json.dumps({"flops": peak}).encode())
+    return peak, source
 
 
 def peak_memory_bytes(device: torch.device) -> int:

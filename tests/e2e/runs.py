@@ -75,10 +75,16 @@ def assert_completed_five_stages(result: dict, spec: RunSpec) -> list[dict]:
 
 def run_in_background(address: str, spec: RunSpec, timeout_s: float = 900
                       ) -> tuple[threading.Thread, dict]:
-    """run_to_end in a thread (the test strikes meanwhile); its result lands in box."""
+    """run_to_end in a thread (the test strikes meanwhile); its result lands in box, or
+    the exception it ended with (a run the test terminates, one that failed) as "error"."""
     box: dict = {}
-    runner = threading.Thread(target=lambda: box.update(
-        result=asyncio.run(run_to_end(address, spec, timeout_s=timeout_s))), daemon=True)
+
+    def run() -> None:
+        try:
+            box["result"] = asyncio.run(run_to_end(address, spec, timeout_s=timeout_s))
+        except Exception as exc:  # the test asserts on the outcome, not the thread
+            box["error"] = exc
+    runner = threading.Thread(target=run, daemon=True)
     runner.start()
     return runner, box
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -47,6 +49,27 @@ def test_matmul_probe_measures_a_positive_cpu_peak_and_names_its_dtype():
     assert 1e6 < measured < 1e14
     peak, source = peak_flops(0.0, torch.device("cpu"), torch.float32)
     assert peak > 0 and source == "measured:matmul_probe:float32"
+
+
+def test_a_probe_is_taken_once_per_device_and_dtype_and_reread_by_later_launches(
+        tmp_path, monkeypatch):
+    from trainer import throughput
+    probes = []
+
+    def probe(device, dtype):
+        probes.append((device, dtype))
+        return 1.5e12 * len(probes)
+    monkeypatch.setattr(throughput, "measured_peak_flops", probe)
+    cpu, cache = torch.device("cpu"), str(tmp_path / "device")
+    first = peak_flops(0.0, cpu, torch.float32, cache)
+    assert peak_flops(0.0, cpu, torch.float32, cache) == first == (
+        1.5e12, "measured:matmul_probe:float32")
+    assert peak_flops(0.0, cpu, torch.bfloat16, cache)[0] == 3e12  # a dtype of its own
+    assert len(probes) == 2
+    for name in os.listdir(cache):  # a torn file is measured again, and replaced
+        (tmp_path / "device" / name).write_text('{"flo')
+    assert peak_flops(0.0, cpu, torch.float32, cache)[0] == 4.5e12
+    assert peak_flops(0.0, cpu, torch.float32, cache)[0] == 4.5e12 and len(probes) == 3
 
 
 def test_cpu_peak_memory_is_the_resident_set_in_bytes():
