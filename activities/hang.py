@@ -153,11 +153,15 @@ class HangWatch:
     def __init__(self, limits: HangLimits, started: float,
                  times: deque[float] | None = None) -> None:
         """`times`: the step times of the attempt's earlier launches (a restart in place:
-        activities/training.py), carried on; a launch's first step (its warm-up) joins
-        them only while there is nothing else to measure by."""
+        activities/training.py), carried on. A launch's first step (its warm-up:
+        allocations, the first collective) counts only while there is nothing else to
+        measure by, and leaves the window when the launch's second step comes: with a few
+        dozen steps measured the p99 is their largest, and one warm-up step three times
+        the others' length set a timeout three times too long (benchmarks/recovery.py)."""
         self.limits, self.started, self.last_at = limits, started, started
         self.times: deque[float] = times if times is not None else deque(maxlen=STEP_WINDOW)
         self.first = True  # the next step line is this launch's first
+        self.warmup_counted = False  # its time is in `times` (the last one) for now
         self.step: StepLine | None = None  # the last step line
         self.evaluated = False  # the last step's eval line came
         self.measured, self.estimated = limits.checkpoint_bytes, 0
@@ -172,8 +176,17 @@ class HangWatch:
             self.step, self.evaluated = line, False
             t, first = line.step_time_s, self.first
             self.first = False
-            if t is not None and math.isfinite(t) and t >= 0 and not (first and self.times):
-                self.times.append(t)
+            if t is None or not math.isfinite(t) or t < 0:
+                return
+            if first:
+                self.warmup_counted = not self.times
+                if self.warmup_counted:
+                    self.times.append(t)
+                return
+            if self.warmup_counted:  # a real step measured: the warm-up no longer counts
+                self.times.pop()
+                self.warmup_counted = False
+            self.times.append(t)
         elif isinstance(line, EvalLine):
             self.evaluated = True
         elif isinstance(line, CommitLine):

@@ -82,13 +82,13 @@ def test_once_steps_run_the_silence_counts_from_the_last_line_of_any_kind():
     assert (now.name, now.limit_s, now.since, now.phase) == ("hang_timeout_s", 60.0, 4.0, "step")
     assert watch.overdue(64.0) is None
     timeout, waited = watch.overdue(64.5)
-    assert waited == 60.5 and timeout.p99_step_s == 0.5 and timeout.steps_measured == 2
+    assert waited == 60.5 and timeout.p99_step_s == 0.5 and timeout.steps_measured == 1
 
 
 def test_slow_steps_raise_the_hang_timeout_to_k_times_their_p99():
     watch = fed(AUTO, [step(n, dt=7.5) for n in range(1, 6)], every_s=8.0)
     assert watch.current().limit_s == 75.0
-    assert "10 x p99 step 7.500s of 5" in watch.current().how
+    assert "10 x p99 step 7.500s of 4" in watch.current().how
 
 
 def test_a_restart_in_place_keeps_the_step_times_and_its_slow_first_step_does_not_count():
@@ -99,12 +99,20 @@ def test_a_restart_in_place_keeps_the_step_times_and_its_slow_first_step_does_no
     again.seen(step(21, dt=4.0), 31.0)  # its warm-up step: allocations, first collective
     assert again.current().limit_s == 5.0  # not 10 x 4 s: the window it carried decides
     again.seen(step(22, dt=0.6), 32.0)
-    assert again.current().limit_s == 6.0 and again.current().steps_measured == 21
+    assert again.current().limit_s == 6.0 and again.current().steps_measured == 20
 
 
 def test_a_launch_with_nothing_measured_yet_counts_its_first_step():
     watch = fed(HangLimits(**{**AUTO.__dict__, "floor_s": 1.0}), [step(1, dt=4.0)])
     assert watch.current().limit_s == 40.0  # the floor alone would call a 2nd slow step hung
+
+
+def test_a_launch_s_slow_first_step_stops_counting_once_its_second_step_is_measured():
+    limits = HangLimits(**{**AUTO.__dict__, "floor_s": 1.0})
+    watch = fed(limits, [step(1, dt=4.0), step(2, dt=0.5)])
+    assert (watch.current().limit_s, watch.current().steps_measured) == (5.0, 1)
+    watch.seen(step(3, dt=0.6), 10.0)
+    assert (watch.current().limit_s, watch.current().steps_measured) == (6.0, 2)
 
 
 def test_a_checkpoint_step_a_rollback_and_a_stop_get_the_checkpoint_io_time_on_top():
@@ -190,7 +198,7 @@ def test_the_fault_payload_names_the_timeout_its_value_and_the_measured_p99():
                            fault_ts=1.0, detected_ts=2.0).payload()
     assert payload["kind"] == "hang" and payload["timeout"] == "hang_timeout_s"
     assert (payload["timeout_s"], payload["auto"], payload["p99_step_s"]) == (60.0, True, 0.5)
-    assert payload["waited_s"] == 68.0 and payload["steps_measured"] == 2
+    assert payload["waited_s"] == 68.0 and payload["steps_measured"] == 1
     assert "hang_timeout_s auto = 60.0s" in payload["evidence"]
     assert "after step 2" in payload["evidence"]
 
@@ -229,7 +237,7 @@ def test_a_child_quiet_after_its_steps_is_hung_at_the_auto_timeout_from_its_last
     limits = HangLimits(floor_s=1.5, factor=10.0, checkpoint_every=1000, to_step=1000)
     payload, took = _run_quiet(tmp_path, steps=5, then="stop", limits=limits)
     assert payload["timeout"] == "hang_timeout_s" and payload["timeout_s"] == 1.5
-    assert payload["p99_step_s"] == 0.05 and payload["steps_measured"] == 5
+    assert payload["p99_step_s"] == 0.05 and payload["steps_measured"] == 4
     assert payload["rank"] == 0 and "rank 0 is stopped" in payload["evidence"]
     assert 1.5 <= payload["waited_s"] < 2.0 and 1.5 < payload["detection_s"] < 2.5
     assert took < 10.0

@@ -74,7 +74,8 @@ def test_a_sigstopped_rank_of_two_is_detected_within_the_auto_timeout_plus_5s_an
     assert (p["timeout"], p["auto"]) == ("hang_timeout_s", True), p
     assert p["phase"] in ("step", "checkpoint"), p  # stopped after a checkpoint step or not
     assert p["rank"] == 1 and "rank 1 is stopped" in p["evidence"] and not p["injected"]
-    times = attempt_step_times(spec, p["attempt"], p.get("restart", 0))
+    # the launch's first step (its warm-up) left the window when its second was measured
+    times = attempt_step_times(spec, p["attempt"], p.get("restart", 0))[1:]
     assert p["steps_measured"] == len(times) > 0 and p["p99_step_s"] == pytest.approx(
         max(times), abs=1e-4)  # fewer than 100 steps: the p99 is the slowest
     io = checkpoint_io_s(p["checkpoint_bytes"], spec.ops.checkpoint_mb_per_s) \
