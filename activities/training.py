@@ -224,7 +224,7 @@ def _supervise_segment(spec: RunSpec, inp: TrainSegmentInput, workdir: str,
     if inp.rollback:
         args += ["--rollback", inp.rollback.to_json()]
     result_file = os.path.join(workdir, "result.json")
-    launch = Launch(spec, inp, store, workdir, args, faults, checkpoint_bytes)
+    launch = Launch(spec, inp, workdir, args, faults, checkpoint_bytes)
     try:
         # A cancel (operator pause/rollback/abort) must not interrupt this thread: the
         # supervisor asks the trainer to stop at a checkpoint and waits for it.
@@ -276,10 +276,9 @@ class Launch:
     one, activities/standby.py), and launched again in place after a failure the worker
     can answer itself — no heartbeat timeout, no Temporal retry, no new worker."""
 
-    def __init__(self, spec: RunSpec, inp: TrainSegmentInput, store: CheckpointStore,
-                 workdir: str, args: list[str], faults: FaultRecorder,
-                 checkpoint_bytes: int) -> None:
-        self.spec, self.inp, self.store, self.workdir = spec, inp, store, workdir
+    def __init__(self, spec: RunSpec, inp: TrainSegmentInput, workdir: str, args: list[str],
+                 faults: FaultRecorder, checkpoint_bytes: int) -> None:
+        self.spec, self.inp, self.workdir = spec, inp, workdir
         self.args, self.faults = args, faults
         self.checkpoint_bytes = checkpoint_bytes  # the newest commit's (the hang timeout's)
         # the hang timeout's step times, carried across restarts in place: a restart's
@@ -291,11 +290,14 @@ class Launch:
         spec, inp = self.spec, self.inp
         args = [*self.args, "--restart", str(self.faults.restart)] if self.faults.restart \
             else self.args
-        if self.faults.restart:  # the checkpoint a restart resumes from: newer, maybe larger
-            latest = self.store.latest_committed(at_or_before=inp.to_step)
-            self.checkpoint_bytes = self.store.manifest(latest).total_bytes \
-                if latest is not None else self.checkpoint_bytes
         procs = spec.train.procs_per_node
+
+        def seen(line: ProgressLine) -> None:
+            # the size of what a restart resumes from (newer, maybe larger) without a listing
+            # and a manifest read on the restart's path: the launch's own commits say it
+            if isinstance(line, CommitLine):
+                self.checkpoint_bytes = max(self.checkpoint_bytes, line.bytes)
+            on_progress(line)
         supervise(trainer_command("trainer.segment", procs, args, inp.gang),
                   # a gang launches through torchrun (docs/decisions.md, issue 16)
                   warm=None if inp.gang else trainer_launch("trainer.segment", procs, args),
@@ -303,7 +305,7 @@ class Launch:
                   env=child_env({**child_trace_env(), WORKER_PID_ENV: str(os.getpid())}),
                   on_failure=self.faults.on_failure,
                   progress_file=os.path.join(self.workdir, "progress.jsonl"),
-                  on_progress=on_progress, heartbeat=heartbeat,
+                  on_progress=seen, heartbeat=heartbeat,
                   is_cancelled=activity.is_cancelled, draining=drain.reason,
                   hang=HangLimits.of(spec, inp.to_step, checkpoint_bytes=self.checkpoint_bytes),
                   stop_grace_s=spec.ops.stop_grace_s, poll_s=POLL_S,
