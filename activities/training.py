@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from collections import deque
-from typing import Callable
+from typing import Callable, TypeVar
 
 import structlog
 from temporalio import activity
@@ -58,6 +58,7 @@ from storage.events import EventLog
 from trainer.extensions import clear_stale_build_locks
 
 log = structlog.get_logger(__name__)
+A, B = TypeVar("A"), TypeVar("B")
 
 GANG_STOP_QUIET_S = 5.0  # a stopping gang member with no step since the stop request
 HEARTBEAT_EVERY_S = 1.0  # the heartbeat thread's beat (the worker sends at most one a
@@ -135,7 +136,9 @@ def _train_segment(spec: RunSpec, inp: TrainSegmentInput) -> TrainSegmentResult:
                     # starts over at attempt 1
                     event_id=f"segment_started/{inp.from_step}-{inp.to_step}/{execution}/{attempt}",
                     from_step=inp.from_step, to_step=inp.to_step, attempt=attempt)
-        events.flush()
+        # written beside the launch's preparation, not before it (issue 16: a retry's
+        # seconds); a failed write keeps the event for the attempt's next flush
+        beside(flush_kept, events)
     prior = prior_repeat(activity.info().heartbeat_details)
     tracker = DurableCommit(None, "", prior)
 
@@ -223,6 +226,8 @@ def _supervise_segment(spec: RunSpec, inp: TrainSegmentInput, workdir: str,
         args += ["--nnodes", str(inp.gang.nnodes), "--session", inp.gang.session]
     if inp.rollback:
         args += ["--rollback", inp.rollback.to_json()]
+    if inp.to_step not in committed:  # the trainer need not list again to know
+        args += ["--unfinished"]
     result_file = os.path.join(workdir, "result.json")
     launch = Launch(spec, inp, workdir, args, faults, checkpoint_bytes)
     try:
@@ -258,8 +263,42 @@ def _supervise_segment(spec: RunSpec, inp: TrainSegmentInput, workdir: str,
                 event_id=f"segment_finished/{inp.from_step}-{inp.to_step}",
                 from_step=inp.from_step, to_step=inp.to_step, attempt=attempt,
                 train_loss=res.train_loss, resumed_from=res.resumed_from)
-    events.flush()
-    return segment_result(res, attempt, store.list_committed(), in_place_faults=faults.restart)
+    _, committed = concurrently(events.flush, store.list_committed)  # two round trips at once
+    return segment_result(res, attempt, committed, in_place_faults=faults.restart)
+
+
+def beside(fn: Callable[..., object], *args: object) -> threading.Thread:
+    """`fn(*args)` in a thread of its own, in this activity's context (its span, its log
+    fields); not waited for."""
+    thread = threading.Thread(target=contextvars.copy_context().run, args=(fn, *args),
+                              daemon=True)
+    thread.start()
+    return thread
+
+
+def concurrently(first: Callable[[], A], second: Callable[[], B]) -> tuple[A, B]:
+    """Both calls at once (`first` in a thread); their results, or the first error."""
+    box: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = first()
+        except BaseException as exc:  # re-raised in the caller's thread below
+            box["error"] = exc
+    thread = beside(run)
+    value = second()
+    thread.join()
+    if "error" in box:
+        raise box["error"]  # type: ignore[misc]
+    return box.get("value"), value  # type: ignore[return-value]
+
+
+def flush_kept(events: EventLog) -> None:
+    """Flush, or leave the events buffered for the next flush (storage/events.py)."""
+    try:
+        events.flush()
+    except Exception as exc:
+        log.warning("event_flush_deferred", error=repr(exc)[:300])
 
 
 # Failures a restart in place answers: the worker is alive and saw the rank fail; the

@@ -46,6 +46,7 @@ class SegmentArgs:
     cache_dir: str | None = None
     attempt: int = 1  # the activity attempt (for events)
     restart: int = 0  # its restarts in place so far (activities/training.py)
+    unfinished: bool = False  # the supervisor saw no commit of to_step just before the launch
     lr_windows: tuple[tuple[float, float, float], ...] = ()  # [start, end, factor]
     rollback: OperatorRollback | None = None  # an operator's, applied once per id
     max_rollbacks: int = -1  # end the segment early after this many rollbacks (-1: no limit)

@@ -221,7 +221,8 @@ def run_segment(args: SegmentArgs, rank: int, world: int) -> None:
     ctx = SegmentContext(args, spec, rank, world, config_hash=run_spec.spec_hash())
     # (an operator rollback must first uncommit the abandoned trajectory's checkpoints; a
     # restart in place follows a launch that failed before its end: no listing for it)
-    done = None if args.rollback or args.restart else finished_manifest(ctx.store, args.to_step)
+    done = None if args.rollback or args.restart or args.unfinished \
+        else finished_manifest(ctx.store, args.to_step)
     if done is not None:
         if rank == 0:  # idempotent retry: the segment already finished
             write_result(ctx, SegmentResult(
@@ -384,6 +385,9 @@ def parse_args(argv: list[str] | None = None) -> SegmentArgs:
     p.add_argument("--attempt", type=int, default=1, help="activity attempt (for events)")
     p.add_argument("--restart", type=int, default=0,
                    help="the attempt's restarts in place so far (for events)")
+    p.add_argument("--unfinished", action="store_true",
+                   help="the supervisor's listing just before this launch had no commit of "
+                        "--to-step: skip the check for an already finished segment")
     # The supervisor passes the windows in a file: argv is bounded (E2BIG at ~7,000
     # windows, issue 11); inline JSON stays for running a segment by hand.
     lr = p.add_mutually_exclusive_group()
@@ -414,7 +418,7 @@ def parse_args(argv: list[str] | None = None) -> SegmentArgs:
             windows = json.load(f)
     return SegmentArgs(spec=ns.spec, dataset=ns.dataset, to_step=ns.to_step, workdir=ns.workdir,
                        fast_dir=ns.fast_dir, cache_dir=ns.cache_dir,
-                       attempt=ns.attempt, restart=ns.restart,
+                       attempt=ns.attempt, restart=ns.restart, unfinished=ns.unfinished,
                        lr_windows=tuple(tuple(w) for w in windows), rollback=ns.rollback,
                        max_rollbacks=ns.max_rollbacks, micro_split=ns.micro_split,
                        nnodes=ns.nnodes, session=ns.session,
