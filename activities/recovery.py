@@ -19,7 +19,6 @@ done: the step it resumed from, the steps lost, and the time split into detectio
 
 from __future__ import annotations
 
-import contextvars
 import functools
 import os
 import threading
@@ -39,6 +38,7 @@ from common.errors import (
 )
 from common.fault_kinds import TRANSIENT_KINDS
 from common.protocol import StartLine, StepLine, launch_tag
+from common.threads import in_context
 from storage.events import EventLog, read_events
 
 log = structlog.get_logger(__name__)
@@ -258,9 +258,7 @@ class Recovery:
             except StorageUnavailable as exc:  # the fault event stays buffered: next flush
                 log.warning("worker_lost_not_stored", error=exc.cause[:200])
         # in the activity's context: the fault is an event of the attempt's span too
-        self._settling = threading.Thread(target=contextvars.copy_context().run, args=(look,),
-                                          name="mainspring-recovery", daemon=True)
-        self._settling.start()
+        self._settling = in_context(look, name="mainspring-recovery")
 
     def settled(self) -> Recovery:
         """This Recovery, once the fault it answers is known (and a worker_lost recorded)."""

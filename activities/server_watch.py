@@ -24,7 +24,6 @@ things still went wrong, and this module sees to them:
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import dataclasses
 import os
 import threading
@@ -41,6 +40,7 @@ from activities.contracts import TrainSegmentInput
 from activities.supervise import ProgressTail
 from common.errors import StorageUnavailable
 from common.protocol import StartLine, StepLine
+from common.threads import in_context
 from spec import RunSpec
 from storage.events import EventLog
 
@@ -174,9 +174,7 @@ class ServerWatch:
 
     def start(self) -> ServerWatch:
         # the activity's context (its span: the events are span events there too)
-        self._thread = threading.Thread(target=contextvars.copy_context().run,
-                                        args=(self._run,), name="server-watch", daemon=True)
-        self._thread.start()
+        self._thread = in_context(self._run, name="server-watch")
         return self
 
     def _run(self) -> None:

@@ -10,7 +10,6 @@ faults and recoveries are recorded as activities/recovery.py says. Each attempt 
 
 from __future__ import annotations
 
-import contextvars
 import json
 import math
 import os
@@ -18,7 +17,7 @@ import sys
 import threading
 import time
 from collections import deque
-from typing import Callable, TypeVar
+from typing import Callable
 
 import structlog
 from temporalio import activity
@@ -51,6 +50,7 @@ from common.fault_kinds import TRANSIENT_KINDS, lost_a_peer
 from common.procs import WORKER_PID_ENV
 from common.protocol import CommitLine, ProgressLine, SegmentResult
 from common.telemetry import child_trace_env
+from common.threads import concurrently, in_context
 from spec import RunSpec
 from storage import fast_tier
 from storage.checkpoints import CheckpointStore
@@ -58,7 +58,6 @@ from storage.events import EventLog
 from trainer.extensions import clear_stale_build_locks
 
 log = structlog.get_logger(__name__)
-A, B = TypeVar("A"), TypeVar("B")
 
 GANG_STOP_QUIET_S = 5.0  # a stopping gang member with no step since the stop request
 HEARTBEAT_EVERY_S = 1.0  # the heartbeat thread's beat (the worker sends at most one a
@@ -138,7 +137,7 @@ def _train_segment(spec: RunSpec, inp: TrainSegmentInput) -> TrainSegmentResult:
                     from_step=inp.from_step, to_step=inp.to_step, attempt=attempt)
         # written beside the launch's preparation, not before it (issue 16: a retry's
         # seconds); a failed write keeps the event for the attempt's next flush
-        beside(flush_kept, events)
+        in_context(flush_kept, events, name="mainspring-segment-started")
     prior = prior_repeat(activity.info().heartbeat_details)
     tracker = DurableCommit(None, "", prior)
 
@@ -267,32 +266,6 @@ def _supervise_segment(spec: RunSpec, inp: TrainSegmentInput, workdir: str,
     return segment_result(res, attempt, committed, in_place_faults=faults.restart)
 
 
-def beside(fn: Callable[..., object], *args: object) -> threading.Thread:
-    """`fn(*args)` in a thread of its own, in this activity's context (its span, its log
-    fields); not waited for."""
-    thread = threading.Thread(target=contextvars.copy_context().run, args=(fn, *args),
-                              daemon=True)
-    thread.start()
-    return thread
-
-
-def concurrently(first: Callable[[], A], second: Callable[[], B]) -> tuple[A, B]:
-    """Both calls at once (`first` in a thread); their results, or the first error."""
-    box: dict[str, object] = {}
-
-    def run() -> None:
-        try:
-            box["value"] = first()
-        except BaseException as exc:  # re-raised in the caller's thread below
-            box["error"] = exc
-    thread = beside(run)
-    value = second()
-    thread.join()
-    if "error" in box:
-        raise box["error"]  # type: ignore[misc]
-    return box.get("value"), value  # type: ignore[return-value]
-
-
 def flush_kept(events: EventLog) -> None:
     """Flush, or leave the events buffered for the next flush (storage/events.py)."""
     try:
@@ -381,8 +354,7 @@ class Heartbeats:
         activity.heartbeat(self.details())
 
     def __enter__(self) -> Heartbeats:
-        threading.Thread(target=contextvars.copy_context().run, args=(self._run,),
-                         name="mainspring-heartbeat", daemon=True).start()
+        in_context(self._run, name="mainspring-heartbeat")
         return self
 
     def __exit__(self, *_: object) -> None:
