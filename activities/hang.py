@@ -171,7 +171,12 @@ class HangWatch:
         self.checkpoint_every = limits.checkpoint_every
 
     def seen(self, line: ProgressLine, now: float) -> None:
-        self.last_at = now
+        if not isinstance(line, CommitLine) or self._draining():
+            # a commit line comes from the checkpointer's thread: mid-segment it is no sign
+            # that the step loop lives (a hang detected 1.2 s late because an upload landed
+            # in it: benchmarks/recovery.py); at start-up and in the end's drain the loop
+            # waits on those commits, so there each one is progress
+            self.last_at = now
         if isinstance(line, StepLine):
             self.step, self.evaluated = line, False
             t, first = line.step_time_s, self.first
@@ -194,6 +199,11 @@ class HangWatch:
         elif isinstance(line, StartLine):
             self.estimated = BYTES_PER_PARAM * line.params
             self.checkpoint_every = line.checkpoint_every or self.checkpoint_every
+
+    def _draining(self) -> bool:
+        """No step yet (start-up: a restore announces its commit), or the loop's last step
+        was the segment's last or a stop was asked: it now waits for the uploads."""
+        return self.step is None or self.stopping or self.step.step >= self.limits.to_step
 
     @property
     def checkpoint_bytes(self) -> int:

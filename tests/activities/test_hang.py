@@ -75,14 +75,29 @@ def test_before_the_first_step_only_the_startup_timeout_applies_counted_from_the
     assert waited == 641.5 and "startup_floor_s 600s" in timeout.how
 
 
-def test_once_steps_run_the_silence_counts_from_the_last_line_of_any_kind():
+def test_once_steps_run_the_silence_counts_from_the_last_step_loop_line_not_a_commit():
+    # the commit line of step 0 comes from the checkpointer's thread at t=4: an upload
+    # landing while the loop hangs is no sign of life, so the clock still runs from step 2
     watch = fed(AUTO, [StartLine(resumed_from=None, world_size=2, to_step=40, attempt=1),
                        step(1), step(2), CommitLine(step=0, uri="u", bytes=1000)])
     now = watch.current()
-    assert (now.name, now.limit_s, now.since, now.phase) == ("hang_timeout_s", 60.0, 4.0, "step")
-    assert watch.overdue(64.0) is None
-    timeout, waited = watch.overdue(64.5)
+    assert (now.name, now.limit_s, now.since, now.phase) == ("hang_timeout_s", 60.0, 3.0, "step")
+    assert watch.overdue(63.0) is None
+    timeout, waited = watch.overdue(63.5)
     assert waited == 60.5 and timeout.p99_step_s == 0.5 and timeout.steps_measured == 1
+    watch.seen(EvalLine(step=2, val_loss=2.0), 70.0)  # the loop's own lines do restart it
+    assert watch.current().since == 70.0
+
+
+def test_in_the_segment_end_drain_each_commit_line_is_progress():
+    # after the last step the loop waits for its uploads: each landing commit restarts the clock
+    watch = fed(AUTO, [step(39), step(40)])
+    watch.seen(CommitLine(step=30, uri="u", bytes=1000), 30.0)
+    assert watch.current().since == 30.0
+    stopping = fed(AUTO, [step(11)])
+    stopping.stopping = True  # asked to stop: it commits at the end of its step and drains
+    stopping.seen(CommitLine(step=10, uri="u", bytes=1000), 9.0)
+    assert stopping.current().since == 9.0
 
 
 def test_slow_steps_raise_the_hang_timeout_to_k_times_their_p99():
