@@ -14,6 +14,7 @@ import fcntl
 import hashlib
 import os
 import shutil
+import threading
 from collections.abc import Callable, Iterator
 from typing import IO
 from uuid import uuid4
@@ -48,11 +49,43 @@ def normalize_url(url: str) -> str:
     return "file://" + os.path.abspath(os.path.expanduser(url))
 
 
+# One S3 filesystem per process, endpoint and credentials, shared by its threads. A new
+# s3fs instance is a new botocore session and client: 0.15-0.5 s before its first answer
+# (the service model loaded, credentials resolved), where the shared one answers in 10 ms;
+# the restart path and each segment boundary resolved a store a dozen times (issue 16).
+# s3fs runs every call on fsspec's one IO loop, so any thread may use it; after a fork the
+# child (a rank, the checkpoint writer) makes its own: the key holds the process id.
+_SHARED: dict[tuple, AbstractFileSystem] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_key(protocol: str, options: dict) -> tuple:
+    """Pure but for the environment: what makes two S3 filesystems interchangeable."""
+    env = tuple(os.environ.get(k, "") for k in (
+        "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION",
+        "AWS_PROFILE"))
+    return (os.getpid(), protocol, repr(sorted(options.items())), env)
+
+
 def resolve(url: str) -> tuple[AbstractFileSystem, str]:
     """(filesystem, root path without protocol) for a URL or local path."""
     url = normalize_url(url)
     protocol = url.split("://", 1)[0]
-    options = s3_options() if protocol in ("s3", "s3a") else {}
+    if protocol not in ("s3", "s3a"):
+        return _resolve(url, protocol, {})
+    options = s3_options()
+    key = shared_key(protocol, options)
+    fs = _SHARED.get(key)
+    if fs is not None:
+        return fs, fs._strip_protocol(url).rstrip("/")
+    with _SHARED_LOCK:
+        if key not in _SHARED:
+            _SHARED[key] = _resolve(url, protocol, options)[0]
+        fs = _SHARED[key]
+    return fs, fs._strip_protocol(url).rstrip("/")
+
+
+def _resolve(url: str, protocol: str, options: dict) -> tuple[AbstractFileSystem, str]:
     try:
         fs, root = fsspec.core.url_to_fs(url, **options)
     except ValueError as exc:  # an unknown protocol or a malformed URL: retrying cannot help
