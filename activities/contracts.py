@@ -364,7 +364,7 @@ class RunCarry:
     pending_rollback: OperatorRollback | None = None  # an operator rollback no segment has applied
     rollback_pins: list[str] = field(default_factory=list)  # its target's pins (storage/rollback)
     # paused / needs_attention: {"stage", "reason", "who"} while the run waits for `resume`,
-    # so a run continued-as-new while held goes on holding (workflows/training_run.py:_hold)
+    # so a run continued-as-new while held goes on holding (workflows/commands.py:_hold)
     held: dict[str, Any] | None = None
     # the run's trace: its id and the root and open stage spans' ids and start times, so
     # every workflow run of the chain is one trace (workflows/tracing.py)
