@@ -441,7 +441,7 @@ def settings(args: argparse.Namespace) -> dict:
     return {"steps": steps, "segment_steps": args.segment_steps or steps // 4,
             "checkpoint_every": args.checkpoint_every, "world_size": args.world,
             "micro_batch_tokens": MICRO_BATCH_TOKENS,
-            "every_s": 30.0 if args.quick else args.every, "min_train_s": args.min_train_s,
+            "every_s": args.every or (30.0 if args.quick else 45.0), "min_train_s": args.min_train_s,
             "outage_s": args.outage_s, "server_down_s": args.server_down_s, "kinds": kinds,
             "heartbeat_timeout_s": HEARTBEAT_S, "hang_timeout_s": "auto",
             "hang_floor_s": HANG_FLOOR_S, "startup_timeout_s": STARTUP_S}
@@ -451,8 +451,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true",
                    help="1200 steps and a fault every 30 s (about 10 minutes)")
-    p.add_argument("--every", "--fault-every", type=float, default=45.0,
-                   help="seconds between faults")
+    p.add_argument("--every", "--fault-every", type=float, default=0.0,
+                   help="seconds between faults (default 45; quick 30)")
     p.add_argument("--min-train-s", type=float, default=10.0,
                    help="training seconds after a recovery before the next fault")
     p.add_argument("--steps", type=int, default=0, help="total steps (default 2400; quick 1200)")
