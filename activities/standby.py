@@ -39,6 +39,8 @@ PER_LAUNCH = frozenset({"TRACEPARENT", "TRACESTATE", "MAINSPRING_WORKER_PID"})
 # start-up, restore and first step for a small node's cores (issue 16). A launch that
 # finds no standby ready hurries it.
 REPLACE_AT_MOST_S = 30.0
+# how long a standby let go while still importing may take to finish before it is killed
+LET_GO_S = 300.0
 
 
 def import_key(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
@@ -91,6 +93,29 @@ class Standby:
             self.proc.wait()
 
 
+    def let_go(self, grace_s: float) -> None:
+        """Not used, and perhaps still importing: its stdin closed, it exits once its imports
+        are done. Not killed there and then: inside DeepSpeed's JIT op load it holds the
+        build directory's `lock` file, and a kill leaves that behind for every later rank to
+        wait on (seen in CI: a standby still importing under load after 30 s was killed, and
+        the cold launch's ranks waited on the lock until the test gave up). Killed only if
+        it has not gone after `grace_s`; an older lock the supervisor clears by its age
+        (trainer/extensions.py)."""
+        try:
+            if self.proc.stdin:
+                self.proc.stdin.close()
+        except OSError:
+            pass
+
+        def reap() -> None:
+            try:
+                self.proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        threading.Thread(target=reap, name="standby-let-go", daemon=True).start()
+
+
 class Pool:
     """At most one standby, started (and restarted after each take) by one thread."""
 
@@ -140,7 +165,7 @@ class Pool:
         if not standby.ready.wait(max(0.0, deadline - time.monotonic())) \
                 or standby.proc.poll() is not None:
             log.info("standby_not_ready", pid=standby.proc.pid, waited_s=wait_s)
-            standby.proc.kill()
+            standby.let_go(LET_GO_S)
             return None
         return standby
 

@@ -42,3 +42,16 @@ def test_a_taken_standby_is_replaced_after_the_launch_steps_not_while_it_starts(
         for s in taken:
             if s is not None:
                 s.release()
+
+
+def test_a_standby_not_ready_in_time_is_let_go_to_finish_its_imports_not_killed(monkeypatch):
+    """Killed mid-import it could leave DeepSpeed's JIT build lock for every later rank."""
+    pool = standby.Pool(child_env)
+    monkeypatch.setattr(standby, "_POOL", pool)
+    try:
+        assert eventually(lambda: pool.current is not None, 30)
+        importing = pool.current
+        assert pool.take(child_env(), wait_s=0.0) is None  # not ready yet: launch cold
+        assert importing.proc.wait(120) == 0  # it finished its imports and left by itself
+    finally:
+        pool.close()
