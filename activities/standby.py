@@ -92,7 +92,6 @@ class Standby:
             self.proc.kill()
             self.proc.wait()
 
-
     def let_go(self, grace_s: float) -> None:
         """Not used, and perhaps still importing: its stdin closed, it exits once its imports
         are done. Not killed there and then: inside DeepSpeed's JIT op load it holds the
