@@ -1,6 +1,7 @@
 """Checkpoint stall: training pause per checkpoint, tiered async vs synchronous save to S3.
 
     .venv/bin/python benchmarks/checkpoint_stall.py [--mb 120] [--checkpoints 4] [--every 60]
+                                                    [--device cpu|cuda] [--width 1024]
 
 Trains a stack of linear layers with Adam whose model + optimizer state is `--mb` MB, and
 checkpoints it every `--every` steps to SeaweedFS S3 (a private `weed server -s3`, or the
@@ -15,6 +16,8 @@ upload's steps against the same interval's steps after it finished), so load tha
 processes put on a shared machine while the run goes on cancels out; the first interval,
 while the writer process starts, is not compared. `slowdown_unpaired` is the plain ratio of
 means over the whole tiered run, as earlier versions reported it.
+`--device cuda` keeps the model, its optimizer state and the batch on the GPU, so each
+pause includes the device-to-host copy of the state, as a GPU trainer's does.
 """
 
 from __future__ import annotations
@@ -32,17 +35,19 @@ import uuid
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import psutil
+import structlog
 import torch
 
 from storage.checkpoints import CheckpointStore
 from storage.tiered import TieredCheckpointer, TierPolicy
 
 
-def build(mb: int, width: int = 1024) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+def build(mb: int, width: int = 1024, device: str = "cpu"
+          ) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     """Linear layers sized so that params + Adam's two moments (3 x 4 bytes/param) ≈ mb MB."""
     layers = max(1, round(mb * 2**20 / 12 / (width * width + width)))
     torch.manual_seed(0)
-    model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)])
+    model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)]).to(device)
     return model, torch.optim.Adam(model.parameters(), lr=1e-4)
 
 
@@ -50,6 +55,8 @@ def step(model, opt, x) -> None:
     opt.zero_grad(set_to_none=True)
     model(x).square().mean().backward()
     opt.step()
+    if x.is_cuda:  # the step's kernels end inside its timing
+        torch.cuda.synchronize(x.device)
 
 
 # A name DeepSpeed writes (the store accepts only those: storage/manifest.py:FILE_PATTERNS).
@@ -83,8 +90,8 @@ def snapshot_writer(model, opt):
 
 
 def run(mode: str, args, url: str, scratch: str) -> dict:
-    model, opt = build(args.mb)
-    x = torch.randn(args.batch, 1024)
+    model, opt = build(args.mb, args.width, args.device)
+    x = torch.randn(args.batch, args.width, device=args.device)
     durable = CheckpointStore(url, f"bench-{mode}-{uuid.uuid4().hex[:6]}")
     fast = CheckpointStore.local(os.path.join(scratch, mode, "fast"))
     ckpt = TieredCheckpointer(durable, fast, TierPolicy(max_in_flight=2)) if mode == "async" else None
@@ -134,6 +141,7 @@ def paired_slowdown(steps: list[tuple[int, bool, float]], min_steps: int = 3) ->
 
 
 def main(argv: list[str] | None = None) -> int:
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))  # stdout: JSON
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--mb", type=int, default=120, help="model + optimizer state size (MB)")
     p.add_argument("--checkpoints", type=int, default=4)
@@ -143,6 +151,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="tiered hand-over: copy state to CPU memory (a background thread "
                         "saves it), or torch.save to the fast tier in the loop (as DeepSpeed does)")
     p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--width", type=int, default=1024, help="features of each linear layer")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="where the model, optimizer state and batch live")
     p.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) - 1),
                    help="torch threads (one core is left for I/O, as for a data loader)")
     p.add_argument("--durable", default="", help="durable URL (default: a private SeaweedFS)")
@@ -185,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
         "step_s_during_upload": round(statistics.mean(paired["busy"] or all_busy or [0]), 4),
         "steps_during_upload": len(all_busy), "checkpoint_bytes": tiered["bytes"],
         "checkpoints": args.checkpoints, "every_steps": args.every, "batch": args.batch,
+        "device": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
+        "width": args.width,
         "torch_threads": args.threads, "durable": url.split("://")[0] if "://" in url else "file", "fast": "local disk",
         "snapshot": args.snapshot, "load_avg_1m": round(os.getloadavg()[0], 2),
         "target_value": 0.10, "target_slowdown": 1.25,

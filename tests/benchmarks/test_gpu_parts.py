@@ -1,0 +1,33 @@
+"""The GPU check's own logic on CPU (benchmarks/gpu/parts.py): the kill-and-resume verdict
+and how it reads a segment's commits. The GPU run itself is benchmarks/gpu_check.sh."""
+
+from __future__ import annotations
+
+import json
+
+from benchmarks.gpu.parts import NOISE_FACTOR, commits, resume_verdict
+
+
+def test_a_resume_that_equals_the_uninterrupted_run_is_bitwise_whatever_the_noise():
+    assert resume_verdict(0.0, 0.0) == "bitwise"
+    assert resume_verdict(0.0, 1e-3) == "bitwise"
+
+
+def test_with_deterministic_kernels_any_difference_fails_the_resume():
+    assert resume_verdict(1e-9, 0.0) == "FAILED"
+
+
+def test_a_difference_within_the_noise_factor_passes_and_one_past_it_fails():
+    noise = 2e-3
+    assert resume_verdict(NOISE_FACTOR * noise, noise) == "within_tolerance"
+    assert resume_verdict(NOISE_FACTOR * noise * 1.01, noise) == "FAILED"
+
+
+def test_commits_are_read_from_progress_lines_of_type_commit_and_a_torn_last_line_is_skipped(
+        tmp_path):
+    progress = tmp_path / "progress.jsonl"
+    lines = [{"type": "start", "step": 0}, {"type": "commit", "ts": 1.0, "step": 0},
+             {"type": "step", "step": 4}, {"type": "commit", "ts": 2.0, "step": 4}]
+    progress.write_text("".join(json.dumps(x) + "\n" for x in lines) + '{"type": "comm')
+    assert commits(progress) == [0, 4]
+    assert commits(tmp_path / "absent.jsonl") == []
