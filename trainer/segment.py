@@ -59,6 +59,7 @@ from trainer.context import SegmentArgs, SegmentContext, on_sigterm
 from trainer.data import PackedBatches, TrainBatches, skip_past, val_batches
 from trainer.elastic import on_nodes
 from trainer.engine import build_engine, micro_batch_size, set_lr, tokens_per_step, veto_next_update
+from trainer.extensions import install_owned_build_locks
 from trainer.faults import FaultInjector, FaultyBatches
 from trainer.guard import SpikeGuard, finite_or_none, recorded_skip_ranges
 from trainer.model import GPT, IGNORE
@@ -77,6 +78,7 @@ from trainer.throughput import (
 )
 
 log = structlog.get_logger(__name__)
+install_owned_build_locks()  # before DeepSpeed loads an op: a dead loader's lock is cleared
 
 
 # ---- the step loop ---------------------------------------------------------------------
