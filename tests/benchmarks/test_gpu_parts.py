@@ -31,3 +31,16 @@ def test_commits_are_read_from_progress_lines_of_type_commit_and_a_torn_last_lin
     progress.write_text("".join(json.dumps(x) + "\n" for x in lines) + '{"type": "comm')
     assert commits(progress) == [0, 4]
     assert commits(tmp_path / "absent.jsonl") == []
+
+
+def test_commits_reads_the_commit_lines_a_real_segment_writes(tmp_path):
+    # The check kills a segment once it reads a commit: if the trainer's progress format
+    # drifts from what `commits` parses, the kill never comes (as a text match once did).
+    from tests.trainer.helpers import make_dataset, run_segment, tiny_spec, write_spec
+
+    ds = make_dataset(tmp_path / "data")
+    spec = write_spec(tiny_spec(tmp_path / "s", **{"train.checkpoint_every": 2}),
+                      tmp_path / "spec.json")
+    p = run_segment(spec, ds, 4, tmp_path / "w")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert commits(tmp_path / "w" / "progress.jsonl") == [0, 2, 4]
