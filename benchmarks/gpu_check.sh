@@ -60,9 +60,12 @@ fi
 part() { echo "== $1 (at $((SECONDS - START)) s)" >&2; }
 left() { (( BUDGET - (SECONDS - START) >= $1 )); }
 FAILED=()
-check() {  # check NAME CMD...: a failed check is reported and the next one still runs
+# check NAME CMD...: a failed or hung check (past CHECK_TIMEOUT_S) is reported as a line
+# with "failed", and the next one still runs.
+CHECK_TIMEOUT_S=${GPU_CHECK_TIMEOUT_S:-180}
+check() {
   local name=$1; shift
-  if ! "$@"; then
+  if ! timeout --kill-after=5 "$CHECK_TIMEOUT_S" "$@"; then
     FAILED+=("$name")
     echo "{\"figure\": \"$name\", \"failed\": true, \"command\": \"$*\"}"
   fi

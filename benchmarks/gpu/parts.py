@@ -160,7 +160,7 @@ def _segment(spec: str, dataset: str, to_step: int, workdir: Path, attempt: int 
            "1", "-m", "trainer.segment", "--spec", spec, "--dataset", dataset, "--to-step",
            str(to_step), "--workdir", str(workdir), "--attempt", str(attempt)]
     if wait:
-        return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+        return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=150)
     return subprocess.Popen(cmd, cwd=REPO, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -212,7 +212,7 @@ def kill_resume() -> None:
              for name in ("a", "a2", "b")}
     # The run to kill goes for all 400 steps, so the kill always lands mid-run.
     proc = _segment(specs["b"], ds, 400, root / "wb", wait=False)
-    progress, deadline = root / "wb" / "progress.jsonl", time.time() + 300
+    progress, deadline = root / "wb" / "progress.jsonl", time.time() + 150
     while not any(c >= 4 for c in commits(progress)):
         assert time.time() < deadline and proc.poll() is None, "segment never committed step 4"
         time.sleep(0.02)
