@@ -94,6 +94,8 @@ CHILD_ENV_PREFIXES = (
     "LC_", "PYTHON", "TORCH_", "TORCHELASTIC_", "TORCHINDUCTOR_", "PYTORCH_", "TRITON_",
     "DS_", "OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "CUDA_", "CUDNN_", "CUBLAS_",
     "NCCL_", "GLOO_", "NVIDIA_", "MASTER_", "HIP_", "ROCM_", "HSA_", "OTEL_", "MAINSPRING_",
+    # NCCL's network plugins: libfabric (AWS EFA: FI_PROVIDER, FI_EFA_USE_DEVICE_RDMA) and UCX
+    "FI_", "UCX_",
 )
 # OTLP exporter headers carry the collector's API key; children export no spans themselves.
 _CHILD_ENV_DENY = ("OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS",

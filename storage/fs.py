@@ -1,7 +1,9 @@
 """fsspec filesystems by URL: local paths, file://, s3:// (any S3-compatible store), memory://.
 
 S3 endpoint and credentials come from the environment, as with the AWS CLI:
-`AWS_ENDPOINT_URL` (or `MAINSPRING_S3_ENDPOINT`), `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`.
+`MAINSPRING_S3_ENDPOINT`, else `AWS_ENDPOINT_URL_S3`, else `AWS_ENDPOINT_URL` (botocore's
+order: the service's own variable before the global one), `AWS_ACCESS_KEY_ID`,
+`AWS_SECRET_ACCESS_KEY`.
 Listing caches are off: several processes write the same prefixes and must see each
 other's commits at once.
 """
@@ -30,8 +32,16 @@ log = structlog.get_logger(__name__)
 CHUNK = 8 << 20
 
 
+ENDPOINT_VARS = ("MAINSPRING_S3_ENDPOINT", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
+
+
+def s3_endpoint() -> str:
+    """The S3 endpoint the environment names, '' for AWS's own."""
+    return next((os.environ[k] for k in ENDPOINT_VARS if os.environ.get(k)), "")
+
+
 def s3_options() -> dict:
-    endpoint = os.environ.get("MAINSPRING_S3_ENDPOINT") or os.environ.get("AWS_ENDPOINT_URL")
+    endpoint = s3_endpoint()
     opts: dict = {"use_listings_cache": False, "skip_instance_cache": True}
     if endpoint:
         opts["client_kwargs"] = {"endpoint_url": endpoint}

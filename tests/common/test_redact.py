@@ -35,6 +35,8 @@ TRAINER_NEEDS = {"AWS_SECRET_ACCESS_KEY": "s3-secret-for-the-trainer-0123456789a
                  "AWS_ACCESS_KEY_ID": "msaccess0123456789", "AWS_ENDPOINT_URL": "http://s3:9",
                  "MAINSPRING_S3_ENDPOINT": "http://s3:9", "TORCH_EXTENSIONS_DIR": "/tmp/ext",
                  "OMP_NUM_THREADS": "2", "CXX": "g++", "NCCL_DEBUG": "WARN",
+                 "FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "UCX_TLS": "rc,cuda_copy",
+                 "AWS_ENDPOINT_URL_S3": "http://s3:9",
                  "LC_ALL": "C.UTF-8", "TRACEPARENT": "00-" + "a" * 32 + "-" + "b" * 16 + "-01"}
 
 

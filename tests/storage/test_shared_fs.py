@@ -41,3 +41,23 @@ def test_a_forked_child_and_other_credentials_get_a_filesystem_of_their_own(s3_e
     os.waitpid(pid, 0)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "someone-else")
     assert resolve(f"s3://{seaweed.bucket}/own")[0] is not fs
+
+
+def test_the_s3_endpoint_variable_of_its_own_is_honoured_before_the_global_one(s3_env, seaweed,
+                                                                               monkeypatch):
+    # botocore's order: AWS_ENDPOINT_URL_S3 wins over AWS_ENDPOINT_URL; with only the S3 one
+    # set, the store still reaches SeaweedFS with the S3-compatible client settings.
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", seaweed.endpoint)
+    from storage.fs import s3_options
+
+    opts = s3_options()
+    assert opts["client_kwargs"] == {"endpoint_url": seaweed.endpoint}
+    assert opts["config_kwargs"]["request_checksum_calculation"] == "when_required"
+    fs, root = resolve(f"s3://{seaweed.bucket}/endpoint-s3")
+    fs.pipe(f"{root}/c.json", b"[2]")
+    assert fs.cat(f"{root}/c.json") == b"[2]"
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # the global one: not used
+    assert s3_options()["client_kwargs"] == {"endpoint_url": seaweed.endpoint}
+    monkeypatch.setenv("MAINSPRING_S3_ENDPOINT", "http://127.0.0.1:8")  # ours comes first
+    assert s3_options()["client_kwargs"] == {"endpoint_url": "http://127.0.0.1:8"}
