@@ -141,23 +141,34 @@ def timeline(events: Iterable[dict]) -> list[dict]:
             for e in ordered(events) if e["kind"] not in PERIODIC]
 
 
+HANDLERS = ("recovered", "rollback", "batch_skipped", "lr_adjusted", "needs_attention",
+            "oom_adapted")
+
+
 def fault_rows(events: Iterable[dict]) -> list[dict]:
-    """Each fault with what handled it: the decisions after it, up to the next fault."""
+    """Each fault with what handled it. A decision that names its fault (`fault_event_id`,
+    and a multi-node launch's `also_answers`: a `recovered` event) goes to that fault's
+    row; one that names none to the newest fault before it (a spike's skips and rollback
+    follow the fault that caused them)."""
     rows: list[dict] = []
+    by_id: dict[str, dict] = {}
     for e in ordered(events):
         if e["kind"] == "fault":
             rows.append({"ts": e["ts"], "step": e["step"], "kind": e["payload"].get("kind"),
                          "evidence": evidence(e), "handled_by": [], "lost_steps": 0,
                          "mttr_s": None})
-        elif rows and e["kind"] in ("recovered", "rollback", "batch_skipped", "lr_adjusted",
-                                    "needs_attention", "oom_adapted"):
-            row, p = rows[-1], e["payload"]
-            row["handled_by"].append(f"{e['kind']}@{e['step']}")
-            row["lost_steps"] += p.get("lost_steps") or 0
-            if e["kind"] == "recovered" and row["mttr_s"] is None:
-                row["mttr_s"] = p.get("mttr_s")
-            elif row["mttr_s"] is None and e["kind"] == "rollback":
-                row["mttr_s"] = round(e["ts"] - row["ts"], 2)
+            by_id[e["event_id"]] = rows[-1]
+        elif rows and e["kind"] in HANDLERS:
+            p = e["payload"]
+            row = by_id.get(p.get("fault_event_id"), rows[-1])
+            peers = [by_id[i] for i in p.get("also_answers") or () if by_id.get(i) not in (None, row)]
+            for answered in (row, *peers):
+                answered["handled_by"].append(f"{e['kind']}@{e['step']}")
+                if e["kind"] == "recovered" and answered["mttr_s"] is None:
+                    answered["mttr_s"] = p.get("mttr_s")
+                elif answered["mttr_s"] is None and e["kind"] == "rollback":
+                    answered["mttr_s"] = round(e["ts"] - answered["ts"], 2)
+            row["lost_steps"] += p.get("lost_steps") or 0  # counted once, on the named fault
     return rows
 
 

@@ -312,3 +312,31 @@ def test_an_oom_is_paired_with_its_adaptation_and_recovery(tmp_path):
     [row] = fault_rows(read_events(store, "oom-run"))
     assert row["kind"] == "oom" and row["handled_by"] == ["oom_adapted@0", "recovered@0"]
     assert row["mttr_s"] == 11.0
+
+
+def event(ts: float, type_: str, step: int, **payload) -> dict:
+    return {"event_id": f"{type_}/{ts}", "ts": ts, "kind": type_, "step": step, "attempt": 1,
+            "payload": payload}
+
+
+def test_a_recovery_goes_to_the_fault_it_names_not_to_a_later_one():
+    # A worker is lost, then an injected bad batch arrives before the retry resumes: the
+    # skip answers the bad batch, the recovery (naming the loss) answers the loss.
+    events = [event(10, "fault", 30, kind="worker_lost"),
+              event(11, "fault", 31, kind="corrupt_batches", injected=True),
+              event(12, "batch_skipped", 31),
+              event(15, "recovered", 30, fault_event_id="fault/10", mttr_s=5.0, lost_steps=2)]
+    lost, bad = fault_rows(events)
+    assert (lost["kind"], lost["handled_by"], lost["mttr_s"], lost["lost_steps"]) == (
+        "worker_lost", ["recovered@30"], 5.0, 2)
+    assert (bad["kind"], bad["handled_by"], bad["mttr_s"], bad["lost_steps"]) == (
+        "corrupt_batches", ["batch_skipped@31"], None, 0)
+
+
+def test_a_multinode_recovery_answers_each_peer_fault_it_lists():
+    events = [event(10, "fault", 30, kind="worker_lost"), event(10.5, "fault", 30, kind="nccl"),
+              event(16, "recovered", 30, fault_event_id="fault/10", also_answers=["fault/10.5"],
+                    mttr_s=6.0, lost_steps=1)]
+    a, b = fault_rows(events)
+    assert a["handled_by"] == b["handled_by"] == ["recovered@30"]
+    assert a["mttr_s"] == b["mttr_s"] == 6.0 and (a["lost_steps"], b["lost_steps"]) == (1, 0)
