@@ -52,14 +52,31 @@ def announcement() -> NodeInfo | None:
     return dataclasses.replace(_identity, busy=_busy) if _identity else None
 
 
-def default_address() -> str:
+def default_address(toward: str = "") -> str:
     """The address other nodes most likely reach this host at: the one its name resolves
-    to, unless that is loopback (then 127.0.0.1: a one-machine cluster)."""
+    to; where that is loopback (a hostname in /etc/hosts as 127.0.x.1, common on cloud
+    images), the address this host sends from toward `toward` (the Temporal frontend,
+    host:port, which every node reaches: a UDP connect picks the route and sends nothing);
+    else 127.0.0.1, a one-machine cluster."""
     try:
         addr = socket.gethostbyname(socket.gethostname())
     except OSError:
+        addr = "127.0.0.1"
+    if not addr.startswith("127."):
+        return addr
+    host, _, port = toward.rpartition(":")
+    if host and port.isdigit():
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.connect((host.strip("[]"), int(port)))
+                addr = s.getsockname()[0]
+        except OSError:  # no route, or a name that does not resolve: loopback it is
+            addr = "127.0.0.1"
+    if addr.startswith("127."):
         return "127.0.0.1"
-    return "127.0.0.1" if addr.startswith("127.") else addr
+    log.info("node_address_from_route", address=addr, toward=toward,
+             why="the hostname resolves to loopback")
+    return addr
 
 
 def on_this_node(spec: RunSpec) -> RunSpec:

@@ -82,7 +82,8 @@ def _node(args: argparse.Namespace):
         raise BadConfig("--rdzv-port/--procs/--gpus", f"got {args.rdzv_port}/{args.procs}/"
                         f"{args.gpus}", "a port in 1..65535, --procs >= 1, --gpus >= 0")
     return NodeInfo(name=args.node, queue=node_queue(args.node),
-                    address=args.node_address or default_address(), rdzv_port=args.rdzv_port,
+                    address=args.node_address or default_address(toward=args.address),
+                    rdzv_port=args.rdzv_port,
                     procs=args.procs, gpus=args.gpus, worker=f"{args.node}-{os.getpid()}")
 
 
@@ -185,7 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="this node's name: the worker announces itself to the node registry "
                            "and polls its own queue too (env MAINSPRING_NODE; default: not a node)")
     node.add_argument("--node-address", default="",
-                      help="where the other nodes reach this one (default: its hostname's address)")
+                      help="where the other nodes reach this one (default: its hostname's address, or "
+                           "where that is loopback the address it reaches --address from)")
     node.add_argument("--rdzv-port", type=int, default=29400,
                       help="the rendezvous store's port when this node leads a segment")
     node.add_argument("--procs", type=int, default=1, help="ranks this node runs (its GPUs)")
