@@ -51,12 +51,18 @@ def two_nodes(fleet_factory, tmp_path, address: str, restart: bool = False) -> d
 
 
 def registered(address: str) -> list[str]:
+    """The healthy nodes of the running registry. A closed one (an earlier test's teardown
+    terminates every workflow) still answers the query from its last state: its nodes are
+    the workers of that test, and waiting on them let a test start before its own
+    workers had announced themselves."""
     async def ask():
         client = await connect(address)
         from activities.contracts import NODE_REGISTRY_ID, NodeInfo
+        handle = client.get_workflow_handle(NODE_REGISTRY_ID)
         try:
-            found = await client.get_workflow_handle(NODE_REGISTRY_ID).query(
-                "nodes", result_type=list[NodeInfo])
+            if (await handle.describe()).status.name != "RUNNING":
+                return []
+            found = await handle.query("nodes", result_type=list[NodeInfo])
         except Exception:  # noqa: BLE001 - not started yet
             return []
         return [n.name for n in found if time.time() - n.seen < 15]
