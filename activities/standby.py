@@ -98,8 +98,9 @@ class Standby:
         build directory's `lock` file, and a kill leaves that behind for every later rank to
         wait on (seen in CI: a standby still importing under load after 30 s was killed, and
         the cold launch's ranks waited on the lock until the test gave up). Killed only if
-        it has not gone after `grace_s`; an older lock the supervisor clears by its age
-        (trainer/extensions.py)."""
+        it has not gone after `grace_s`. A lock a killed loader leaves anyway (a worker's
+        shutdown, the parent-death signal) is an orphan, removed at once by whoever waits
+        on it (trainer/extensions.py)."""
         try:
             if self.proc.stdin:
                 self.proc.stdin.close()
