@@ -13,8 +13,8 @@ On CPU, DeepSpeed JIT-builds its shared-memory comm op the first time a trainer 
 So each Python environment gets its own directory (TORCH_EXTENSIONS_DIR, set when the
 trainer package is imported unless the user set it), and a lock records whether its
 owner lives: importing `trainer.segment` (every rank, every standby) makes torch's
-`FileBaton` hold an exclusive `flock` on
-the lock file it creates for as long as it exists, and write a mark in it. The kernel drops
+`FileBaton` hold an exclusive `flock` on the lock file it creates for as long as it exists,
+and write a mark in it. The kernel drops
 that flock when the process dies however it dies, so a marked lock nobody holds is an
 orphan, and it is removed at once: by a process waiting on it (the patched `wait`) and by
 the supervisor before it starts a trainer. The torch `load` that takes the lock is also the
