@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self
 
+from common.limits import MAX_STEP
 from common.protocol import OperatorRollback
 
 ORCHESTRATOR_QUEUE = "mainspring-orchestrator"
@@ -301,6 +302,7 @@ class Rollback(Command):
 
     def __post_init__(self) -> None:
         _require(self, _is_int(self.to_step) and self.to_step >= 0, "to_step", "an integer >= 0")
+        _require(self, self.to_step <= MAX_STEP, "to_step", f"at most {MAX_STEP} (MAX_STEP)")
         _require(self, isinstance(self.skip_data, bool), "skip_data", "true or false")
 
 
@@ -316,6 +318,7 @@ class SetLrScale(Command):
                and 0 < x <= MAX_LR_SCALE, "scale", f"a number in (0, {MAX_LR_SCALE:g}]")
         _require(self, _is_int(self.steps) and self.steps >= 0, "steps",
                "an integer >= 0 (0: to the end of the run)")
+        _require(self, self.steps <= MAX_STEP, "steps", f"at most {MAX_STEP} (MAX_STEP)")
         object.__setattr__(self, "scale", float(x))
 
 

@@ -18,9 +18,10 @@ from dataclasses import MISSING, field
 from typing import Any
 
 from common.errors import BadConfig
+from common.limits import MAX_STEP
 
 MAX_STR = 4096  # characters in any string field (paths, URLs, names)
-STEPS = 10**12  # the most steps any step count or step field may name
+STEPS = MAX_STEP  # the most steps any step count or step field may name (the store's too)
 DAY = 86400.0  # seconds, for the bounds of durations
 
 

@@ -57,12 +57,13 @@ from storage.manifest import (
     hash_dir,
     manifest_problem,
     step_dir,
+    step_of_dir,
 )
 
 __all__ = ["FILE_PATTERNS", "MANIFEST", "PARTS", "STEP_DIR", "CheckpointManifest",
            "CheckpointStore", "CorruptCheckpoint", "FileEntry", "NodePart", "check_file_names",
            "emit_corrupt", "file_name_problem", "hash_dir", "manifest_problem", "part_problem",
-           "step_dir", "union_files"]
+           "step_dir", "step_of_dir", "union_files"]
 
 log = structlog.get_logger(__name__)
 
@@ -132,8 +133,9 @@ class CheckpointStore:
         steps = set()
         for path in found:  # step-<n>/MANIFEST.json exactly, not a part record below it
             parts = path[len(base):].split("/") if path.startswith(base) else []
-            if len(parts) == 2 and parts[1] == MANIFEST and (m := STEP_DIR.fullmatch(parts[0])):
-                steps.add(int(m.group(1)))
+            step = step_of_dir(parts[0]) if len(parts) == 2 and parts[1] == MANIFEST else None
+            if step is not None:
+                steps.add(step)
         return sorted(steps)
 
     def list_committed(self) -> list[int]:

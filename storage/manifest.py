@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from common.errors import BadData, MainspringError
+from common.limits import MAX_STEP
 from storage.fs import sha256_stream, walk_files
 
 MANIFEST = "MANIFEST.json"
@@ -27,7 +28,11 @@ MANIFEST = "MANIFEST.json"
 # subdirectory of the step's durable directory, so deleting the step removes them. They are
 # bookkeeping, never checkpoint files: hash_dir skips them and no pattern below admits them.
 PARTS = "parts"
-STEP_DIR = re.compile(r"^step-(\d{9})$")
+# A step's directory: `step-%09d` (step_dir), nine digits zero-padded - the name of every
+# checkpoint committed so far - and unpadded from step 10^9 on, up to MAX_STEP's digits. No
+# other spelling (a padded ten-digit name, a non-ASCII digit) is a writer's, so none is read.
+STEP_DIGITS = len(str(MAX_STEP))
+STEP_DIR = re.compile(rf"step-([0-9]{{9}}|[1-9][0-9]{{9,{STEP_DIGITS - 1}}})", re.ASCII)
 
 # Every file name a checkpoint may hold: what DeepSpeed 0.19's save_checkpoint writes into
 # a tag directory for ZeRO 0-3 without pipeline or expert parallelism (checked against real
@@ -171,7 +176,16 @@ def check_file_names(step: int, local_dir: str, names: Iterable[str]) -> None:
 
 
 def step_dir(step: int) -> str:
+    """The directory name of `step`; every step in [0, MAX_STEP] has one (step_of_dir)."""
+    if not 0 <= step <= MAX_STEP:
+        raise ValueError(f"step {step} is outside [0, MAX_STEP={MAX_STEP}] (common/limits.py)")
     return f"step-{step:09d}"
+
+
+def step_of_dir(name: str) -> int | None:
+    """The step whose directory `name` is (the inverse of step_dir), else None."""
+    m = STEP_DIR.fullmatch(name)
+    return int(m.group(1)) if m and int(m.group(1)) <= MAX_STEP else None
 
 
 def hash_dir(local_dir: str) -> dict[str, FileEntry]:
