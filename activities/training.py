@@ -417,8 +417,9 @@ def evaluate(inp: EvaluateInput) -> EvaluateResult:
             activity_span("evaluate", spec, steps=",".join(map(str, inp.steps))), \
             fast_tier.lease(spec.storage.fast, spec.run_id, spec.storage.durable):
         result = _evaluate(spec, inp)
-    # Training is over: this machine's fast tier of the run is a cache of durable commits.
-    fast_tier.release(spec.storage.fast, spec.run_id)
+        # Training is over: this machine's fast tier of the run is a cache of durable
+        # commits. Deleted while the lease is held, as every deletion there is.
+        fast_tier.release(spec.storage.fast, spec.run_id)
     return result
 
 

@@ -6,7 +6,8 @@ local directory `./s3:`; `nosuch://x` was retried as an outage). Accepted:
 
 - `storage.durable`: a local path, `file:///abs/path`, `s3://bucket[/prefix]` (S3 bucket
   naming rules), `memory://name` (one process only: unit tests);
-- `storage.fast`: a local path;
+- `storage.fast`: a local path, apart from a local `storage.durable` (neither inside the
+  other);
 - `data.corpus`: `stdlib:<glob>`, or a local path / glob, `file://`, `s3://bucket/...`,
   `memory://` (globs allowed in the path); `data.tokenizer.path`: the same without stdlib;
 - `ops.otlp_endpoint`: empty, `host:port` or `http(s)://host:port[/path]`;
@@ -16,6 +17,7 @@ local directory `./s3:`; `nosuch://x` was retried as an outage). Accepted:
 
 from __future__ import annotations
 
+import posixpath
 import re
 from urllib.parse import urlsplit
 
@@ -78,6 +80,34 @@ def check_local_dir(value: str, name: str) -> None:
              "must be a local directory, not a URL",
              "give a local path such as /mnt/nvme/mainspring-fast")
     _require("::" not in value, name, "must not contain '::'", "give a plain local path")
+
+
+def tier_path(durable: str) -> str | None:
+    """The local directory a durable location names (None: not on a local disk, e.g. s3://)."""
+    parts = split(durable)
+    if parts is None:
+        return durable
+    return parts[2] if parts[0] == "file" else None
+
+
+def tiers_overlap(durable_dir: str, fast_dir: str) -> bool:
+    """Pure: one directory is the other or lies inside it (paths as given, normalised)."""
+    a, b = posixpath.normpath(durable_dir), posixpath.normpath(fast_dir)
+    if posixpath.isabs(a) != posixpath.isabs(b):
+        return False  # one is relative to a root not known here: the worker checks real paths
+    return posixpath.commonpath([a, b]) in (a, b)
+
+
+def check_tiers_apart(durable: str, fast: str, name: str = "storage.fast") -> None:
+    """storage.fast and storage.durable share no directory: the fast tier's garbage collector
+    removes whole run directories under `fast`, and with `fast` at `<durable>/runs` (or
+    `fast == durable` and a run named `runs`) those were another run's durable checkpoints.
+    The worker checks again with symlinks resolved (storage/fast_tier.py)."""
+    local = tier_path(durable)
+    _require(local is None or not tiers_overlap(local, fast), name,
+             f"{fast!r} overlaps storage.durable {durable!r} (one lies inside the other)",
+             "put the fast tier on a directory of its own outside the durable store, e.g. "
+             "/mnt/nvme/mainspring-fast next to /data/mainspring-store")
 
 
 def check_endpoint(value: str, name: str) -> None:

@@ -69,6 +69,7 @@ class RunSpec:
                  f"has {len(self.faults)} entries (at most {MAX_FAULTS})", "inject fewer faults")
         urls.check_durable(self.storage.durable, "storage.durable")
         urls.check_local_dir(self.storage.fast, "storage.fast")
+        urls.check_tiers_apart(self.storage.durable, self.storage.fast)
         urls.check_input(self.data.corpus, "data.corpus", stdlib=True)
         if self.data.tokenizer.path:
             urls.check_input(self.data.tokenizer.path, "data.tokenizer.path")

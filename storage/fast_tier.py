@@ -5,7 +5,8 @@ by all its segments on this machine, so the writer's cleanup — keep the newest
 copy and what is still uploading — spans segments), `<run_id>/segments/<lo>-<hi>/` (each
 segment's progress file, logs, result), `<run_id>/cache/` (verified copies of the dataset's shards and the event log's batches, so
 a restart here does not fetch them again), `<run_id>/fast.json` (which durable store the run
-commits to) and `<run_id>/.lease` (held with flock while an activity of the run uses it).
+commits to), `<run_id>/.lease` (held with flock while an activity of the run uses it) and
+`<run_id>/.made-by-mainspring` (the creation mark `lease` puts in a directory it makes).
 
 Issue 11: each segment had its own store and nothing removed a finished segment's
 checkpoints, so the local disk filled linearly with segments. Now:
@@ -18,6 +19,16 @@ checkpoints, so the local disk filled linearly with segments. Now:
 - `release` removes a finished run's checkpoints on the machine that evaluates it; the
   run's segment records go with the next collection there.
 The fast tier never holds the only copy of anything this deletes.
+
+What the collector may delete, it proves it made, and it deletes only while holding the
+run's lease (flock, non-blocking: a held run is skipped). `storage.fast` overlapping
+`storage.durable` was accepted, and the collector removed `<fast>/<name>` whole: with
+`fast = <durable>/runs` that was another run's durable checkpoints, with `fast == durable`
+and a run named `runs` every run's. Now overlapping tiers are refused (the spec's paths,
+then the worker's real paths: `check_tiers_apart`), the collector visits only directories
+with the creation mark and removes only what activities put there (OWN_DIRS, OWN_FILES),
+and it checked the lease and then deleted without it — an activity that leased the
+directory in between lost its files, and a second lease of the run was granted.
 """
 
 from __future__ import annotations
@@ -27,17 +38,24 @@ import fcntl
 import json
 import os
 import shutil
+import tempfile
+import uuid
 from collections.abc import Iterator
 
 import structlog
 
+from common import urls
 from common.errors import DiskFull, StorageUnavailable
 from storage.checkpoints import CheckpointStore
+from storage.fs import normalize_url
 
 log = structlog.get_logger(__name__)
 
 RUN_FILE = "fast.json"
 LEASE_FILE = ".lease"
+MARK_FILE = ".made-by-mainspring"  # written by lease() into a directory it creates, only
+OWN_DIRS = ("ckpt", "segments", "cache", "eval")  # what activities put in a run's directory
+OWN_FILES = (RUN_FILE, LEASE_FILE, MARK_FILE)
 
 
 def run_dir(fast_root: str, run_id: str) -> str:
@@ -65,19 +83,61 @@ def fast_steps_to_delete(fast: list[int], durable: list[int]) -> list[int]:
     return sorted(s for s in fast if s in set(durable) or (newest is not None and s <= newest))
 
 
+def check_tiers_apart(fast_root: str, durable_url: str) -> None:
+    """BadConfig naming `storage.fast` when the fast tier and a local durable tier overlap
+    once symlinks are resolved (the spec checks the paths as written, common/urls.py): the
+    collector below would otherwise visit the durable store's directories."""
+    local = urls.tier_path(normalize_url(durable_url))
+    if local is not None:  # (s3:// and memory:// are never on this disk)
+        urls.check_tiers_apart(os.path.realpath(local), os.path.realpath(fast_root))
+
+
 @contextlib.contextmanager
 def lease(fast_root: str, run_id: str, durable_url: str) -> Iterator[str]:
     """Hold the run's directory for the length of an activity (garbage collection skips it);
     records the durable URL so a later collection can tell what is safe to delete."""
+    check_tiers_apart(fast_root, durable_url)
     directory = run_dir(fast_root, run_id)
-    os.makedirs(directory, exist_ok=True)
-    with open(os.path.join(directory, LEASE_FILE), "a+") as held:
+    while True:
+        _create_run_dir(directory, run_id)
+        held = open(os.path.join(directory, LEASE_FILE), "a+")
         fcntl.flock(held, fcntl.LOCK_EX)  # one activity per run per machine at a time
+        if _still_there(held, directory):
+            break
+        held.close()  # a collector removed the directory while we waited: make it again
+    try:
         _write_run_file(directory, run_id, durable_url)
-        try:
-            yield directory
-        finally:
-            fcntl.flock(held, fcntl.LOCK_UN)
+        yield directory
+    finally:
+        fcntl.flock(held, fcntl.LOCK_UN)
+        held.close()
+
+
+def _create_run_dir(directory: str, run_id: str) -> None:
+    """Make the run's directory with the collector's creation mark already inside (built
+    under a temporary name, then renamed into place): a directory that carries the mark was
+    made here, whole. One that exists already is used as it is — marked or not."""
+    if os.path.isdir(directory):
+        return
+    parent = os.path.dirname(directory)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".new-{run_id}-", dir=parent)
+    with open(os.path.join(tmp, MARK_FILE), "w") as f:
+        json.dump({"run_id": run_id}, f)
+    try:
+        os.rename(tmp, directory)
+    except OSError:  # another activity of the run made it first
+        os.unlink(os.path.join(tmp, MARK_FILE))
+        os.rmdir(tmp)
+
+
+def _still_there(held, directory: str) -> bool:
+    """The lease file we locked is the one at its path (a collector that removed the
+    directory meanwhile left us holding a file nobody else will open)."""
+    try:
+        return os.stat(os.path.join(directory, LEASE_FILE)).st_ino == os.fstat(held.fileno()).st_ino
+    except FileNotFoundError:
+        return False
 
 
 def _write_run_file(directory: str, run_id: str, durable_url: str) -> None:
@@ -87,41 +147,63 @@ def _write_run_file(directory: str, run_id: str, durable_url: str) -> None:
     os.replace(tmp, os.path.join(directory, RUN_FILE))
 
 
-def _held(directory: str) -> bool:
-    path = os.path.join(directory, LEASE_FILE)
-    if not os.path.exists(path):
+def made_here(directory: str, run_id: str) -> bool:
+    """The directory carries the creation mark of `run_id`'s lease (see _create_run_dir)."""
+    try:
+        with open(os.path.join(directory, MARK_FILE)) as f:
+            return json.load(f).get("run_id") == run_id
+    except (OSError, ValueError, AttributeError):
         return False
-    with open(path, "a+") as f:
+
+
+@contextlib.contextmanager
+def _try_hold(directory: str) -> Iterator[bool]:
+    """The run's lease, if nobody holds it (never waits): True while held."""
+    try:
+        held = open(os.path.join(directory, LEASE_FILE), "a+")
+    except OSError:
+        yield False
+        return
+    with held:
         try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            return True
-        fcntl.flock(f, fcntl.LOCK_UN)
-    return False
+            yield False
+            return
+        try:
+            yield _still_there(held, directory)
+        finally:
+            fcntl.flock(held, fcntl.LOCK_UN)
 
 
 def collect_garbage(fast_root: str, keep_run: str) -> list[str]:
     """Free what other runs left on this machine's fast tier; returns what was removed.
-    A run whose durable store cannot be reached now is left for a later collection."""
+    Only directories this module made (their creation mark) are visited, each while holding
+    its run's lease, so no activity of that run can start in between. A run whose durable
+    store cannot be reached now is left for a later collection."""
     root = os.path.abspath(fast_root)
     removed: list[str] = []
     if not os.path.isdir(root):
         return removed
     for name in sorted(os.listdir(root)):
         directory = os.path.join(root, name)
-        if name == keep_run or not os.path.isfile(os.path.join(directory, RUN_FILE)) \
-                or _held(directory):
+        if name == keep_run or name.startswith(".") or not made_here(directory, name) \
+                or not os.path.isfile(os.path.join(directory, RUN_FILE)):
             continue
-        try:
-            removed += _collect_run(directory)
-        except Exception as exc:  # best effort: a cache cleanup never fails the activity
-            log.warning("fast_tier_gc_skipped", run_dir=directory, error=repr(exc)[:300])
+        with _try_hold(directory) as held:
+            if not held:
+                continue
+            try:
+                removed += _collect_run(directory)
+            except Exception as exc:  # best effort: a cache cleanup never fails the activity
+                log.warning("fast_tier_gc_skipped", run_dir=directory, error=repr(exc)[:300])
     if removed:
         log.info("fast_tier_gc", removed=removed)
     return removed
 
 
 def _collect_run(directory: str) -> list[str]:
+    """(Holding the run's lease.)"""
     with open(os.path.join(directory, RUN_FILE)) as f:
         info = json.load(f)
     fast = CheckpointStore.local(os.path.join(directory, "ckpt"))
@@ -134,13 +216,40 @@ def _collect_run(directory: str) -> list[str]:
     for step in doomed:
         fast.delete(step)
     if len(doomed) == len(steps):  # nothing here is the only copy of anything
-        shutil.rmtree(directory, ignore_errors=True)
-        return [directory]
+        return [directory] if _remove_own(directory) else []
     return [fast.path(s) for s in doomed]
 
 
+def _remove_own(directory: str) -> bool:
+    """(Holding the run's lease.) Remove what the fast tier puts in a run's directory
+    (OWN_DIRS, OWN_FILES), then the directory; when anything else is in it, all of that
+    stays, and so do the directory and its mark (a later collection tries again). The
+    directory is renamed aside first, so an activity that waits for this lease finds no
+    directory and makes a fresh one (lease: _still_there)."""
+    tomb = os.path.join(os.path.dirname(directory),
+                        f".gc-{os.path.basename(directory)}-{uuid.uuid4().hex[:8]}")
+    os.rename(directory, tomb)
+    for entry in OWN_DIRS:
+        path = os.path.join(tomb, entry)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+    strangers = [e for e in os.listdir(tomb)
+                 if e not in OWN_FILES and not e.startswith(f".{RUN_FILE}.")]
+    if strangers:
+        log.warning("fast_tier_gc_left_unknown_files", run_dir=directory,
+                    entries=sorted(strangers)[:20])
+        with contextlib.suppress(OSError):  # an activity made the directory anew meanwhile
+            os.rename(tomb, directory)
+        return False
+    for entry in os.listdir(tomb):
+        os.unlink(os.path.join(tomb, entry))
+    os.rmdir(tomb)
+    return True
+
+
 def release(fast_root: str, run_id: str) -> None:
-    """A finished run: its checkpoints on this machine are no longer needed. The segments'
+    """(Holding the run's lease.) A finished run: its checkpoints on this machine are no
+    longer needed. The segments'
     small local records (progress files, child logs, results) stay for a post-incident look
     and the benchmarks; the next `collect_garbage` on this machine removes the run's
     directory whole, since no checkpoint is left in it."""

@@ -72,7 +72,7 @@ def test_the_raw_spec_keeps_what_was_written_and_gains_only_the_anchored_paths()
 
 
 def test_a_home_path_is_expanded_by_a_client_and_refused_without_a_home():
-    s = preset("demo", run_id="r", **{"storage.durable": "~/store", "storage.fast": "~"})
+    s = preset("demo", run_id="r", **{"storage.durable": "~/store", "storage.fast": "~/fast"})
     assert unanchored(s) == ["storage.durable", "storage.fast"]
     with pytest.raises(BadConfig) as refused:
         anchor(s, "/srv")
@@ -80,7 +80,7 @@ def test_a_home_path_is_expanded_by_a_client_and_refused_without_a_home():
     assert "home directory of whichever process reads it" in refused.value.problem
     assert "absolute path" in refused.value.fix and "mainspring run start" in refused.value.fix
     a = anchor(s, "/srv", home="/home/ann")
-    assert (a.storage.durable, a.storage.fast) == ("file:///home/ann/store", "/home/ann")
+    assert (a.storage.durable, a.storage.fast) == ("file:///home/ann/store", "/home/ann/fast")
     with pytest.raises(BadConfig):  # another user's home is not this process's to guess
         anchor(s.replace(**{"storage.durable": "~bob/x"}), "/srv", home="/home/ann")
 

@@ -19,6 +19,8 @@ from tests.storage.ckpt_helpers import payload, write_files
 def leftover_run(root, run_id: str, durable_steps: list[int], fast_steps: list[int]) -> str:
     """What an earlier run left on this machine: fast copies, some also durable."""
     durable = str(root / "durable")
+    with fast_tier.lease(str(root / "fast"), run_id, durable):  # makes the run's directory
+        os.makedirs(os.path.join(fast_tier.run_dir(str(root / "fast"), run_id), "segments"))
     fast = CheckpointStore.local(fast_tier.store_dir(str(root / "fast"), run_id))
     store = CheckpointStore(durable, run_id)
     for step in sorted(set(durable_steps) | set(fast_steps)):
@@ -28,8 +30,6 @@ def leftover_run(root, run_id: str, durable_steps: list[int], fast_steps: list[i
         if step in fast_steps:
             write_files(fast.path(step), payload(step, 64))
             fast.commit_in_place(step)
-    with fast_tier.lease(str(root / "fast"), run_id, durable):
-        os.makedirs(os.path.join(fast_tier.run_dir(str(root / "fast"), run_id), "segments"))
     return fast_tier.run_dir(str(root / "fast"), run_id)
 
 
