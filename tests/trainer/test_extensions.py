@@ -1,14 +1,18 @@
 """DeepSpeed's JIT build directory: private per Python environment, stale locks cleared:
-a lock whose owner died at once (real processes, real SIGKILL), any other by its age."""
+a lock whose owner died at once (real processes, real SIGKILL), an unheld unmarked one by
+its age, a held one never, whatever its age, nor while its owner takes or releases it."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import subprocess
 import sys
 import threading
+import time
 
+import pytest
 from torch.utils.file_baton import FileBaton
 
 from tests.trainer.helpers import REPO
@@ -16,6 +20,7 @@ from trainer.extensions import (
     _wait_clearing_orphans,
     clear_stale_build_locks,
     default_extensions_dir,
+    remove_if_orphaned,
 )
 
 # A process that takes the build lock as a rank or standby does (the trainer's patched
@@ -123,3 +128,71 @@ def test_a_segment_starts_past_the_shm_op_lock_a_killed_loader_left_behind(tmp_p
     assert second.returncode == 0, second.stderr[-3000:]
     assert not os.path.exists(lock)
     assert "orphaned_build_lock_removed" in second.stderr + second.stdout
+
+
+def test_a_lock_whose_owner_lives_is_kept_however_old_and_short_the_timeout(tmp_path):
+    # The spec accepts a hang timeout of 1e-9 s, so "older than the timeout" can mean any
+    # age: a live owner's lock must not fall through to the age rule.
+    (tmp_path / "deepspeed_shm_comm").mkdir()
+    lock = tmp_path / "deepspeed_shm_comm" / "lock"
+    owner = hold_lock(lock)
+    try:
+        later = time.time() + 10**6
+        assert clear_stale_build_locks(1e-9, root=str(tmp_path), now=later) == []
+        assert lock.exists()
+    finally:
+        kill(owner)
+
+
+# Takes and releases the build lock as fast as it can, as builders and loaders in a row do;
+# any exception (torch's release finding its lock already gone) makes it exit non-zero.
+CHURN = """
+import sys, time
+from trainer.extensions import install_owned_build_locks
+install_owned_build_locks()
+from torch.utils.file_baton import FileBaton
+print("churning", flush=True)
+end, taken = time.monotonic() + float(sys.argv[2]), 0
+while time.monotonic() < end:
+    baton = FileBaton(sys.argv[1])
+    if baton.try_acquire():
+        baton.release()
+        taken += 1
+print(taken, flush=True)
+"""
+
+
+@pytest.mark.parametrize("cleaner", ["supervisor_sweep", "waiter"])
+def test_a_cleaner_racing_a_live_owner_s_take_and_release_never_removes_its_lock(
+        tmp_path, cleaner):
+    # A supervisor's sweep (with the shortest timeout the spec allows) or a waiter's orphan
+    # check, run again and again while a live process takes and releases the lock: neither
+    # may take a lock not yet marked, nor one whose flock torch's release has just dropped,
+    # for an orphan (the owner's own remove then fails after a good build).
+    (tmp_path / "deepspeed_shm_comm").mkdir()
+    lock = tmp_path / "deepspeed_shm_comm" / "lock"
+    clean = {"supervisor_sweep": lambda: clear_stale_build_locks(1e-9, root=str(tmp_path)),
+             "waiter": lambda: [str(lock)] if remove_if_orphaned(str(lock)) else []}[cleaner]
+    churn = subprocess.Popen([sys.executable, "-c", CHURN, str(lock), "4"], cwd=REPO,
+                             env={**os.environ, "PYTHONPATH": str(REPO)},
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert churn.stdout.readline().strip() == "churning"
+    removed = []
+    while churn.poll() is None:
+        removed += clean()
+    out, err = churn.communicate()
+    assert churn.returncode == 0, err[-2000:]
+    assert removed == []
+    assert int(out.strip()) > 100, "the owner hardly took the lock: the race was not run"
+
+
+def test_an_unmarked_lock_someone_flocks_is_kept_past_the_hang_timeout(tmp_path):
+    (tmp_path / "cpu_adam").mkdir()
+    lock = tmp_path / "cpu_adam" / "lock"
+    lock.touch()
+    with open(lock, "rb") as held:  # another program that flocks its lock, unmarked
+        fcntl.flock(held, fcntl.LOCK_EX)
+        assert clear_stale_build_locks(1e-9, root=str(tmp_path), now=time.time() + 900) == []
+        assert lock.exists()
+    assert clear_stale_build_locks(1e-9, root=str(tmp_path), now=time.time() + 900) \
+        == [str(lock)]
