@@ -468,15 +468,15 @@ def corrupt_fault_id(step: int) -> str:
     return f"fault/checkpoint_corrupt/{step}"
 
 
-def emit_corrupt(events, exc: CorruptCheckpoint) -> None:
+def emit_corrupt(events, exc: CorruptCheckpoint, detected_by: str = "trainer") -> None:
     """The `checkpoint_corrupt` event of `exc` into an EventLog (one id per step and file,
     so every reader that finds the same damage records it once), and the `fault` it is (one
-    per step: common/fault_kinds.py)."""
+    per step: common/fault_kinds.py), found by a restore or by the scrub (storage/scrub.py)."""
     events.emit("checkpoint_corrupt", step=exc.step, file=exc.file,
                 event_id=f"checkpoint_corrupt/{exc.step}/{exc.file}",
                 expected=exc.expected, actual=exc.actual)
     events.emit("fault", step=exc.step, event_id=corrupt_fault_id(exc.step),
-                kind="checkpoint_corrupt", injected=False, detected_by="trainer",
+                kind="checkpoint_corrupt", injected=False, detected_by=detected_by,
                 evidence=f"{exc.file}: expected {exc.expected}, found {exc.actual}",
                 detection_s=0.0)
 

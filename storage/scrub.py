@@ -1,0 +1,350 @@
+"""The checkpoint scrub: read back, in the background, the committed checkpoints a fallback
+would need, before the day a restore needs them.
+
+A byte flipped in a committed durable checkpoint that nobody reads again stays there until
+a restore falls back to it — seen in a chaos run, where the corrupted step was the fallback
+for the rest of the run. The scrub verifies every file of the checkpoints a fallback may
+land on (`fallback_steps`: the newest few commits, the rollback horizon and the commit at
+its edge, the newest commit at or before every pinned rollback target, the promoted steps,
+and the promoted copies themselves) against its manifest's sha256 (`CheckpointStore.verify`,
+read through a rate-limited view on a low-priority thread, so a scrub beside training does
+not slow its steps: benchmarks/scrub.py).
+
+What it does with a corrupt one (each problem is a `checkpoint_corrupt` event and the
+step's `fault`, `storage.checkpoints.emit_corrupt`, detected by the scrub):
+- an older commit verifies → the corrupt step is uncommitted (manifest first), so retention
+  and every restore count only good checkpoints, and a `recovered` event closes the fault;
+- none does → it stays committed and the step gets a `needs_attention` event: uncommitting
+  the run's last checkpoint would let a restart begin silently at step 0, while a committed
+  corrupt one makes it fail clearly (`trainer/segment.py:refuse_fresh_start`) — and
+  training goes on, its next commit a good fallback again;
+- a corrupt promoted copy is recorded, `needs_attention`, never deleted (the run's product:
+  a person promotes again).
+
+What was verified is remembered in one small durable object, `runs/<run_id>/scrub.json`
+({step: manifest sha256, when}): the data worker that scrubs may be a different machine
+each time, so a per-machine cache would re-read everything; one GET and one PUT per pass.
+A pass reads only steps not recorded, whose manifest changed (a step committed again), or
+whose verification is older than `reverify_s` (bit rot after a verification).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import copy
+import hashlib
+import json
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import structlog
+
+from storage.checkpoints import (
+    MANIFEST,
+    CheckpointStore,
+    CorruptCheckpoint,
+    corrupt_fault_id,
+    emit_corrupt,
+)
+from storage.fs import join, pipe_durable
+from storage.rollback import pin, pinned_steps, pins_dir, unpin
+
+log = structlog.get_logger(__name__)
+
+RECORD = "scrub.json"  # runs/<run_id>/scrub.json, beside checkpoints/
+SLICE = 1 << 20  # read size under a rate limit: a sleep per MiB keeps the rate smooth
+PROMOTED = "promoted"
+FALLBACK_PIN = "scrub-"  # pins/scrub-<corrupt step>.json: its fallback, kept until next pass
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScrubPolicy:
+    newest: int = 2  # the newest commits a resume falls back through
+    horizon: int = 0  # how far behind the newest commit a rollback may restore
+    mb_per_s: float = 32.0  # read rate ceiling (10^6 bytes/s); 0 = unthrottled
+    reverify_s: float = 86_400.0  # a verified checkpoint is read again after this long
+    nice: int = 19  # the reading thread's niceness
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScrubReport:
+    needed: list[int] = field(default_factory=list)  # what a fallback needs (fallback_steps)
+    verified: list[int] = field(default_factory=list)  # read this pass and intact
+    skipped: list[int] = field(default_factory=list)  # verified before and not yet due
+    corrupt: list[int] = field(default_factory=list)
+    uncommitted: list[int] = field(default_factory=list)
+    needs_attention: list[int] = field(default_factory=list)  # corrupt, left committed
+    promoted_corrupt: list[int] = field(default_factory=list)
+    bytes_read: int = 0
+    seconds: float = 0.0
+
+
+# ---- pure: what a fallback needs, what is due ---------------------------------------
+def fallback_steps(committed: Sequence[int], *, newest: int, horizon: int,
+                   pinned: Iterable[int] = (), promoted: Iterable[int] = ()) -> list[int]:
+    """The committed steps a restore may fall back to, ascending: the newest `newest`, every
+    commit within `horizon` of the newest and the newest at or before that edge (what a
+    rollback to the edge restores: storage/retention.py keeps the same), the newest at or
+    before each pinned rollback target, and the committed promoted steps."""
+    steps = sorted(committed)
+    if not steps:
+        return []
+    top = steps[-1]
+    need = set(steps[-newest:]) if newest > 0 else set()
+    need |= {s for s in steps if top - s <= horizon}
+    for target in [top - horizon, *pinned]:
+        if (at := max((s for s in steps if s <= target), default=None)) is not None:
+            need.add(at)
+    need |= set(steps) & set(promoted)
+    return sorted(need)
+
+
+def due_steps(needed: Sequence[int], digests: Mapping[int, str],
+              record: Mapping[int, tuple[str, float]], *, now: float,
+              reverify_s: float) -> list[int]:
+    """Those of `needed` to read this pass: never verified, verified under another manifest
+    (the step was committed again), or verified `reverify_s` or longer ago."""
+    return [s for s in needed if s not in record or record[s][0] != digests.get(s)
+            or now - record[s][1] >= reverify_s]
+
+
+# ---- reading slowly ---------------------------------------------------------------
+class Throttled:
+    """A read-only stream that delivers at most `bytes_per_s` (0: as fast as it can),
+    sleeping between slices; `counter` (if given) adds up the bytes read."""
+
+    def __init__(self, stream, bytes_per_s: float, counter: list[int] | None = None) -> None:
+        self._stream, self._rate, self._counter = stream, bytes_per_s, counter
+        self._began, self._done = time.monotonic(), 0
+
+    def read(self, n: int = -1) -> bytes:
+        if self._rate > 0:
+            n = SLICE if n is None or n < 0 else min(n, SLICE)
+        chunk = self._stream.read(n)
+        self._done += len(chunk)
+        if self._counter is not None:
+            self._counter[0] += len(chunk)
+        if self._rate > 0 and (ahead := self._done / self._rate
+                               - (time.monotonic() - self._began)) > 0:
+            time.sleep(ahead)
+        return chunk
+
+    def close(self) -> None:
+        self._stream.close()
+
+    def __enter__(self) -> Throttled:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _SlowReads:
+    """A filesystem whose opens for reading are Throttled; everything else is the real one.
+    It lets the scrub run `CheckpointStore.verify` itself rather than a copy of its loop."""
+
+    def __init__(self, fs, bytes_per_s: float, counter: list[int]) -> None:
+        self._fs, self._rate, self._counter = fs, bytes_per_s, counter
+
+    def open(self, path: str, mode: str = "rb", **kwargs):
+        f = self._fs.open(path, mode, **kwargs)
+        return Throttled(f, self._rate, self._counter) if "r" in mode else f
+
+    def __getattr__(self, name: str):
+        return getattr(self._fs, name)
+
+
+def slow_view(store: CheckpointStore, bytes_per_s: float, counter: list[int]) -> CheckpointStore:
+    view = copy.copy(store)
+    view.fs = _SlowReads(store.fs, bytes_per_s, counter)
+    return view
+
+
+def on_low_priority_thread(fn: Callable[[], object], nice: int) -> object:
+    """`fn()` on a thread of its own at `nice` (Linux nices threads one by one; a pool thread
+    could not be given its priority back), with this context (structlog, heartbeats)."""
+    box: dict[str, object] = {}
+
+    def body() -> None:
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+        except (OSError, AttributeError) as exc:
+            log.info("scrub_priority_unchanged", error=repr(exc)[:120])
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # re-raised in the caller's thread below
+            box["error"] = exc
+
+    thread = threading.Thread(target=contextvars.copy_context().run, args=(body,),
+                              name="checkpoint-scrub", daemon=True)
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]  # type: ignore[misc]
+    return box.get("value")
+
+
+# ---- the scrub --------------------------------------------------------------------
+def scrub(store: CheckpointStore, events, policy: ScrubPolicy, *,
+          progress: Callable[[int], None] | None = None) -> ScrubReport:
+    """One pass over `store` (durable, one run); `events` an EventLog; `progress(step)` is
+    called before each checkpoint is read (heartbeats)."""
+    began, now = time.monotonic(), time.time()
+    release_fallback_pins(store)
+    committed, promoted = store.list_committed(), store.list_promoted()
+    needed = fallback_steps(committed, newest=policy.newest, horizon=policy.horizon,
+                            pinned=pinned_steps(store), promoted=promoted)
+    record = read_record(store)
+    digests = {s: d for s in needed if (d := manifest_digest(store, s)) is not None}
+    due = due_steps(list(digests), digests, record.get("", {}), now=now,
+                    reverify_s=policy.reverify_s)
+    counter = [0]
+    view = slow_view(store, policy.mb_per_s * 1e6, counter)
+    good = {s for s in digests if s not in due}
+    bad: dict[int, list[CorruptCheckpoint]] = {}
+
+    def check(s: int) -> None:
+        if progress:
+            progress(s)
+        problems = view.verify(s)
+        if problems:
+            store.fs.invalidate_cache()
+            if not store.fs.exists(store.path(s, MANIFEST)):
+                return  # uncommitted meanwhile (retention, a rollback): gone, not corrupt
+            bad[s] = problems
+            return
+        good.add(s)
+        record.setdefault("", {})[s] = (digests.get(s) or manifest_digest(store, s) or "", now)
+
+    def older_good(s: int) -> int | None:
+        for c in reversed([c for c in committed if c < s]):
+            if c not in good and c not in bad:
+                check(c)
+            if c in good:
+                return c
+        return None
+
+    def passes() -> tuple[dict[int, int | None], list[int]]:
+        for s in sorted(due, reverse=True):
+            check(s)
+        anchors: dict[int, int | None] = {}
+        while todo := sorted(set(bad) - set(anchors), reverse=True):
+            anchors[todo[0]] = older_good(todo[0])
+        return anchors, scrub_promoted(store, promoted, counter, policy, record, now, progress)
+
+    anchors, promoted_bad = on_low_priority_thread(passes, policy.nice)  # type: ignore[misc]
+    uncommitted = [s for s in sorted(anchors, reverse=True) if anchors[s] is not None]
+    for s in sorted(bad):
+        for exc in bad[s]:
+            emit_corrupt(events, exc, detected_by="scrub")
+    for s in uncommitted:  # newest first, manifest first: never a hole below a survivor
+        # retention (the writer, after its next commit) may have chosen the corrupt step as
+        # the newest at or before the horizon's edge and let its fallback go: the fallback
+        # is pinned until the next pass, when the corrupt step is long gone
+        pin(store.url, store.run_id, f"{FALLBACK_PIN}{s}", anchors[s])
+        store.delete(s)
+        log.warning("corrupt_checkpoint_uncommitted", step=s, fallback=anchors[s], by="scrub")
+        events.emit("recovered", step=anchors[s], event_id=f"recovered/{corrupt_fault_id(s)}",
+                    fault_event_id=corrupt_fault_id(s), by="scrub", uncommitted=s,
+                    fallback_step=anchors[s], resumed_step=anchors[s], lost_steps=0,
+                    detection_s=0.0, mttr_s=round(time.monotonic() - began, 3))
+    kept = sorted(s for s, a in anchors.items() if a is None)
+    for s in kept:
+        attention(events, s, bad[s][0], "no older checkpoint verifies: it stays committed, so a "
+                  "restart fails clearly instead of beginning at step 0",
+                  "let training commit a newer checkpoint (it goes on), or restore this step's "
+                  "files from a copy; see the checkpoint_corrupt events")
+    for s, exc in promoted_bad:
+        emit_corrupt(events, exc, detected_by="scrub")
+        attention(events, s, exc, "the promoted copy does not verify",
+                  f"promote step {s} again once its committed checkpoint verifies")
+    events.flush()
+    write_record(store, record, keep=set(store.list_committed()), promoted=set(promoted))
+    report = ScrubReport(
+        needed=needed, verified=sorted(s for s in good if s not in digests or s in due),
+        skipped=sorted(s for s in digests if s not in due), corrupt=sorted(bad),
+        uncommitted=sorted(uncommitted), needs_attention=kept,
+        promoted_corrupt=sorted(s for s, _ in promoted_bad), bytes_read=counter[0],
+        seconds=round(time.monotonic() - began, 3))
+    log.info("checkpoint_scrub_done", needed=needed, verified=report.verified,
+             corrupt=report.corrupt, uncommitted=report.uncommitted,
+             needs_attention=kept, bytes_read=report.bytes_read, seconds=report.seconds)
+    return report
+
+
+def scrub_promoted(store: CheckpointStore, promoted: Sequence[int], counter: list[int],
+                   policy: ScrubPolicy, record: dict, now: float,
+                   progress: Callable[[int], None] | None,
+                   ) -> list[tuple[int, CorruptCheckpoint]]:
+    """Verify each promoted copy that is due; its problems, named `promoted/<file>`."""
+    copies = CheckpointStore.at(store.url, join(store.root.rsplit("/", 1)[0], PROMOTED))
+    digests = {s: d for s in promoted if (d := manifest_digest(copies, s)) is not None}
+    bad = []
+    for s in due_steps(list(digests), digests, record.get(PROMOTED, {}), now=now,
+                       reverify_s=policy.reverify_s):
+        if progress:
+            progress(s)
+        problems = slow_view(copies, policy.mb_per_s * 1e6, counter).verify(s)
+        if not problems:
+            record.setdefault(PROMOTED, {})[s] = (digests[s], now)
+        bad += [(s, CorruptCheckpoint(s, f"{PROMOTED}/{p.file}", p.expected, p.actual))
+                for p in problems]
+    return bad
+
+
+def attention(events, step: int, exc: CorruptCheckpoint, reason: str, fix: str) -> None:
+    events.emit("needs_attention", step=step, event_id=f"needs_attention/scrub/{step}/{exc.file}",
+                reason=f"checkpoint step {step} is corrupt and {reason}", fix=fix,
+                file=exc.file, evidence=f"{exc.file}: expected {exc.expected}, found {exc.actual}",
+                detected_by="scrub")
+
+
+def release_fallback_pins(store: CheckpointStore) -> None:
+    """The pins the previous pass left on the fallbacks of what it uncommitted."""
+    store.fs.invalidate_cache()
+    if not store.fs.exists(pins_dir(store)):
+        return
+    ids = [name[:-len(".json")] for path in store.fs.ls(pins_dir(store), detail=False)
+           if (name := path.rsplit("/", 1)[-1]).startswith(FALLBACK_PIN)
+           and name.endswith(".json")]
+    if ids:
+        unpin(store.url, store.run_id, ids)
+
+
+# ---- the record of verifications -----------------------------------------------------
+def record_path(store: CheckpointStore) -> str:
+    return join(store.root.rsplit("/", 1)[0], RECORD)
+
+
+def manifest_digest(store: CheckpointStore, step: int) -> str | None:
+    """sha256 of the step's manifest bytes; None once it is gone."""
+    try:
+        return hashlib.sha256(store.fs.cat_file(store.path(step, MANIFEST))).hexdigest()
+    except FileNotFoundError:
+        return None
+
+
+def read_record(store: CheckpointStore) -> dict[str, dict[int, tuple[str, float]]]:
+    """{"": {step: (manifest digest, when)}, "promoted": {…}}; an absent or unreadable record
+    is empty (it only ever saves reads)."""
+    try:
+        raw = json.loads(store.fs.cat_file(record_path(store)))
+        return {tier: {int(s): (str(v["manifest"]), float(v["at"])) for s, v in steps.items()}
+                for tier, steps in raw["verified"].items()}
+    except FileNotFoundError:
+        return {}
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        log.warning("scrub_record_unreadable", path=record_path(store), error=repr(exc)[:200])
+        return {}
+
+
+def write_record(store: CheckpointStore, record: dict, *, keep: set[int],
+                 promoted: set[int]) -> None:
+    """Only steps still there: the record stays as small as what a fallback needs."""
+    out = {tier: {str(s): {"manifest": d, "at": at} for s, (d, at) in sorted(steps.items())
+                  if s in (promoted if tier == PROMOTED else keep)}
+           for tier, steps in record.items()}
+    pipe_durable(store.fs, record_path(store), json.dumps({"verified": out}).encode())
