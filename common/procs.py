@@ -99,7 +99,17 @@ CHILD_ENV_PREFIXES = (
 )
 # OTLP exporter headers carry the collector's API key; children export no spans themselves.
 _CHILD_ENV_DENY = ("OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
-                   "OTEL_EXPORTER_OTLP_METRICS_HEADERS", "OTEL_EXPORTER_OTLP_LOGS_HEADERS")
+                   "OTEL_EXPORTER_OTLP_METRICS_HEADERS", "OTEL_EXPORTER_OTLP_LOGS_HEADERS",
+                   # it would undo FORCED_CHILD_ENV (below)
+                   "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")
+
+
+# What every child runs with, whatever its worker has. The bucket is data, not code (DESIGN
+# §3): torch reads this on every torch.load and then loads weights-only even where the caller
+# passes weights_only=False (torch/serialization.py, 2.4+) — DeepSpeed's own tools do, e.g.
+# ds_to_universal and zero_to_fp32. Its opposite is never passed on: with both set torch
+# refuses every load.
+FORCED_CHILD_ENV = {"TORCH_FORCE_WEIGHTS_ONLY_LOAD": "1"}
 
 
 def child_env_allowed(name: str) -> bool:
@@ -112,9 +122,10 @@ def child_env_allowed(name: str) -> bool:
 
 
 def allowed_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The allow-listed part of `environ` (default: this process's environment)."""
+    """A child's environment: the allow-listed part of `environ` (default: this process's
+    environment) and FORCED_CHILD_ENV."""
     env = os.environ if environ is None else environ
-    return {k: v for k, v in env.items() if child_env_allowed(k)}
+    return {**{k: v for k, v in env.items() if child_env_allowed(k)}, **FORCED_CHILD_ENV}
 
 
 def with_repo_on_path(env: dict[str, str]) -> dict[str, str]:
@@ -152,7 +163,9 @@ class WorkerFleet:
         os.makedirs(self.log_dir, exist_ok=True)
         out = open(os.path.join(self.log_dir, f"worker-{role}.log"), "ab")
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        env = {**os.environ, **self.env}
+        # a worker keeps its credentials, but loads weights-only like every child
+        env = {k: v for k, v in {**os.environ, **self.env}.items()
+               if k != "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"} | FORCED_CHILD_ENV
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
         cmd = worker_command(role, self.address, args=self.args, wrap=self.wrap)
         proc = subprocess.Popen(cmd, stdout=out,

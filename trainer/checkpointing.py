@@ -32,7 +32,7 @@ from storage.rollback import roll_back
 from storage.tiered import TieredCheckpointer, TierPolicy
 from trainer import tracing
 from trainer.context import SegmentContext
-from trainer.elastic import load_resharded, resharded
+from trainer.elastic import load_resharded, resharded, saved_layout
 from trainer.safe_load import UnsafeCheckpointFile, as_corrupt
 from trainer.state import TrainState, state_file
 
@@ -233,9 +233,9 @@ def _load(ctx: SegmentContext, engine, step: int, tier: str, man: CheckpointMani
     if man.config_hash != ctx.config_hash:
         log.warning("checkpoint_config_differs", step=step, checkpoint=man.config_hash,
                     spec=ctx.config_hash)
-    saved_world = int(man.extra.get("world_size", ctx.world))
+    saved_world, zero_stage = saved_layout(man.extra, step, ctx.world)
     try:
-        if saved_world != ctx.world and int(man.extra.get("zero_stage", 0)) in (1, 2):
+        if saved_world != ctx.world and zero_stage in (1, 2):
             # fewer nodes (elastic): DeepSpeed reshards its universal form of the ZeRO state
             load_path = load_resharded(engine, root, tag, os.path.join(
                 ctx.workdir, f"universal-rank{ctx.rank}"))

@@ -9,6 +9,7 @@ optimizer state (`load_resharded`); trainer/checkpointing.py calls both.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 import subprocess
@@ -16,8 +17,12 @@ import sys
 from fractions import Fraction
 
 from common.errors import BadConfig
+from common.procs import allowed_env, with_repo_on_path
 from spec import RunSpec
+from storage.manifest import MANIFEST, CorruptCheckpoint
+from trainer.safe_load import UnsafeCheckpointFile, safe_torch_load
 from trainer.state import TrainState
+from trainer.universal import EXIT_REFUSED, REFUSED
 
 
 def on_nodes(spec: RunSpec, nnodes: int) -> RunSpec:
@@ -49,19 +54,53 @@ def resharded(state: TrainState, saved_world: int, world: int) -> TrainState:
         skip_ranges=[(int(a * scale), int(b * scale)) for a, b in state.skip_ranges])
 
 
+def saved_layout(extra: dict, step: int, world: int) -> tuple[int, int]:
+    """Pure: (world size, ZeRO stage) a checkpoint says it was written at — its manifest's
+    `extra`, which whoever writes the bucket writes. Absent: this world, ZeRO 0 (an older
+    manifest). Anything but a positive whole number is a corrupt checkpoint, not a crash:
+    readers fall back past it."""
+    world_size, zero_stage = extra.get("world_size", world), extra.get("zero_stage", 0)
+    if type(world_size) is not int or world_size < 1:  # noqa: E721 — a bool is not a size
+        raise CorruptCheckpoint(step, MANIFEST, "extra.world_size a positive integer",
+                                repr(world_size)[:80])
+    if type(zero_stage) is not int or not 0 <= zero_stage <= 3:  # noqa: E721
+        raise CorruptCheckpoint(step, MANIFEST, "extra.zero_stage one of 0-3",
+                                repr(zero_stage)[:80])
+    return world_size, zero_stage
+
+
+def conversion_command(src: str, dst: str) -> list[str]:
+    """DeepSpeed's ds_to_universal behind trainer/universal.py (weights-only loads)."""
+    return [sys.executable, "-m", "trainer.universal", "--input_folder", src,
+            "--output_folder", dst, "--num_extract_workers", "1", "--num_merge_workers", "1",
+            "--inject_missing_state"]
+
+
+def conversion_env() -> dict[str, str]:
+    """The converter's environment: a child's (common/procs.py, weights-only forced)."""
+    return with_repo_on_path(allowed_env())
+
+
 def load_resharded(engine, root: str, tag: str, scratch: str) -> str | None:
     """Load a ZeRO-1/2 checkpoint written at another data-parallel world size: DeepSpeed's
     own converter (`deepspeed.checkpoint.ds_to_universal`, with the state a non-Megatron
     client lacks injected) turns `root/tag` into its universal form under `scratch`, which
-    the engine loads resharded to this world. A conversion that fails raises (the
-    supervisor retries; the checkpoint itself is untouched). Returns the path loaded."""
+    the engine loads resharded to this world. Every file is first read here with the
+    bounded weights-only loader, so a refused one names itself (UnsafeCheckpointFile: the
+    checkpoint is corrupt); the converter loads weights-only too (trainer/universal.py). A
+    conversion that fails otherwise raises RuntimeError (the supervisor retries; the
+    checkpoint itself is untouched). Returns the path loaded."""
     shutil.rmtree(scratch, ignore_errors=True)
     src, dst = os.path.join(root, tag), os.path.join(scratch, tag)
+    for name in sorted(os.listdir(src)):
+        if name.endswith(".pt"):
+            safe_torch_load(os.path.join(src, name), map_location="cpu", mmap=True)
     os.makedirs(scratch, exist_ok=True)
-    done = subprocess.run([sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal",
-                           "--input_folder", src, "--output_folder", dst,
-                           "--num_extract_workers", "1", "--num_merge_workers", "1",
-                           "--inject_missing_state"], capture_output=True, text=True)
+    done = subprocess.run(conversion_command(src, dst), env=conversion_env(),
+                          capture_output=True, text=True)
+    refused = [ln for ln in done.stdout.splitlines() if ln.startswith(REFUSED)]
+    if done.returncode == EXIT_REFUSED and refused:
+        raise UnsafeCheckpointFile(src, json.loads(refused[-1][len(REFUSED):])["reason"])
     if done.returncode != 0:
         raise RuntimeError(f"resharding {src} (ds_to_universal) failed: "
                            f"{(done.stderr or done.stdout)[-800:]}")

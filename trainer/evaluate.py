@@ -37,7 +37,12 @@ from trainer.child import load_spec, run_classified, write_json
 from trainer.data import val_batches
 from trainer.engine import micro_batch_size
 from trainer.model import GPT
-from trainer.safe_load import UnsafeCheckpointFile, as_corrupt, safe_torch_load
+from trainer.safe_load import (
+    UnsafeCheckpointFile,
+    as_corrupt,
+    force_weights_only,
+    safe_torch_load,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -176,6 +181,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    force_weights_only()  # zero_to_fp32's own loads too (trainer/safe_load.py)
     os.makedirs(args.workdir, exist_ok=True)
     error_path = os.path.join(args.workdir, "error.json")
     if os.path.exists(error_path):

@@ -30,7 +30,7 @@ from storage.dataset import load_manifest
 from trainer.child import load_spec, run_classified
 from trainer.evaluate import read_state_dict
 from trainer.model import GPT, ffn_hidden
-from trainer.safe_load import UnsafeCheckpointFile
+from trainer.safe_load import UnsafeCheckpointFile, force_weights_only
 
 log = structlog.get_logger(__name__)
 
@@ -109,6 +109,7 @@ def run_export(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    force_weights_only()  # a person starts it, with whatever environment (trainer/safe_load.py)
     os.makedirs(args.workdir, exist_ok=True)
     return run_classified("export", args.workdir, lambda: run_export(args))
 

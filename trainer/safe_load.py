@@ -34,9 +34,11 @@ import structlog
 import torch
 
 from common.errors import MainspringError
+from common.procs import FORCED_CHILD_ENV
 from storage.checkpoints import CorruptCheckpoint
 
-__all__ = ["UnsafeCheckpointFile", "as_corrupt", "install_safe_loading", "safe_torch_load"]
+__all__ = ["UnsafeCheckpointFile", "as_corrupt", "force_weights_only", "install_safe_loading",
+           "safe_torch_load"]
 
 log = structlog.get_logger(__name__)
 
@@ -70,20 +72,35 @@ def allowed_globals() -> tuple[type, ...]:
     return (LossScaler, DynamicLossScaler, fragment_address, ZeroStageEnum)
 
 
+def force_weights_only() -> None:
+    """Make every later `torch.load` in this process weights-only, with `allowed_globals`:
+    also DeepSpeed's direct calls that pass weights_only=False (its universal-checkpoint
+    load, `zero_to_fp32`, `ds_to_universal`) — torch reads the variable on each call
+    (torch/serialization.py). The child environment sets it already (common/procs.py
+    FORCED_CHILD_ENV); this holds it where a process was started some other way (a person
+    running `python -m trainer.export`), and installs the allow-list, which no environment
+    carries across a process boundary."""
+    os.environ.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)  # both set: torch refuses all
+    os.environ.update(FORCED_CHILD_ENV)
+    torch.serialization.add_safe_globals(list(allowed_globals()))
+
+
 def safe_torch_load(path: str, **kw: Any) -> Any:
     """`torch.load(path, weights_only=True, **kw)` with `allowed_globals`; a pickle that asks
     for anything else raises UnsafeCheckpointFile (nothing of it has run)."""
     kw.pop("weights_only", None)  # never False, whatever a caller (DeepSpeed) passes
     try:
-        with torch.serialization.safe_globals(list(allowed_globals())):
-            return torch.load(path, weights_only=True, **kw)
+        # process-wide, not torch's safe_globals context: leaving that removes the classes
+        # again, also for the loads force_weights_only covers (DeepSpeed's own)
+        torch.serialization.add_safe_globals(list(allowed_globals()))
+        return torch.load(path, weights_only=True, **kw)
     except pickle.UnpicklingError as exc:  # torch wraps every refusal of its unpickler in it
-        reason = _first_line(exc)
+        reason = first_line(exc)
         log.warning("checkpoint_file_refused", path=str(path), reason=reason)
         raise UnsafeCheckpointFile(str(path), reason) from None
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     """The refusal itself: torch wraps it in paragraphs of advice about weights_only=False."""
     paragraphs = [p.strip() for p in str(exc).split("\n\n") if p.strip()]
     core = [p for p in paragraphs if not p.startswith(("Weights only load failed",
@@ -112,6 +129,7 @@ def install_safe_loading(engine) -> None:
     way, so it is refused rather than silently left unsafe."""
     from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
 
+    force_weights_only()  # the loads DeepSpeed makes around its checkpoint engine too
     current = engine.checkpoint_engine
     if type(current) is _safe_engine_class():
         return

@@ -16,7 +16,7 @@ from activities.errors import classified, to_application_error
 from activities.supervise import child_env, supervise
 from common import telemetry
 from common.errors import BadConfig, HardwareFault, StorageUnavailable
-from common.procs import allowed_env
+from common.procs import FORCED_CHILD_ENV, allowed_env
 from common.redact import MASK, is_secret_name, redact, redact_value
 from ops.client import tls_config
 from storage.checkpoints import CheckpointStore
@@ -129,7 +129,7 @@ def test_child_env_keeps_what_trainers_need_and_drops_temporal_and_other_secrets
            "TEMPORAL_ADDRESS": "t:7233", "OTEL_EXPORTER_OTLP_HEADERS": "x-team=abc",
            "PATH": "/usr/bin", "HOME": "/root", "SOME_TOOL_CONFIG": "x"}
     kept = allowed_env(env)
-    assert kept == {**TRAINER_NEEDS, "PATH": "/usr/bin", "HOME": "/root"}
+    assert kept == {**TRAINER_NEEDS, "PATH": "/usr/bin", "HOME": "/root", **FORCED_CHILD_ENV}
     for name, value in {**WORKER_SECRETS, **TRAINER_NEEDS}.items():
         monkeypatch.setenv(name, value)
     built = child_env({"MAINSPRING_WORKER_PID": "7"})

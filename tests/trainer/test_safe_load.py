@@ -133,6 +133,58 @@ def test_evaluate_refuses_a_planted_model_file_and_falls_back_to_the_step_before
     assert [(e["step"], e["payload"]["file"]) for e in corrupt] == [(4, MODEL)]
 
 
+# A manifest's extra.world_size that differs from this world (whoever writes the bucket writes
+# it) sends the load through DeepSpeed's ds_to_universal conversion, a child process.
+@pytest.mark.parametrize("saved", [2], ids=["zero2"], indirect=True)
+def test_a_crafted_optimizer_file_never_runs_through_the_resharding_path(saved, tmp_path):
+    _, root, _ = saved
+    shutil.copytree(root / "ckpt", tmp_path / "ckpt")
+    marker = tmp_path / "pwned"
+    plant(tmp_path / "ckpt" / TAG / OPTIM, marker, "optimizer_state_dict")
+    result = child("reshard", str(tmp_path), "2")
+    assert not marker.exists()
+    assert result["error"] == "CorruptCheckpoint" and result["file"] == OPTIM, result
+
+
+@pytest.mark.parametrize("saved", [2], ids=["zero2"], indirect=True)
+def test_the_conversion_child_itself_refuses_a_payload_the_rank_did_not_check(saved, tmp_path):
+    """The converter's own process loads weights-only (environment and allow-list), not
+    only the rank that checks each file before starting it."""
+    from trainer.elastic import conversion_command, conversion_env
+    from trainer.universal import EXIT_REFUSED, REFUSED
+
+    _, root, _ = saved
+    shutil.copytree(root / "ckpt", tmp_path / "ckpt")
+    marker = tmp_path / "pwned"
+    plant(tmp_path / "ckpt" / TAG / OPTIM, marker, "optimizer_state_dict")
+    done = subprocess.run(conversion_command(str(tmp_path / "ckpt" / TAG), str(tmp_path / "u")),
+                          env=conversion_env(), cwd=tmp_path, capture_output=True, text=True,
+                          timeout=240, check=False)
+    assert not marker.exists()
+    assert done.returncode == EXIT_REFUSED, done.stdout[-2000:] + done.stderr[-2000:]
+    assert any(ln.startswith(REFUSED) and "system" in ln for ln in done.stdout.splitlines())
+
+
+@pytest.mark.parametrize("saved", [2], ids=["zero2"], indirect=True)
+def test_a_real_checkpoint_still_reshards_with_weights_only_loading_forced(saved, tmp_path):
+    _, root, _ = saved
+    shutil.copytree(root / "ckpt", tmp_path / "ckpt")
+    result = child("reshard", str(tmp_path), "2")
+    assert result == {"error": None, "weights_equal": True, "step": 2}, result
+
+
+@pytest.mark.parametrize("world_size", ["two", 2.5, None, [2], True, 0])
+def test_a_malformed_saved_world_size_is_a_corrupt_checkpoint(world_size):
+    from storage.checkpoints import CorruptCheckpoint
+    from trainer.elastic import saved_layout
+
+    with pytest.raises(CorruptCheckpoint) as bad:
+        saved_layout({"world_size": world_size, "zero_stage": 2}, step=6, world=1)
+    assert bad.value.step == 6 and bad.value.file == "MANIFEST.json"
+    assert saved_layout({"world_size": 2, "zero_stage": 2}, step=6, world=1) == (2, 2)
+    assert saved_layout({}, step=6, world=1) == (1, 0)  # an older manifest: this world
+
+
 # ---- the child process ------------------------------------------------------------------------
 def _engine(seed: int, zero: int):
     from trainer.engine import build_engine
@@ -185,11 +237,36 @@ def _main(argv: list[str]) -> dict:
         _train(b, 1)
         return {"engine": type(b.checkpoint_engine).__name__, "weights_equal": weights,
                 "next_step_equal": _same(_params(a), _params(b)), "files_read": sorted(set(read))}
+    if cmd == "reshard":
+        return _reshard(root, zero)
     try:
         _engine(1, zero).load_checkpoint(str(root / "ckpt"), tag=TAG)
     except UnsafeCheckpointFile as exc:
         return {"error": type(exc).__name__, "path": exc.path, "reason": exc.reason}
     return {"error": None}
+
+
+def _reshard(root: Path, zero: int) -> dict:
+    """Load `root/ckpt` through the resume path (trainer/checkpointing.py `_load`) with a
+    manifest that says it was written at world size 2: the resharding path."""
+    from types import SimpleNamespace
+
+    from storage.checkpoints import CorruptCheckpoint
+    from trainer.checkpointing import _load
+
+    TrainState(step=2).save(str(root / "ckpt" / TAG / state_file(0)))
+    ctx = SimpleNamespace(workdir=str(root / "work"), rank=0, world=1, config_hash="h",
+                          fast_store=SimpleNamespace(root=str(root / "ckpt")))
+    man = SimpleNamespace(config_hash="h", extra={"world_size": 2, "zero_stage": zero})
+    saved = _engine(0, zero)
+    _train(saved, 2)  # the same seed and steps as the roundtrip's saved engine
+    engine = _engine(1, zero)
+    try:
+        state = _load(ctx, engine, 2, "fast", man)
+    except CorruptCheckpoint as exc:
+        return {"error": type(exc).__name__, "file": exc.file, "actual": exc.actual}
+    return {"error": None, "weights_equal": _same(_params(saved), _params(engine)),
+            "step": state.step}
 
 
 if __name__ == "__main__":
