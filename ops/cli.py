@@ -19,6 +19,7 @@ from typing import NoReturn
 from common.errors import BadConfig
 from common.metrics import PORT_ENV, TEMPORAL_PORT_ENV
 from common.procs import NODE_ENV
+from ops.cli_args import seconds
 from ops.cli_errors import temporal_command, unreachable
 from ops.client import TemporalUnreachable
 
@@ -171,7 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
                         default=os.environ.get(TEMPORAL_PORT_ENV, "0"),
                         help="the Temporal SDK's worker metrics, on a port of their own "
                              "(0: off; env MAINSPRING_TEMPORAL_METRICS_PORT)")
-    worker.add_argument("--drain-timeout-s", type=float, default=300.0,
+    worker.add_argument("--drain-timeout-s", default=300.0,
+                        type=seconds(1, "below it no segment finishes its step and hands over"),
                         help="on SIGTERM, how long running segments get to commit at their "
                              "current step and hand over before they are killed")
     worker.add_argument("--no-standby", action="store_true",

@@ -17,10 +17,14 @@ import time
 
 from common.errors import BadConfig, StorageUnavailable
 from common.redact import redact, redact_value
+from ops.cli_args import seconds
 from ops.cli_output import json_line
 
 # The event the workflow writes last, completed or aborted (workflows/training_run.py).
 TERMINAL = "run_finished"
+
+
+POLL_WHY = "below it --follow lists the event log in a busy loop"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -33,7 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="one JSON object per event and line")
     p.add_argument("--follow", "-f", action="store_true",
                    help="keep printing new events until the run finishes or Ctrl-C")
-    p.add_argument("--poll-s", type=float, default=1.0,
+    p.add_argument("--poll-s", type=seconds(0.1, POLL_WHY), default=1.0,
                    help="with --follow: seconds between reads of the log (default 1)")
     p.set_defaults(fn=cmd_events)
 
@@ -67,8 +71,6 @@ def cmd_events(args: argparse.Namespace) -> int:
 
     # Logs (a damaged batch's warning) to stderr: stdout carries only the events.
     telemetry.configure_logging(os.environ.get("MAINSPRING_LOG_LEVEL", "warning"))
-    if not args.poll_s > 0:
-        raise BadConfig("--poll-s", f"got {args.poll_s}", "give a number of seconds above 0")
     kinds = tuple(args.kind or ())
     try:
         if args.follow:

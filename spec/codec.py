@@ -37,6 +37,53 @@ def num(default: Any = MISSING, lo: float = 0, hi: float = 0, words: tuple[str, 
     return field(default=default, metadata={"range": (lo, hi), "words": words})
 
 
+def seconds(default: Any = MISSING, lo: float = 1.0, hi: float = DAY, why: str = "",
+            words: tuple[str, ...] = ()) -> Any:
+    """A duration field in seconds: finite, within [lo, hi]. `lo` is its documented sane
+    minimum (docs/runspec.md) and `why` says what goes wrong below it - a retry interval of
+    1e-300 s is a hot loop, a timeout of 1e-300 s fails whatever it guards at once. Held
+    by the JSON reader (check_value) and by the section's __post_init__ (check_seconds)."""
+    return field(default=default, metadata={"range": (lo, hi), "words": words,
+                                            "seconds": why or "a smaller value is no duration"})
+
+
+def seconds_minimum(f: dataclasses.Field) -> float | None:
+    """The documented minimum of a seconds() field; None for any other field."""
+    return f.metadata["range"][0] if "seconds" in f.metadata else None
+
+
+def seconds_problem(value: object, lo: float, hi: float, why: str) -> str | None:
+    """Pure: why `value` is not a duration in [lo, hi] (None: it is)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"must be a number of seconds, got {_short(value)}"
+    if not math.isfinite(value):
+        return f"must be a finite number of seconds, got {value!r}"
+    if value < lo:
+        return f"must be at least {lo:g} s ({why}), got {value!r}"
+    if value > hi:
+        return f"must be at most {hi:g} s, got {value!r}"
+    return None
+
+
+def _seconds_fix(name: str, lo: float, hi: float, words: tuple[str, ...]) -> str:
+    either = "".join(f"{w!r} or " for w in words)
+    return f"set {name} to {either}a positive number of seconds between {lo:g} and {hi:g}"
+
+
+def check_seconds(obj: Any) -> None:
+    """For a section's __post_init__: every seconds() field of `obj` (a word it takes,
+    such as "auto", passes), so a section built in code meets the same minimum."""
+    for f in dataclasses.fields(obj):
+        if "seconds" in f.metadata and (value := getattr(obj, f.name)) not in f.metadata["words"]:
+            _check_seconds(f, value, f.name)
+
+
+def _check_seconds(f: dataclasses.Field, value: object, name: str) -> None:
+    (lo, hi), words = f.metadata["range"], f.metadata["words"]
+    problem = seconds_problem(value, lo, hi, f.metadata["seconds"])
+    require(problem is None, name, problem or "", _seconds_fix(name, lo, hi, words))
+
+
 def require(ok: bool, name: str, problem: str, fix: str) -> None:
     if not ok:
         raise BadConfig(name, problem, fix)
@@ -68,6 +115,8 @@ def check_value(f: dataclasses.Field, value: Any, name: str) -> None:
                             f"between {lo} and {hi}")
         if isinstance(v, str):
             _check_str(v, name)
+        elif "seconds" in f.metadata:
+            _check_seconds(f, v, name)
         elif rng and isinstance(v, (int, float)) and not isinstance(v, bool):
             lo, hi = rng
             if not lo <= v <= hi:

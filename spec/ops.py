@@ -9,9 +9,13 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from spec.codec import DAY, num
+from spec.codec import DAY, check_seconds, num, seconds
 from spec.codec import positive as _positive
 from spec.codec import require as _require
+
+# Why the durations below have the minimum they have (docs/runspec.md, "ops").
+ROUNDS_TO_NONE = "Temporal reads a timeout that rounds to 0 s as none and refuses the activity"
+NO_CHILD = "no trainer starts, or writes a progress line, faster: it would always be hung"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -29,8 +33,7 @@ class OpsConfig:
         "node_wait_s": 300.0, "node_failure_limit": 2, "mtbf_s": 21600.0,
         "mtbf_prior_faults": 3, "accelerator_hour_price": 0.0, "profile_every": 0}
 
-    # >= 1 s: Temporal reads a timeout that rounds to 0 as "none" and refuses the activity
-    heartbeat_timeout_s: float = num(30.0, 1, DAY)
+    heartbeat_timeout_s: float = seconds(30.0, 1, DAY, why=ROUNDS_TO_NONE)
     # Hang detection (activities/hang.py). A trainer that writes no progress line for this
     # long is hung: "auto" = max(hang_floor_s, hang_step_factor x the p99 step time measured
     # in this segment), plus the checkpoint I/O time after a checkpoint or rollback step and
@@ -39,23 +42,24 @@ class OpsConfig:
     # 5 x the longest interval seen); k = 10 on the p99 keeps that margin, as the p99 of a
     # short sample sits below its max. The floor: torchft's default collective timeout
     # (60 s) - a step phase quieter than that is not a normal step on any machine.
-    hang_timeout_s: float | str = num("auto", 0, 7 * DAY, words=("auto",))
-    hang_floor_s: float = num(60.0, 1, DAY)
+    hang_timeout_s: float | str = seconds("auto", 1, 7 * DAY, why=NO_CHILD, words=("auto",))
+    hang_floor_s: float = seconds(60.0, 1, DAY, why=NO_CHILD)
     # below 2 a step twice the p99 - ordinary jitter on a shared machine - would be a hang
     hang_step_factor: float = num(10.0, 2, 1000)
     # Before the first step line: launch, imports, rendezvous, extension builds, restore.
     # "auto" = startup_floor_s + the newest checkpoint's I/O time; seconds: fixed. With a
     # fixed hang_timeout_s, "auto" here means that number (the rule before issue 14). The
     # floor is that rule's 600 s default: no start-up that passed before is called a hang.
-    startup_timeout_s: float | str = num("auto", 0, 7 * DAY, words=("auto",))
-    startup_floor_s: float = num(600.0, 1, 7 * DAY)
+    startup_timeout_s: float | str = seconds("auto", 1, 7 * DAY, why=NO_CHILD, words=("auto",))
+    startup_floor_s: float = seconds(600.0, 1, 7 * DAY, why=NO_CHILD)
     # the checkpoint I/O time is 2 x its bytes at this rate (a read or write, and one upload
     # the loop may wait behind): conservative for a single S3 stream or a spinning disk
     checkpoint_mb_per_s: float = num(50.0, 1, 10**6)
     # a cancelled segment (operator pause/rollback/abort) may take this long to commit a
     # checkpoint at its current step and upload it before the trainer is killed
-    stop_grace_s: float = num(300.0, 0, DAY)
-    segment_budget_s: float = num(7 * DAY, 1, 365 * DAY)  # schedule-to-close, all retries
+    stop_grace_s: float = seconds(300.0, 1, DAY, why="below it no trainer finishes its step")
+    # schedule-to-close, all retries
+    segment_budget_s: float = seconds(7 * DAY, 1, 365 * DAY, why=ROUNDS_TO_NONE)
     # OTLP/HTTP collector for the spans of this run's own processes (common/telemetry.py):
     # host:port or http(s)://host:port[/path]; "/v1/traces" is added to a bare address
     otlp_endpoint: str = ""
@@ -69,14 +73,14 @@ class OpsConfig:
     # with fewer healthy nodes than train.nodes the run waits this long for more to register
     # (stage waiting_for_nodes), then goes on with fewer when train.min_nodes allows.
     node_failure_limit: int = num(2, 1, 1000)
-    node_wait_s: float = num(300.0, 0, 30 * DAY)
+    node_wait_s: float = seconds(300.0, 0, 30 * DAY, why="0: go on with fewer at once")
     # train.checkpoint_every "auto" (workflows/interval.py): the mean time between faults
     # the run assumes before it has seen its own. It counts as mtbf_prior_faults faults at
     # this spacing, each fault the run sees replaces one, so from mtbf_prior_faults faults
     # on the MTBF is the run's own (its segments' wall time / its faults). 6 h: the order
     # large jobs see (Llama 3's pretraining: 466 interruptions in 54 days on 16k GPUs, one
     # per 2.8 h); a smaller job sees fewer, and its own faults soon replace the guess.
-    mtbf_s: float = num(21600.0, 1, 365 * DAY)
+    mtbf_s: float = seconds(21600.0, 1, 365 * DAY, why="a fault a second is no run at all")
     mtbf_prior_faults: int = num(3, 1, 1000)
     # What one accelerator (GPU) costs for one hour, in the currency the report shows it in:
     # `mainspring report` prices the run's accelerator-hours (wall time x world size) at
@@ -89,13 +93,8 @@ class OpsConfig:
     profile_every: int = num(0, 0, 10**9)
 
     def __post_init__(self) -> None:
-        _positive(self, "heartbeat_timeout_s", "segment_budget_s",
-                  "stop_grace_s", "metrics_every", "repeat_failure_limit", "mtbf_s",
-                  "mtbf_prior_faults")
-        for name in ("hang_timeout_s", "startup_timeout_s"):  # "auto" or seconds > 0
-            value = getattr(self, name)
-            _require(value == "auto" or value > 0, name, f"must be > 0, got {value!r}",
-                     f'set {name} to "auto" or a positive number of seconds')
+        check_seconds(self)
+        _positive(self, "metrics_every", "repeat_failure_limit", "mtbf_prior_faults")
         every = self.profile_every
         _require(isinstance(every, int) and not isinstance(every, bool) and every >= 0,
                  "profile_every", f"must be a whole number of steps >= 0, got {every!r}",

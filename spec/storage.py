@@ -6,9 +6,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from spec.codec import DAY, STEPS, num
-from spec.codec import positive as _positive
+from spec.codec import DAY, STEPS, check_seconds, num, seconds
 from spec.codec import require as _require
+
+# Why the durations below have the minimum they have (docs/runspec.md, "storage").
+RETRY = "below it an upload to a durable tier that is down retries in a hot loop"
+DRAIN = ("an upload's first requests alone (connect, TLS, multipart start) can take seconds: "
+         "below it a healthy store's last upload fails every segment end")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -28,9 +32,11 @@ class StorageConfig:
     rollback_horizon: int = num(0, 0, STEPS)
     async_upload: bool = True  # False = upload and commit inside the step loop (synchronous)
     max_in_flight: int = num(2, 1, 64)  # snapshots written to the fast tier but not yet durable
-    upload_retry_s: float = num(1.0, 0, 3600)  # first backoff after a failed upload; doubles
-    upload_retry_max_s: float = num(30.0, 0, DAY)  # backoff ceiling while the durable tier is down
-    drain_timeout_s: float = num(900.0, 0, 7 * DAY)  # segment end: wait for uploads, then retryable
+    # first backoff after a failed upload; doubles up to the ceiling
+    upload_retry_s: float = seconds(1.0, 0.1, 3600, why=RETRY)
+    upload_retry_max_s: float = seconds(30.0, 0.1, DAY, why=RETRY)  # while the durable tier is down
+    # segment end: wait this long for the uploads in flight, then fail retryably
+    drain_timeout_s: float = seconds(900.0, 10, 7 * DAY, why=DRAIN)
 
     def __post_init__(self) -> None:
         _require(bool(self.durable), "durable", "is empty", "give a path or s3://bucket/prefix")
@@ -38,6 +44,6 @@ class StorageConfig:
             _require(getattr(self, name) >= 0, name, "must be >= 0", "use 0 to disable it")
         _require(self.max_in_flight >= 1, "max_in_flight", "must be >= 1",
                  "allow at least one snapshot in flight (2 overlaps a save with an upload)")
-        _positive(self, "upload_retry_s", "upload_retry_max_s", "drain_timeout_s")
+        check_seconds(self)
         _require(self.upload_retry_max_s >= self.upload_retry_s, "upload_retry_max_s",
                  "is below upload_retry_s", "make the ceiling at least the first backoff")

@@ -166,7 +166,7 @@ def placeholder(action: argparse.Action | None, value: str) -> str:
         return value
     if action.choices:
         return str(next(iter(action.choices)))
-    if action.type in (int, float):
+    if action.type in (int, float) or getattr(action.type, "__name__", "") == "seconds":
         return "1"
     flag = max(action.option_strings, key=len)
     if flag.endswith("-address"):
