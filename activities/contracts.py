@@ -25,6 +25,7 @@ PREPARE_DATA = "prepare_data"
 TRAIN_SEGMENT = "train_segment"
 EVALUATE = "evaluate"
 PROMOTE = "promote"
+SCRUB_CHECKPOINTS = "scrub_checkpoints"  # data queue: read back what a fallback would need
 RECORD_EVENT = "record_event"
 
 WORKFLOW_TYPE = "TrainingRun"
@@ -185,6 +186,26 @@ class PromoteResult:
     step: int
     uri: str
     bytes: int
+
+
+@dataclass
+class ScrubInput:
+    spec: dict[str, Any]
+
+
+@dataclass
+class ScrubResult:
+    """What one scrub pass found (storage/scrub.py:ScrubReport): steps, never file data."""
+
+    needed: list[int] = field(default_factory=list)
+    verified: list[int] = field(default_factory=list)
+    skipped: list[int] = field(default_factory=list)
+    corrupt: list[int] = field(default_factory=list)
+    uncommitted: list[int] = field(default_factory=list)
+    needs_attention: list[int] = field(default_factory=list)
+    promoted_corrupt: list[int] = field(default_factory=list)
+    bytes_read: int = 0
+    seconds: float = 0.0
 
 
 @dataclass

@@ -62,6 +62,7 @@ def build_workers(client, roles: set[str], trainer_slots: int = 1,
     from activities.data import prepare_data, promote
     from activities.events import pin_rollback, record_event
     from activities.runs import claim_run
+    from activities.scrub import scrub_checkpoints
     from activities.suggest import suggest_trials
     from activities.training import evaluate, train_segment
     from workflows.nodes import NodeRegistry
@@ -76,8 +77,11 @@ def build_workers(client, roles: set[str], trainer_slots: int = 1,
                                           nodes.list_nodes, spec_root_activity],
                               activity_executor=ThreadPoolExecutor(4)))
     if roles & {"data", "all"}:
-        workers.append(Worker(client, task_queue=DATA_QUEUE, activities=[prepare_data, promote],
-                              activity_executor=ThreadPoolExecutor(2), max_concurrent_activities=2))
+        # a slot more than data prep and promotion need: a run's scrub (beside its
+        # segments, throttled, often minutes long) never makes another run's data prep wait
+        workers.append(Worker(client, task_queue=DATA_QUEUE,
+                              activities=[prepare_data, promote, scrub_checkpoints],
+                              activity_executor=ThreadPoolExecutor(3), max_concurrent_activities=3))
     if roles & {"trainer", "all"}:
         # One training job per trainer worker: the child uses every core (GPU) it is given.
         for queue in [TRAINER_QUEUE, *([node.queue] if node else [])]:

@@ -5,6 +5,7 @@ and `fast` are cross-checked by RunSpec (common/urls.py). Stdlib only; re-export
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from spec.codec import DAY, STEPS, check_seconds, num, seconds
 from spec.codec import require as _require
@@ -24,6 +25,11 @@ class StorageConfig:
     durable commit counts as committed (DESIGN §3).
     """
 
+    # Added fields, with the default they came with: left out of spec_hash at that default,
+    # so a run claimed before they existed keeps its hash (spec/run.py).
+    ADDED: ClassVar[dict[str, Any]] = {"scrub_every": 1, "scrub_newest": 2,
+                                       "scrub_mb_per_s": 32.0}
+
     durable: str = ".mainspring/store"  # fsspec URL (file://, s3://, memory://) or a local path
     fast: str = ".mainspring/fast"  # local path of the fast tier
     keep_last: int = num(0, 0, 10**6)  # keep the newest K durable commits; 0 = keep every commit
@@ -37,6 +43,11 @@ class StorageConfig:
     upload_retry_max_s: float = seconds(30.0, 0.1, DAY, why=RETRY)  # while the durable tier is down
     # segment end: wait this long for the uploads in flight, then fail retryably
     drain_timeout_s: float = seconds(900.0, 10, 7 * DAY, why=DRAIN)
+    # the background scrub (storage/scrub.py): every this many segments (0 = off) the data
+    # worker reads back the checkpoints a fallback would need, at most scrub_mb_per_s
+    scrub_every: int = num(1, 0, 10**6)
+    scrub_newest: int = num(2, 1, 1000)  # the newest commits it verifies (and horizon, pins)
+    scrub_mb_per_s: float = num(32.0, 0, 10**6)  # its read rate ceiling, 10^6 B/s; 0 = unlimited
 
     def __post_init__(self) -> None:
         _require(bool(self.durable), "durable", "is empty", "give a path or s3://bucket/prefix")
@@ -45,5 +56,10 @@ class StorageConfig:
         _require(self.max_in_flight >= 1, "max_in_flight", "must be >= 1",
                  "allow at least one snapshot in flight (2 overlaps a save with an upload)")
         check_seconds(self)
+        _require(self.scrub_every >= 0, "scrub_every", "must be >= 0", "use 0 to turn the scrub off")
+        _require(self.scrub_newest >= 1, "scrub_newest", "must be >= 1",
+                 "verify at least the newest commit, the one a resume falls back to first")
+        _require(0 <= self.scrub_mb_per_s < float("inf"), "scrub_mb_per_s",
+                 "must be a finite number >= 0", "give MB/s, or 0 to read unthrottled")
         _require(self.upload_retry_max_s >= self.upload_retry_s, "upload_retry_max_s",
                  "is below upload_retry_s", "make the ceiling at least the first backoff")

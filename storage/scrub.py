@@ -68,6 +68,13 @@ class ScrubPolicy:
     reverify_s: float = 86_400.0  # a verified checkpoint is read again after this long
     nice: int = 19  # the reading thread's niceness
 
+    @classmethod
+    def from_storage(cls, cfg, min_horizon: int = 0) -> ScrubPolicy:
+        """From spec.StorageConfig; the horizon as retention sees it (storage/tiered.py
+        TierPolicy.from_storage: at least the spike detector's reach, `min_horizon`)."""
+        return cls(newest=cfg.scrub_newest, horizon=max(cfg.rollback_horizon, min_horizon),
+                   mb_per_s=cfg.scrub_mb_per_s)
+
 
 @dataclass(frozen=True, kw_only=True)
 class ScrubReport:
@@ -116,8 +123,10 @@ class Throttled:
     """A read-only stream that delivers at most `bytes_per_s` (0: as fast as it can),
     sleeping between slices; `counter` (if given) adds up the bytes read."""
 
-    def __init__(self, stream, bytes_per_s: float, counter: list[int] | None = None) -> None:
+    def __init__(self, stream, bytes_per_s: float, counter: list[int] | None = None,
+                 on_read: Callable[[], object] | None = None) -> None:
         self._stream, self._rate, self._counter = stream, bytes_per_s, counter
+        self._on_read = on_read
         self._began, self._done = time.monotonic(), 0
 
     def read(self, n: int = -1) -> bytes:
@@ -127,6 +136,8 @@ class Throttled:
         self._done += len(chunk)
         if self._counter is not None:
             self._counter[0] += len(chunk)
+        if self._on_read is not None:
+            self._on_read()
         if self._rate > 0 and (ahead := self._done / self._rate
                                - (time.monotonic() - self._began)) > 0:
             time.sleep(ahead)
@@ -146,20 +157,22 @@ class _SlowReads:
     """A filesystem whose opens for reading are Throttled; everything else is the real one.
     It lets the scrub run `CheckpointStore.verify` itself rather than a copy of its loop."""
 
-    def __init__(self, fs, bytes_per_s: float, counter: list[int]) -> None:
-        self._fs, self._rate, self._counter = fs, bytes_per_s, counter
+    def __init__(self, fs, bytes_per_s: float, counter: list[int],
+                 on_read: Callable[[], object] | None) -> None:
+        self._fs, self._rate, self._counter, self._on_read = fs, bytes_per_s, counter, on_read
 
     def open(self, path: str, mode: str = "rb", **kwargs):
         f = self._fs.open(path, mode, **kwargs)
-        return Throttled(f, self._rate, self._counter) if "r" in mode else f
+        return Throttled(f, self._rate, self._counter, self._on_read) if "r" in mode else f
 
     def __getattr__(self, name: str):
         return getattr(self._fs, name)
 
 
-def slow_view(store: CheckpointStore, bytes_per_s: float, counter: list[int]) -> CheckpointStore:
+def slow_view(store: CheckpointStore, bytes_per_s: float, counter: list[int],
+              on_read: Callable[[], object] | None = None) -> CheckpointStore:
     view = copy.copy(store)
-    view.fs = _SlowReads(store.fs, bytes_per_s, counter)
+    view.fs = _SlowReads(store.fs, bytes_per_s, counter, on_read)
     return view
 
 
@@ -189,9 +202,9 @@ def on_low_priority_thread(fn: Callable[[], object], nice: int) -> object:
 
 # ---- the scrub --------------------------------------------------------------------
 def scrub(store: CheckpointStore, events, policy: ScrubPolicy, *,
-          progress: Callable[[int], None] | None = None) -> ScrubReport:
-    """One pass over `store` (durable, one run); `events` an EventLog; `progress(step)` is
-    called before each checkpoint is read (heartbeats)."""
+          progress: Callable[[], object] | None = None) -> ScrubReport:
+    """One pass over `store` (durable, one run); `events` an EventLog; `progress()` is
+    called as it reads (heartbeats)."""
     began, now = time.monotonic(), time.time()
     release_fallback_pins(store)
     committed, promoted = store.list_committed(), store.list_promoted()
@@ -202,13 +215,11 @@ def scrub(store: CheckpointStore, events, policy: ScrubPolicy, *,
     due = due_steps(list(digests), digests, record.get("", {}), now=now,
                     reverify_s=policy.reverify_s)
     counter = [0]
-    view = slow_view(store, policy.mb_per_s * 1e6, counter)
+    view = slow_view(store, policy.mb_per_s * 1e6, counter, progress)
     good = {s for s in digests if s not in due}
     bad: dict[int, list[CorruptCheckpoint]] = {}
 
     def check(s: int) -> None:
-        if progress:
-            progress(s)
         problems = view.verify(s)
         if problems:
             store.fs.invalidate_cache()
@@ -277,7 +288,7 @@ def scrub(store: CheckpointStore, events, policy: ScrubPolicy, *,
 
 def scrub_promoted(store: CheckpointStore, promoted: Sequence[int], counter: list[int],
                    policy: ScrubPolicy, record: dict, now: float,
-                   progress: Callable[[int], None] | None,
+                   progress: Callable[[], object] | None,
                    ) -> list[tuple[int, CorruptCheckpoint]]:
     """Verify each promoted copy that is due; its problems, named `promoted/<file>`."""
     copies = CheckpointStore.at(store.url, join(store.root.rsplit("/", 1)[0], PROMOTED))
@@ -285,9 +296,7 @@ def scrub_promoted(store: CheckpointStore, promoted: Sequence[int], counter: lis
     bad = []
     for s in due_steps(list(digests), digests, record.get(PROMOTED, {}), now=now,
                        reverify_s=policy.reverify_s):
-        if progress:
-            progress(s)
-        problems = slow_view(copies, policy.mb_per_s * 1e6, counter).verify(s)
+        problems = slow_view(copies, policy.mb_per_s * 1e6, counter, progress).verify(s)
         if not problems:
             record.setdefault(PROMOTED, {})[s] = (digests[s], now)
         bad += [(s, CorruptCheckpoint(s, f"{PROMOTED}/{p.file}", p.expected, p.actual))

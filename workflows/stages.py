@@ -25,6 +25,7 @@ with workflow.unsafe.imports_passed_through():
         PREPARE_DATA,
         PROMOTE,
         RECORD_EVENT,
+        SCRUB_CHECKPOINTS,
         TRAIN_SEGMENT,
         TRAINER_QUEUE,
         EvaluateInput,
@@ -36,6 +37,8 @@ with workflow.unsafe.imports_passed_through():
         PromoteResult,
         RecordEventInput,
         RunCarry,
+        ScrubInput,
+        ScrubResult,
         SweepInput,
         SweepResult,
         TrainSegmentInput,
@@ -121,6 +124,16 @@ def start_promote(train_spec: RunSpec, step: int) -> ActivityHandle[PromoteResul
         PROMOTE, PromoteInput(train_spec.to_dict(), step), task_queue=DATA_QUEUE,
         result_type=PromoteResult, **short_options(train_spec),
         summary=f"promote step {step}: copy and verify to promoted/")
+
+
+def start_scrub(spec: dict[str, Any], s: RunSpec) -> ActivityHandle[ScrubResult]:
+    """The checkpoint scrub on the data queue (it does not train), beside a segment."""
+    st = s.storage
+    return workflow.start_activity(
+        SCRUB_CHECKPOINTS, ScrubInput(spec), task_queue=DATA_QUEUE, result_type=ScrubResult,
+        **short_options(s), summary=f"scrub: verify the newest {st.scrub_newest} checkpoints, "
+                                    f"the rollback horizon, pins and promoted (≤ "
+                                    f"{st.scrub_mb_per_s:g} MB/s)")
 
 
 async def record_event(s: RunSpec, kind: str, event_id: str, step: int,

@@ -44,6 +44,7 @@ with workflow.unsafe.imports_passed_through():
         start_evaluate,
         start_prepare_data,
         start_promote,
+        start_scrub,
         start_sweep,
         start_train_segment,
         until,
@@ -76,6 +77,8 @@ class TrainingRun(OperatorCommands):
         self._updates = 0  # updates accepted by this workflow run (Temporal limits them per run)
         self._promoted: tuple[int, str] | None = None  # (step, uri) once promoted
         self._headline = Headline()  # memo + current details (workflows/headline.py)
+        self._scrub = None  # the checkpoint scrub running beside a segment, if any
+        self._scrubbed_at = -1  # segments_total when this workflow run last started one
 
     @workflow.query
     def status(self) -> dict:
@@ -155,12 +158,15 @@ class TrainingRun(OperatorCommands):
             if c.next_step >= s.train.total_steps:
                 break
             if segments_this_run >= s.train.segments_per_run or self._history_full():
+                await self._scrub_settled(wait=True)
                 await self._continue_as_new()  # keep history bounded (DESIGN §3)
             lo, hi = segment_bounds(c.next_step, s)
             if s.train.auto_checkpoint:
                 await self._choose_interval(s, lo, hi)
+            self._start_scrub(s)
             seg = await self._segment(with_params(s, c.best_params), lo, hi)
             segments_this_run += 1
+            await self._scrub_settled(wait=False)
             if seg is None:  # stopped before the trainer answered: resume from storage
                 continue
             c.pending_rollback = None  # applied (the trainer's event makes a retry a no-op)
@@ -173,6 +179,7 @@ class TrainingRun(OperatorCommands):
             if seg.rollbacks:
                 await self._escalate()
             bound(c, s.spikes)
+        await self._scrub_settled(wait=True)
         await self._finish("train", final_step=c.next_step, segments=c.segments_total,
                            rollbacks=c.rollbacks_total, early_stopped=c.early_stopped)
 
@@ -305,6 +312,34 @@ class TrainingRun(OperatorCommands):
         if result is None:
             await self._apply_operator()  # the abort: raises RunAborted
         return result
+
+    # ---- the checkpoint scrub, beside the segments (storage/scrub.py) --------------------
+    def _start_scrub(self, s: RunSpec) -> None:
+        """Every storage.scrub_every segments, one pass beside the next segment, on the data
+        worker (it does not train); one at a time. Histories from before it replay without."""
+        c, every = self._carry, s.storage.scrub_every
+        if (self._scrub is None and every and c.segments_total % every == 0
+                and c.segments_total and self._scrubbed_at != c.segments_total
+                and workflow.patched("checkpoint_scrub")):
+            self._scrubbed_at = c.segments_total
+            self._scrub = start_scrub(self._raw_spec, s)
+
+    async def _scrub_settled(self, wait: bool) -> None:
+        """Collect a finished pass, or wait for it where continuing as new or ending the
+        stage would abandon it. Its findings are in the event log (checkpoint_corrupt,
+        needs_attention); a failed pass is logged, never the run's failure."""
+        if self._scrub is None or not (wait or self._scrub.done()):
+            return
+        handle, self._scrub = self._scrub, None
+        try:
+            found = await handle
+        except ActivityError as err:
+            workflow.logger.warning("checkpoint scrub failed: %s", err.cause or err)
+            return
+        if found.corrupt or found.promoted_corrupt:
+            workflow.logger.warning("checkpoint scrub: corrupt %s, uncommitted %s, needs "
+                                    "attention %s", found.corrupt + found.promoted_corrupt,
+                                    found.uncommitted, found.needs_attention)
 
     # ---- spike escalation: continue / lower the LR / pause for a human ------------------
     async def _escalate(self) -> None:

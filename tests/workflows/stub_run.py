@@ -36,6 +36,7 @@ from activities.contracts import (
     PREPARE_DATA,
     PROMOTE,
     RECORD_EVENT,
+    SCRUB_CHECKPOINTS,
     SPEC_ROOT,
     SUGGEST_TRIALS,
     TRAIN_SEGMENT,
@@ -51,6 +52,8 @@ from activities.contracts import (
     PromoteInput,
     PromoteResult,
     RecordEventInput,
+    ScrubInput,
+    ScrubResult,
     SuggestInput,
     SuggestResult,
     TrainSegmentInput,
@@ -101,6 +104,8 @@ class Stubs:
         self.claims: list[ClaimRunInput] = []
         self.prepared: list[PrepareDataInput] = []
         self.roots_asked = 0
+        self.scrubs: list[ScrubInput] = []  # the checkpoint scrubs asked of the data queue
+        self.scrub_fails = False  # they fail (not retried: BadData), as a broken store would
 
     @staticmethod
     async def _beat_until(gate: asyncio.Event | None) -> None:
@@ -119,6 +124,13 @@ class Stubs:
     @activity.defn(name=PROMOTE)
     async def promote(self, inp: PromoteInput) -> PromoteResult:
         return PromoteResult(inp.step, f"file:///stub/promoted/step-{inp.step:09d}", 1234)
+
+    @activity.defn(name=SCRUB_CHECKPOINTS)
+    async def scrub_checkpoints(self, inp: ScrubInput) -> ScrubResult:
+        self.scrubs.append(inp)
+        if self.scrub_fails:
+            raise ApplicationError("the store is broken", type="BadData", non_retryable=True)
+        return ScrubResult(needed=[10], verified=[10], bytes_read=1234, seconds=0.1)
 
     # ---- trainer queue ----
     @activity.defn(name=TRAIN_SEGMENT)
@@ -199,7 +211,8 @@ class Harness:
             Worker(client, task_queue=self.queue, workflows=[TrainingRun, Sweep],
                    activities=[s.record_event, s.pin_rollback, s.claim_run, s.suggest_trials,
                                s.spec_root]),
-            Worker(client, task_queue=DATA_QUEUE, activities=[s.prepare_data, s.promote],
+            Worker(client, task_queue=DATA_QUEUE,
+                   activities=[s.prepare_data, s.promote, s.scrub_checkpoints],
                    max_heartbeat_throttle_interval=FAST, default_heartbeat_throttle_interval=FAST),
             Worker(client, task_queue=TRAINER_QUEUE, activities=[s.train_segment, s.evaluate],
                    max_heartbeat_throttle_interval=FAST, default_heartbeat_throttle_interval=FAST),
