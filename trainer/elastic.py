@@ -20,6 +20,7 @@ from common.errors import BadConfig
 from common.procs import allowed_env, with_repo_on_path
 from spec import RunSpec
 from storage.manifest import MANIFEST, CorruptCheckpoint
+from trainer.load_bounds import bytes_allowed, model_numel
 from trainer.safe_load import UnsafeCheckpointFile, safe_torch_load
 from trainer.state import TrainState
 from trainer.universal import EXIT_REFUSED, REFUSED
@@ -94,7 +95,8 @@ def load_resharded(engine, root: str, tag: str, scratch: str) -> str | None:
     src, dst = os.path.join(root, tag), os.path.join(scratch, tag)
     for name in sorted(os.listdir(src)):
         if name.endswith(".pt"):
-            safe_torch_load(os.path.join(src, name), map_location="cpu", mmap=True)
+            safe_torch_load(os.path.join(src, name), map_location="cpu", mmap=True,
+                            max_bytes=bytes_allowed(model_numel(engine.module)))
     os.makedirs(scratch, exist_ok=True)
     done = subprocess.run(conversion_command(src, dst), env=conversion_env(),
                           capture_output=True, text=True)

@@ -36,6 +36,7 @@ from storage.events import EventLog
 from trainer.child import load_spec, run_classified, write_json
 from trainer.data import val_batches
 from trainer.engine import micro_batch_size
+from trainer.load_bounds import bytes_allowed, model_numel
 from trainer.model import GPT
 from trainer.safe_load import (
     UnsafeCheckpointFile,
@@ -65,33 +66,50 @@ def evaluate_model(model: torch.nn.Module, batches: list[tuple[torch.Tensor, tor
     return total / count
 
 
-def read_state_dict(local: str, step: int) -> dict[str, torch.Tensor]:
-    """The full fp32/native weights of a fetched checkpoint directory, whatever its ZeRO stage."""
+def read_state_dict(local: str, step: int, max_bytes: int | None = None
+                    ) -> dict[str, torch.Tensor]:
+    """The full fp32/native weights of a fetched checkpoint directory, whatever its ZeRO
+    stage. Every file is read by the bounded weights-only loader (`max_bytes`: what the
+    model's shapes allow one file, trainer/load_bounds.py); any that fails raises
+    UnsafeCheckpointFile."""
     path = os.path.join(local, MODEL_FILE)
     if os.path.exists(path):
         # Weights-only, with DeepSpeed's few plain classes allowed (trainer/safe_load.py);
         # mmap: only the module's tensors are paged in.
-        sd = safe_torch_load(path, map_location="cpu", mmap=True)
+        sd = safe_torch_load(path, map_location="cpu", mmap=True, max_bytes=max_bytes)
         if not (isinstance(sd, dict) and isinstance(sd.get("module"), dict)):
             raise CorruptCheckpoint(step, MODEL_FILE, "a DeepSpeed model-states dict",
                                     type(sd).__name__)
         return sd["module"]
     if any(n.startswith(ZERO3_PREFIX) for n in os.listdir(local)):
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-        # zero_to_fp32 unpickles with weights_only=False: every file it may read must
-        # first pass the weights-only loader (the directory is our own verified copy).
-        for name in sorted(os.listdir(local)):
-            if name.endswith(".pt"):
-                safe_torch_load(os.path.join(local, name), map_location="cpu")
-        parent, tag = os.path.split(local.rstrip("/"))
-        return get_fp32_state_dict_from_zero_checkpoint(parent, tag=tag)
+        return _zero3_state_dict(local, max_bytes)
     raise BadData(local, f"checkpoint step {step} has neither {MODEL_FILE} nor ZeRO-3 "
                   "model-state shards", "evaluate a checkpoint written by trainer.segment")
 
 
+def _zero3_state_dict(local: str, max_bytes: int | None) -> dict[str, torch.Tensor]:
+    """DeepSpeed's zero_to_fp32 reassembles the partitions. It calls torch.load with
+    weights_only=False: weights-only is forced in this process (trainer/safe_load.py), and
+    every file first passes the bounded loader, which zero_to_fp32's own loads do not."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    force_weights_only()
+    for name in sorted(os.listdir(local)):
+        if name.endswith(".pt"):
+            safe_torch_load(os.path.join(local, name), map_location="cpu", mmap=True,
+                            max_bytes=max_bytes)
+    parent, tag = os.path.split(local.rstrip("/"))
+    try:
+        return get_fp32_state_dict_from_zero_checkpoint(parent, tag=tag)
+    except MemoryError:
+        raise
+    except Exception as exc:  # noqa: BLE001 — the files' contents: the same on every retry
+        raise UnsafeCheckpointFile(local, f"unreadable by zero_to_fp32: "
+                                   f"{type(exc).__name__}: {str(exc)[:200]}") from None
+
+
 def load_weights(model: torch.nn.Module, local: str, step: int) -> None:
-    state = read_state_dict(local, step)
+    state = read_state_dict(local, step, max_bytes=bytes_allowed(model_numel(model)))
     try:
         model.load_state_dict(state)
     except RuntimeError as exc:

@@ -36,6 +36,7 @@ import torch
 from common.errors import MainspringError
 from common.procs import FORCED_CHILD_ENV
 from storage.checkpoints import CorruptCheckpoint
+from trainer.load_bounds import archive_problem, bytes_allowed, model_numel, tensors_problem
 
 __all__ = ["UnsafeCheckpointFile", "as_corrupt", "force_weights_only", "install_safe_loading",
            "safe_torch_load"]
@@ -44,9 +45,11 @@ log = structlog.get_logger(__name__)
 
 
 class UnsafeCheckpointFile(MainspringError):
-    """A checkpoint file whose pickle asks for something beyond tensors and plain data (a
-    callable, an unknown class): refused without running it. Deterministic — the file will
-    not change on a retry — so a reader treats its checkpoint as corrupt and falls back."""
+    """A checkpoint file refused by the weights-only loader: its pickle asks for something
+    beyond tensors and plain data (a callable, an unknown class; refused without running
+    it), it is out of bounds (trainer/load_bounds.py), or it does not load at all.
+    Deterministic — the file will not change on a retry — so a reader treats its
+    checkpoint as corrupt and falls back."""
 
     retryable = False
 
@@ -85,19 +88,36 @@ def force_weights_only() -> None:
     torch.serialization.add_safe_globals(list(allowed_globals()))
 
 
-def safe_torch_load(path: str, **kw: Any) -> Any:
-    """`torch.load(path, weights_only=True, **kw)` with `allowed_globals`; a pickle that asks
-    for anything else raises UnsafeCheckpointFile (nothing of it has run)."""
+def safe_torch_load(path: str, max_bytes: int | None = None, **kw: Any) -> Any:
+    """`torch.load(path, weights_only=True, **kw)` with `allowed_globals`, bounded
+    (trainer/load_bounds.py: what the file may inflate to — at most its own size and
+    `max_bytes`, what the model's shapes allow — checked before anything is inflated, and
+    every tensor within its storage after). A pickle that asks for anything else, a file
+    out of bounds, or any failure to load it raises UnsafeCheckpointFile: deterministic in
+    the file's bytes, so its checkpoint is corrupt (a fallback), not a crash to retry."""
     kw.pop("weights_only", None)  # never False, whatever a caller (DeepSpeed) passes
+    path = str(path)
+    if problem := archive_problem(path, max_bytes):
+        raise _refused(path, problem)
     try:
         # process-wide, not torch's safe_globals context: leaving that removes the classes
         # again, also for the loads force_weights_only covers (DeepSpeed's own)
         torch.serialization.add_safe_globals(list(allowed_globals()))
-        return torch.load(path, weights_only=True, **kw)
+        loaded = torch.load(path, weights_only=True, **kw)
     except pickle.UnpicklingError as exc:  # torch wraps every refusal of its unpickler in it
-        reason = first_line(exc)
-        log.warning("checkpoint_file_refused", path=str(path), reason=reason)
-        raise UnsafeCheckpointFile(str(path), reason) from None
+        raise _refused(path, first_line(exc)) from None
+    except MemoryError:
+        raise  # this node's state, not the file's (the bounds above keep files from it)
+    except Exception as exc:  # noqa: BLE001 — a shape past its storage, a torn zip, ...
+        raise _refused(path, f"unreadable: {type(exc).__name__}: {first_line(exc)}") from None
+    if problem := tensors_problem(loaded):
+        raise _refused(path, problem)
+    return loaded
+
+
+def _refused(path: str, reason: str) -> UnsafeCheckpointFile:
+    log.warning("checkpoint_file_refused", path=path, reason=reason)
+    return UnsafeCheckpointFile(path, reason)
 
 
 def first_line(exc: BaseException) -> str:
@@ -115,8 +135,10 @@ def _safe_engine_class() -> type:
     class SafeTorchCheckpointEngine(TorchCheckpointEngine):
         """DeepSpeed's torch engine (saving unchanged) whose every load is weights-only."""
 
+        max_bytes: int | None = None  # install_safe_loading: from the model's shapes
+
         def load(self, path: str, map_location=None):
-            return safe_torch_load(path, map_location=map_location)
+            return safe_torch_load(path, map_location=map_location, max_bytes=self.max_bytes)
 
     return SafeTorchCheckpointEngine
 
@@ -139,4 +161,5 @@ def install_safe_loading(engine) -> None:
                         "cannot be made weights-only here")
     safe = copy.copy(current)  # the same settings (serialization format), so saving is as before
     safe.__class__ = _safe_engine_class()
+    safe.max_bytes = bytes_allowed(model_numel(engine.module))
     engine.checkpoint_engine = safe

@@ -94,6 +94,21 @@ def test_pickle_payload_in_a_deepspeed_file_is_refused_by_load_checkpoint(saved,
     assert not marker.exists()
 
 
+@pytest.mark.parametrize("kind", ["shape_beyond_storage", "stride_zero_giant_view",
+                                  "deflated_bomb"])
+@pytest.mark.parametrize("saved", [2], ids=["zero2"], indirect=True)
+def test_an_optimizer_shard_out_of_bounds_is_refused_by_load_checkpoint_not_crashed_on(
+        saved, kind, tmp_path):
+    from tests.trainer.test_load_bounds import BAD_FILES
+
+    _, root, _ = saved
+    shutil.copytree(root / "ckpt", tmp_path / "ckpt")
+    (tmp_path / "ckpt" / TAG / OPTIM).unlink()
+    BAD_FILES[kind](tmp_path / "ckpt" / TAG / OPTIM)
+    result = child("load", str(tmp_path), "2")
+    assert result["error"] == "UnsafeCheckpointFile" and result["path"].endswith(OPTIM), result
+
+
 def test_pickle_payload_in_a_train_state_file_is_refused(tmp_path):
     state = TrainState(step=3)
     path = tmp_path / state_file(0)
@@ -135,15 +150,30 @@ def test_evaluate_refuses_a_planted_model_file_and_falls_back_to_the_step_before
 
 # A manifest's extra.world_size that differs from this world (whoever writes the bucket writes
 # it) sends the load through DeepSpeed's ds_to_universal conversion, a child process.
+@pytest.mark.parametrize("victim", [MODEL, OPTIM, state_file(0)])
 @pytest.mark.parametrize("saved", [2], ids=["zero2"], indirect=True)
-def test_a_crafted_optimizer_file_never_runs_through_the_resharding_path(saved, tmp_path):
+def test_a_crafted_file_never_runs_through_the_resharding_path(saved, victim, tmp_path):
     _, root, _ = saved
     shutil.copytree(root / "ckpt", tmp_path / "ckpt")
     marker = tmp_path / "pwned"
-    plant(tmp_path / "ckpt" / TAG / OPTIM, marker, "optimizer_state_dict")
-    result = child("reshard", str(tmp_path), "2")
+    result = child("reshard", str(tmp_path), "2", victim, str(marker))
     assert not marker.exists()
+    assert result["error"] == "CorruptCheckpoint" and result["file"] == victim, result
+    assert "system" in result["actual"]
+
+
+@pytest.mark.parametrize("saved", [2], ids=["zero2"], indirect=True)
+def test_a_deflated_optimizer_shard_is_a_corrupt_checkpoint_on_the_resharding_path(saved,
+                                                                                   tmp_path):
+    from tests.trainer.test_load_bounds import BAD_FILES
+
+    _, root, _ = saved
+    shutil.copytree(root / "ckpt", tmp_path / "ckpt")
+    (tmp_path / "ckpt" / TAG / OPTIM).unlink()
+    BAD_FILES["deflated_bomb"](tmp_path / "ckpt" / TAG / OPTIM)
+    result = child("reshard", str(tmp_path), "2")
     assert result["error"] == "CorruptCheckpoint" and result["file"] == OPTIM, result
+    assert "inflate to" in result["actual"]
 
 
 @pytest.mark.parametrize("saved", [2], ids=["zero2"], indirect=True)
@@ -238,7 +268,7 @@ def _main(argv: list[str]) -> dict:
         return {"engine": type(b.checkpoint_engine).__name__, "weights_equal": weights,
                 "next_step_equal": _same(_params(a), _params(b)), "files_read": sorted(set(read))}
     if cmd == "reshard":
-        return _reshard(root, zero)
+        return _reshard(root, zero, *argv[3:])
     try:
         _engine(1, zero).load_checkpoint(str(root / "ckpt"), tag=TAG)
     except UnsafeCheckpointFile as exc:
@@ -246,15 +276,19 @@ def _main(argv: list[str]) -> dict:
     return {"error": None}
 
 
-def _reshard(root: Path, zero: int) -> dict:
+def _reshard(root: Path, zero: int, victim: str = "", marker: str = "") -> dict:
     """Load `root/ckpt` through the resume path (trainer/checkpointing.py `_load`) with a
-    manifest that says it was written at world size 2: the resharding path."""
+    manifest that says it was written at world size 2: the resharding path. With `victim`,
+    that file (the train state this writes too) is first replaced by a payload."""
     from types import SimpleNamespace
 
     from storage.checkpoints import CorruptCheckpoint
     from trainer.checkpointing import _load
 
     TrainState(step=2).save(str(root / "ckpt" / TAG / state_file(0)))
+    if victim:
+        plant(root / "ckpt" / TAG / victim, Path(marker), "rng" if victim == state_file(0)
+              else "module" if victim == MODEL else "optimizer_state_dict")
     ctx = SimpleNamespace(workdir=str(root / "work"), rank=0, world=1, config_hash="h",
                           fast_store=SimpleNamespace(root=str(root / "ckpt")))
     man = SimpleNamespace(config_hash="h", extra={"world_size": 2, "zero_stage": zero})
