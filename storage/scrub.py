@@ -120,27 +120,28 @@ def due_steps(needed: Sequence[int], digests: Mapping[int, str],
 
 # ---- reading slowly ---------------------------------------------------------------
 class Throttled:
-    """A read-only stream that delivers at most `bytes_per_s` (0: as fast as it can),
-    sleeping between slices; `counter` (if given) adds up the bytes read."""
+    """A read-only stream that delivers at most `bytes_per_s` (0: as fast as it can): each
+    slice is followed by a sleep that stretches it to its share of time, so time lost to a
+    stall (a slow store, a stopped process) is never made up in a burst beside training;
+    `counter` (if given) adds up the bytes read, `on_read` is called after each slice."""
 
     def __init__(self, stream, bytes_per_s: float, counter: list[int] | None = None,
                  on_read: Callable[[], object] | None = None) -> None:
         self._stream, self._rate, self._counter = stream, bytes_per_s, counter
         self._on_read = on_read
-        self._began, self._done = time.monotonic(), 0
 
     def read(self, n: int = -1) -> bytes:
+        began = time.monotonic()
         if self._rate > 0:
             n = SLICE if n is None or n < 0 else min(n, SLICE)
         chunk = self._stream.read(n)
-        self._done += len(chunk)
         if self._counter is not None:
             self._counter[0] += len(chunk)
         if self._on_read is not None:
             self._on_read()
-        if self._rate > 0 and (ahead := self._done / self._rate
-                               - (time.monotonic() - self._began)) > 0:
-            time.sleep(ahead)
+        if self._rate > 0 and (rest := len(chunk) / self._rate
+                               - (time.monotonic() - began)) > 0:
+            time.sleep(rest)
         return chunk
 
     def close(self) -> None:
