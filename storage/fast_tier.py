@@ -14,7 +14,8 @@ checkpoints, so the local disk filled linearly with segments. Now:
 - before an activity uses the fast tier, `collect_garbage` visits the other runs on this
   machine that no activity holds: a fast copy that is committed on the durable tier is
   only a cache and goes; a fast-only snapshot newer than the durable tier's newest (its
-  upload never finished) is the only copy of that progress and stays; a run directory
+  upload never finished) is the only copy of that progress and stays — unless a rollback
+  recorded on the durable tier left its lineage (storage/rollback.py); a run directory
   left with no checkpoint is removed whole (finished runs end up here);
 - `release` removes a finished run's checkpoints on the machine that evaluates it; the
   run's segment records go with the next collection there.
@@ -48,6 +49,7 @@ from common import urls
 from common.errors import DiskFull, StorageUnavailable
 from storage.checkpoints import CheckpointStore
 from storage.fs import normalize_url
+from storage.rollback import abandoned, lineage_of, read_branches
 
 log = structlog.get_logger(__name__)
 
@@ -75,12 +77,15 @@ def cache_dir(fast_root: str, run_id: str) -> str:
     return os.path.join(run_dir(fast_root, run_id), "cache")
 
 
-def fast_steps_to_delete(fast: list[int], durable: list[int]) -> list[int]:
+def fast_steps_to_delete(fast: list[int], durable: list[int],
+                         left: frozenset[int] = frozenset()) -> list[int]:
     """Pure: the fast copies another run no longer needs here — those committed durably,
-    and fast-only ones at or below the durable newest (a resume never picks them over
-    it). Fast-only snapshots newer than every durable commit are kept."""
+    fast-only ones at or below the durable newest (a resume never picks them over it), and
+    those of a lineage a rollback left (`left`: never resumed from, storage/rollback.py).
+    Other fast-only snapshots newer than every durable commit are kept."""
     newest = max(durable, default=None)
-    return sorted(s for s in fast if s in set(durable) or (newest is not None and s <= newest))
+    return sorted(s for s in fast if s in set(durable) or s in left
+                  or (newest is not None and s <= newest))
 
 
 def check_tiers_apart(fast_root: str, durable_url: str) -> None:
@@ -207,12 +212,15 @@ def _collect_run(directory: str) -> list[str]:
     with open(os.path.join(directory, RUN_FILE)) as f:
         info = json.load(f)
     fast = CheckpointStore.local(os.path.join(directory, "ckpt"))
+    store = CheckpointStore(info["durable"], info["run_id"])
     try:
-        durable = CheckpointStore(info["durable"], info["run_id"]).list_committed()
+        durable, branches = store.list_committed(), read_branches(store)
     except StorageUnavailable:
         return []
     steps = fast.list_committed()
-    doomed = fast_steps_to_delete(steps, durable)
+    doomed = fast_steps_to_delete(steps, durable, frozenset(
+        s for s in steps if (man := fast.committed_manifest(s)) is not None
+        and abandoned(s, lineage_of(man), branches)))
     for step in doomed:
         fast.delete(step)
     if len(doomed) == len(steps):  # nothing here is the only copy of anything

@@ -15,6 +15,22 @@ first, manifest first, so a rollback cut short at any point leaves the target an
 everything older committed, and at worst some of the abandoned ones still there (the
 replay then finds them committed, and the next rollback attempt removes them).
 
+Lineages (`runs/<run_id>/lineage/<n>.json`, {"lineage", "restored_step", "abandoned"}):
+a run's fast tier is shared by its segments on each machine, so a copy of the abandoned
+trajectory could outlive a rollback on another machine — machine A kept step 700, B rolled
+back to 500, uncommitted 600 and 700 and committed 600, and the retry on A resumed its
+700, uploaded it as a durable commit, and its collector kept it as "newer than the
+durable newest": the rollback and its skip ranges were silently undone. Now every
+completed rollback starts a new lineage: its record is written, never overwritten
+(`put_new`), *before* the uncommit, so the decision is durable first and anything the
+uncommit leaves behind when cut short is recognised as abandoned by every reader. Each
+manifest carries its lineage (`extra["lineage"]`, absent: 0, the run's first). A
+checkpoint (step s, lineage L) is abandoned when some record n > L restored a step below
+s (`abandoned`): the history from lineage n on is the record's restored prefix plus what
+lineage n committed. A copy so abandoned is never resumed from nor uploaded
+(storage/tiered.py, storage/tiered_writer.py) nor kept by a collector
+(storage/fast_tier.py).
+
 Pins (`runs/<run_id>/pins/<id>.json`, {"to_step"}): an operator rollback admitted by the
 workflow pins its target before it is queued, and retention keeps the newest commit at or
 before every pinned step (storage/retention.py) until the workflow releases the pin, once a
@@ -27,12 +43,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 import structlog
 
-from storage.checkpoints import CheckpointStore
-from storage.fs import join, put_new
+from common.errors import StorageUnavailable
+from storage.checkpoints import CheckpointManifest, CheckpointStore
+from storage.fs import is_unavailable, join, put_new
 
 log = structlog.get_logger(__name__)
 
@@ -51,19 +69,139 @@ def uncommit_after(step: int, stores: Sequence[CheckpointStore]) -> list[int]:
 
 def roll_back(at_or_before: int, load: Callable[[int | None], T | None],
               step_of: Callable[[T], int], stores: Sequence[CheckpointStore],
+              branch: Callable[[int, list[int]], object] | None = None,
               ) -> tuple[T | None, list[int]]:
-    """Load the newest good checkpoint at or before `at_or_before`, then uncommit newer ones.
+    """Load the newest good checkpoint at or before `at_or_before`, then start a new lineage
+    (`branch(restored step, the newer steps)`: TieredCheckpointer.branch records it on the
+    durable tier), then uncommit the newer ones.
 
     `load(bound)` restores the newest verified checkpoint at or before `bound` and returns
-    what it restored (None when there is none: then nothing is deleted, and the caller
-    refuses the rollback). Returns (restored, uncommitted steps).
+    what it restored (None when there is none: then nothing is deleted nor recorded, and
+    the caller refuses the rollback). Returns (restored, uncommitted steps).
     """
     restored = load(at_or_before)
     if restored is None:
         log.warning("rollback_refused", at_or_before=at_or_before,
                     committed=sorted({s for st in stores for s in st.list_committed()}))
         return None, []
-    return restored, uncommit_after(step_of(restored), stores)
+    step = step_of(restored)
+    if branch is not None:
+        branch(step, sorted({s for st in stores for s in st.list_committed() if s > step}))
+    return restored, uncommit_after(step, stores)
+
+
+# ---- lineages ---------------------------------------------------------------------------
+LINEAGE = "lineage"  # the key in a manifest's `extra`, and the records' directory
+
+
+@dataclass(frozen=True, kw_only=True)
+class Branch:
+    """A rollback's record: lineage `lineage` continues from `restored_step`; every older
+    lineage's checkpoint after that step is abandoned."""
+
+    lineage: int
+    restored_step: int
+    abandoned: tuple[int, ...] = ()  # what the rollback found newer (for a reader's eyes)
+
+
+def lineage_of(man: CheckpointManifest) -> int:
+    """A manifest's lineage; 0 (the run's first) when it has none, e.g. written before
+    lineages existed."""
+    value = man.extra.get(LINEAGE, 0)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def current_lineage(branches: Sequence[Branch]) -> int:
+    return max((b.lineage for b in branches), default=0)
+
+
+def abandoned(step: int, lineage: int, branches: Sequence[Branch]) -> bool:
+    """Pure: a checkpoint of `step` in `lineage` lies on a trajectory a later rollback left."""
+    return any(b.lineage > lineage and step > b.restored_step for b in branches)
+
+
+def drop_if_abandoned(store: CheckpointStore, step: int, branches: Sequence[Branch]) -> bool:
+    """Delete `store`'s copy of `step` (fast or durable) if its lineage is abandoned —
+    what a rollback elsewhere, or one cut short after its record, left; True if it was."""
+    if not branches:
+        return False
+    man = store.committed_manifest(step)
+    if man is None or not abandoned(step, lineage_of(man), branches):
+        return False
+    log.warning("checkpoint_abandoned_dropped", step=step, lineage=lineage_of(man),
+                current=current_lineage(branches), uri=store.uri(step))
+    store.delete(step)
+    return True
+
+
+def left_behind(durable: CheckpointStore, step: int, lineage: int) -> int | None:
+    """Before a durable commit of (step, lineage): the run's current lineage if a rollback
+    has left this one (the commit must not be made), else None — after uncommitting an
+    abandoned durable commit of the same step, which would make this commit a no-op."""
+    branches = read_branches(durable)
+    if abandoned(step, lineage, branches):
+        return current_lineage(branches)
+    drop_if_abandoned(durable, step, branches)
+    return None
+
+
+def lineage_dir(store: CheckpointStore) -> str:
+    """`runs/<run_id>/lineage`, beside the store's `checkpoints/`."""
+    return join(store.root.rsplit("/", 1)[0], LINEAGE)
+
+
+def read_branches(store: CheckpointStore) -> tuple[Branch, ...]:
+    """Every rollback's record on the durable tier, by lineage; StorageUnavailable when it
+    cannot be read (a reader must not guess that nothing was abandoned)."""
+    fs, directory = store.fs, lineage_dir(store)
+    fs.invalidate_cache()
+    try:
+        paths = fs.ls(directory, detail=False)
+    except FileNotFoundError:
+        return ()
+    except Exception as exc:
+        if is_unavailable(exc):
+            raise StorageUnavailable(store.url, repr(exc)) from exc
+        raise
+    found = []
+    for path in paths:
+        try:
+            raw = json.loads(fs.cat_file(path))
+            found.append(Branch(lineage=int(raw["lineage"]), restored_step=int(raw["restored_step"]),
+                                abandoned=tuple(raw.get("abandoned", ()))))
+        except FileNotFoundError:
+            continue
+        except (ValueError, KeyError, TypeError) as exc:  # only a hand-made file: put_new
+            log.warning("lineage_record_unreadable", path=path, error=repr(exc)[:200])
+        except Exception as exc:
+            if is_unavailable(exc):
+                raise StorageUnavailable(store.url, repr(exc)) from exc
+            raise
+    return tuple(sorted(found, key=lambda b: b.lineage))
+
+
+def start_lineage(store: CheckpointStore, restored_step: int, newer: Sequence[int]) -> int:
+    """Record a rollback to `restored_step` as the next lineage; returns its number. Two
+    writers racing for a number: the loser takes the next one (an extra record only
+    repeats what the first says about older lineages)."""
+    directory = lineage_dir(store)
+    store.fs.makedirs(directory, exist_ok=True)
+    number = 0
+    while True:  # (never the same number twice: a file no reader parses still takes it)
+        number = max(number, current_lineage(read_branches(store))) + 1
+        record = {"lineage": number, "restored_step": int(restored_step),
+                  "abandoned": sorted(int(s) for s in newer)}
+        try:
+            put_new(store.fs, join(directory, f"{number:09d}.json"), json.dumps(record).encode())
+        except FileExistsError:
+            continue
+        except Exception as exc:
+            if is_unavailable(exc):
+                raise StorageUnavailable(store.url, repr(exc)) from exc
+            raise
+        log.info("lineage_started", lineage=number, restored_step=restored_step,
+                 abandoned=record["abandoned"])
+        return number
 
 
 

@@ -48,9 +48,10 @@ from storage.checkpoints import (
     CheckpointManifest,
     CheckpointStore,
     CorruptCheckpoint,
-    step_dir,
 )
+from storage.resume import choose
 from storage.retention import RetentionPolicy
+from storage.rollback import LINEAGE, start_lineage
 from storage.tiered_writer import WriterConfig, gang_problem, manifest_meta
 
 log = structlog.get_logger(__name__)
@@ -155,6 +156,7 @@ class TieredCheckpointer:
         self.committed: list[int] = []  # durable commits made by this checkpointer, in order
         self.parts: list[int] = []  # steps whose part this node (k > 0) handed to node 0
         self.last_step: int | None = None  # newest snapshot submitted (the next one's parent)
+        self.lineage = 0  # what the snapshots submitted now carry (storage/rollback.py)
         self._proc = start_writer(durable, fast, policy, node_rank=node_rank, nnodes=nnodes,
                                   session=session, parts_timeout_s=parts_timeout_s)
         self.writer_pid = self._proc.pid
@@ -194,6 +196,8 @@ class TieredCheckpointer:
         `max_in_flight` bounds. `meta` (the manifest's fields) must be JSON-serialisable.
         """
         self._raise_if_failed()
+        if LINEAGE not in meta.get("extra", {}):  # (a re-upload keeps its own)
+            meta = {**meta, "extra": {**meta.get("extra", {}), LINEAGE: self.lineage}}
         t0 = time.perf_counter()
         with self._cond:
             while self._full() and self._error is None:
@@ -370,51 +374,31 @@ class TieredCheckpointer:
                 self._error = exc
             self._cond.notify_all()
 
-    # ---- resume ----------------------------------------------------------------------
+    # ---- lineage and resume -----------------------------------------------------------
+    def branch(self, restored_step: int, newer: list[int]) -> int:
+        """A rollback restored `restored_step`: record the new lineage on the durable tier
+        (before anything newer is uncommitted: storage/rollback.py) and carry it from now on."""
+        self.lineage = start_lineage(self.durable, restored_step, newer)
+        return self.lineage
+
     def resume(self, local_root: str, at_or_before: int | None,
                on_corrupt: Callable[[CorruptCheckpoint], None] | None = None, *,
                fast: bool = True) -> tuple[CheckpointManifest, str, str] | None:
-        """(manifest, load_root, tier) of the newest checkpoint that verifies on either tier.
-
-        A fast-tier copy is verified by hashing it in place and loads from `fast.root`; a
-        durable one is fetched (verified while copying) into `local_root/step-…`. A corrupt
-        copy is reported and skipped (a corrupt fast copy is deleted). Fast-only steps
-        newer than the durable tier's newest are queued for upload so it catches up.
-        `fast=False` never picks (nor touches) a fast copy: on a multi-node segment a
-        node's fast tier holds only its own ranks' files, which verify but are not the
-        whole checkpoint — only the durable manifest lists every rank's.
+        """(manifest, load_root, tier) of the newest checkpoint that verifies on either tier
+        and whose lineage no rollback has left (storage/resume.py); fast-only steps newer
+        than the durable tier's newest are queued for upload so it catches up, and from
+        here on snapshots carry the run's current lineage. `fast=False` never picks (nor
+        touches) a fast copy: on a multi-node segment a node's fast tier holds only its
+        own ranks' files, which verify but are not the whole checkpoint — only the
+        durable manifest lists every rank's.
         """
-        def wanted(steps: list[int]) -> list[int]:
-            return [s for s in steps if at_or_before is None or s <= at_or_before]
-
-        local = wanted(self.fast.list_committed()) if fast else []
-        durable = wanted(self.durable.list_committed())
-        for step in sorted(set(local) | set(durable), reverse=True):
-            if step in local:
-                problems = self.fast.verify(step)
-                if not problems:
-                    self._catch_up([s for s in local if s <= step and s not in durable
-                                    and (not durable or s > durable[-1])])
-                    return self.fast.manifest(step), self.fast.root, "fast"
-                _tell(problems[0], on_corrupt)
-                self.fast.delete(step)
-            if step in durable:
-                try:
-                    man = self.durable.fetch(step, os.path.join(local_root, step_dir(step)))
-                    return man, local_root, "durable"
-                except CorruptCheckpoint as exc:
-                    _tell(exc, on_corrupt)
-        return None
-
-    def _catch_up(self, steps: list[int]) -> None:
-        for step in steps:
-            try:
-                meta = manifest_meta(self.fast.manifest(step))
-            except CorruptCheckpoint as exc:  # an older local copy: skip it, not the resume
-                _tell(exc, None)
-                continue
+        choice = choose(self.fast if fast else None, self.durable, local_root, at_or_before,
+                        on_corrupt)
+        self.lineage = choice.lineage
+        for step in choice.upload:
             log.info("checkpoint_upload_resumed", step=step)
-            self.submit(step, **meta)
+            self.submit(step, **manifest_meta(self.fast.manifest(step)))
+        return choice.found
 
     def _emit(self, kind: str, payload: dict[str, Any] | None = None, /, *,
               step: int | None, event_id: str | None = None, **fields: Any) -> None:
@@ -428,10 +412,3 @@ class TieredCheckpointer:
             self.events.flush()
         except StorageUnavailable as exc:  # the batch stays buffered for the next flush
             log.warning("event_flush_deferred", error=exc.cause[:200])
-
-
-def _tell(exc: CorruptCheckpoint, on_corrupt: Callable[[CorruptCheckpoint], None] | None) -> None:
-    log.warning("checkpoint_corrupt", step=exc.step, file=exc.file, expected=exc.expected,
-                actual=exc.actual)
-    if on_corrupt:
-        on_corrupt(exc)

@@ -47,6 +47,7 @@ from storage.checkpoints import (
     union_files,
 )
 from storage.retention import RetentionPolicy, apply_retention
+from storage.rollback import left_behind, lineage_of
 
 log = structlog.get_logger(__name__)
 
@@ -241,6 +242,11 @@ class Writer:
                 self._uploading = job
             self.send(op="started", step=job.step)
             try:
+                if self.cfg.node_rank == 0 and self._abandoned(job):
+                    with self._cond:
+                        self._uploading = None
+                    self.send(op="done", step=job.step)
+                    continue
                 with upload_span(job, self.cfg.run_id):
                     man = self._durable_commit(job)
                 if man is not None:
@@ -254,6 +260,23 @@ class Writer:
             if man is None:
                 return  # closed while waiting out an outage
             self.send(op="done", step=job.step)
+
+    def _abandoned(self, job: _Job) -> bool:
+        """Where commits are made (node 0): a snapshot whose lineage a rollback recorded on
+        the durable tier has left (storage/rollback.py: a segment elsewhere rolled back
+        after this one was written) is neither uploaded nor kept here. False once closing."""
+        got = self._retrying(job.step, lambda: left_behind(
+            self.durable, job.step, lineage_of(job.manifest)))
+        if got is None or got[0] is None:
+            return False
+        lineage, current = lineage_of(job.manifest), got[0]
+        log.warning("checkpoint_upload_refused", step=job.step, lineage=lineage,
+                    current=current, reason="abandoned lineage")
+        self.emit("checkpoint_abandoned", step=job.step, flush=True,
+                  event_id=f"checkpoint_abandoned/{job.step}/{lineage}", lineage=lineage,
+                  current_lineage=current)
+        self.fast.delete(job.step)
+        return True
 
     def _durable_commit(self, job: _Job) -> CheckpointManifest | None:
         """The step's durable share from this node; None once closing. One node: the

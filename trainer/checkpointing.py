@@ -327,12 +327,15 @@ def rollback_to(ctx: SegmentContext, engine, at_or_before: int) -> tuple[TrainSt
     """A rollback (spike or operator): restore the newest good checkpoint at or before
     `at_or_before` first, and only once it has loaded uncommit every newer one on both
     tiers — they hold the abandoned trajectory, and the replay commits those step numbers
-    again (storage/rollback.py). Waits for in-flight uploads first so none lands after the
-    uncommit. (None, []) when no checkpoint is left there: nothing is deleted."""
+    again (storage/rollback.py). Rank 0 first records the new lineage on the durable tier,
+    so no copy of the abandoned one on another machine's fast tier is resumed or uploaded
+    later. Waits for in-flight uploads first so none lands after the uncommit. (None, [])
+    when no checkpoint is left there: nothing is deleted."""
     stores: list[CheckpointStore] = []
     if ctx.leader:  # every node's uploads in, before rank 0 uncommits
         _checkpointer(ctx).drain()
     if ctx.rank == 0:
         stores = [ctx.store, ctx.fast_store]
     return roll_back(at_or_before, lambda bound: restore(ctx, engine, bound),
-                     lambda state: state.step, stores)
+                     lambda state: state.step, stores,
+                     branch=ctx.checkpointer.branch if ctx.rank == 0 else None)
