@@ -26,7 +26,8 @@ FAULT_KINDS: dict[str, str] = {
     "oom": "out of memory: CUDA OOM, a host allocation failure (MemoryError, torch's "
            "DefaultCPUAllocator), or the kernel's OOM killer",
     "storage_outage": "the durable store was unavailable (waited out, or the segment retried)",
-    "checkpoint_corrupt": "a checkpoint failed its checksum on resume; the trainer skipped it",
+    "checkpoint_corrupt": "a checkpoint failed its checksum on resume (the trainer skipped it) "
+                          "or in the background scrub of the checkpoints a fallback needs",
     "crash": "a trainer process exited with an error (a Python exception, a non-zero code)",
     "preempted": "SIGTERM: a preemption notice, to a trainer process or to torchrun",
     "nccl": "a collective failed or timed out (an NCCL error, the NCCL watchdog's timeout, a "
@@ -54,7 +55,9 @@ ACTIONS: dict[str, str] = {
            "accumulation doubled (same global batch); at one sequence it pauses in "
            "needs_attention",
     "storage_outage": "waited out with backoff; checkpoints stay on the fast tier",
-    "checkpoint_corrupt": "the trainer skips it and resumes from the newest good one",
+    "checkpoint_corrupt": "the trainer skips it and resumes from the newest good one; the "
+                          "scrub uncommits it once an older commit verifies, else leaves it "
+                          "committed with needs_attention",
     "crash": f"retried from the last commit; {_BUDGET}",
     "preempted": "the worker drains: the segment commits at its current step and moves to "
                  "another worker at once",
