@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from storage.dataset import DatasetManifest, commit_manifest, token_dtype, write_shard
 from storage.fs import resolve
 from tests.trainer.helpers import run_segment, tiny_spec, write_spec
+from trainer.safe_load import safe_torch_load
 from trainer.state import flat_tensors
 
 STEPS = 8
@@ -69,7 +70,7 @@ def compare(root: Path, dataset: str, world: int, zero: int) -> dict:
                 raise SystemExit(proc.stderr[-4000:])
         runs[name] = root / name / "runs" / "t" / "checkpoints" / f"step-{STEPS:09d}"
     weights, other, n_weights, n_all = 0.0, 0.0, 0, 0
-    load = lambda p: flat_tensors(torch.load(p, map_location="cpu", weights_only=False))
+    load = lambda p: flat_tensors(safe_torch_load(p, map_location="cpu"))  # noqa: E731
     for path in sorted(runs["straight"].glob("*.pt")):
         a, b = load(path), load(runs["resumed"] / path.name)
         module = {k: v for k, v in a.items() if k.startswith("/module/")}

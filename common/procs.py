@@ -135,6 +135,13 @@ def with_repo_on_path(env: dict[str, str]) -> dict[str, str]:
     return {**env, "PYTHONPATH": os.pathsep.join([root, *paths])}
 
 
+def worker_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """A worker's environment: all of `environ` (a worker holds the credentials), with
+    weights-only loading forced like every child's (FORCED_CHILD_ENV)."""
+    return {k: v for k, v in environ.items()
+            if k != "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"} | FORCED_CHILD_ENV
+
+
 def worker_command(role: str, address: str, namespace: str = "default",
                    args: tuple[str, ...] = (), wrap: tuple[str, ...] = ()) -> list[str]:
     """`mainspring worker --role …` with `args` appended, behind the prefix `wrap` (e.g.
@@ -163,9 +170,7 @@ class WorkerFleet:
         os.makedirs(self.log_dir, exist_ok=True)
         out = open(os.path.join(self.log_dir, f"worker-{role}.log"), "ab")
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        # a worker keeps its credentials, but loads weights-only like every child
-        env = {k: v for k, v in {**os.environ, **self.env}.items()
-               if k != "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"} | FORCED_CHILD_ENV
+        env = worker_env({**os.environ, **self.env})
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
         cmd = worker_command(role, self.address, args=self.args, wrap=self.wrap)
         proc = subprocess.Popen(cmd, stdout=out,

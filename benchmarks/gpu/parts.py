@@ -27,6 +27,7 @@ sys.path.insert(0, str(REPO))
 
 from spec import ModelConfig  # noqa: E402
 from trainer import model as M  # noqa: E402
+from trainer.safe_load import safe_torch_load  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEV = torch.device("cuda" if CUDA else "cpu")
@@ -167,7 +168,7 @@ def _segment(spec: str, dataset: str, to_step: int, workdir: Path, attempt: int 
 
 def _weights(store: Path, step: int) -> dict[str, torch.Tensor]:
     ck = store / f"runs/t/checkpoints/step-{step:09d}/mp_rank_00_model_states.pt"
-    return torch.load(ck, map_location="cpu", weights_only=False)["module"]
+    return safe_torch_load(str(ck), map_location="cpu")["module"]
 
 
 def _max_diff(a: dict, b: dict) -> float:
