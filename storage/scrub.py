@@ -202,6 +202,48 @@ def on_low_priority_thread(fn: Callable[[], object], nice: int) -> object:
 
 
 # ---- the scrub --------------------------------------------------------------------
+class _Pass:
+    """One pass's reading: what verified (`good`), what did not (`bad`, with the manifest
+    digest it was judged under), and for each bad step the older commit that verifies."""
+
+    def __init__(self, store: CheckpointStore, view: CheckpointStore, committed: list[int],
+                 digests: dict[int, str], due: list[int], record: dict, now: float) -> None:
+        self.store, self.view, self.committed, self.digests = store, view, committed, digests
+        self.due, self.record, self.now = due, record, now
+        self.good = {s for s in digests if s not in due}
+        self.bad: dict[int, tuple[str, list[CorruptCheckpoint]]] = {}
+
+    def check(self, s: int) -> None:
+        before = self.digests.get(s) or manifest_digest(self.store, s)
+        if before is None:
+            return  # uncommitted since the listing
+        problems = self.view.verify(s)
+        if not problems:
+            self.good.add(s)
+            self.record.setdefault("", {})[s] = (before, self.now)
+        elif manifest_digest(self.store, s) == before:
+            self.bad[s] = (before, problems)
+        # else uncommitted or committed again while read (retention, a rollback's replay):
+        # not this checkpoint's damage; the next pass reads what is there then
+
+    def older_good(self, s: int) -> int | None:
+        for c in reversed([c for c in self.committed if c < s]):
+            if c not in self.good and c not in self.bad:
+                self.check(c)
+            if c in self.good:
+                return c
+        return None
+
+    def run(self) -> dict[int, int | None]:
+        """Each bad step -> the newest older commit that verifies (None: none does)."""
+        for s in sorted(self.due, reverse=True):
+            self.check(s)
+        anchors: dict[int, int | None] = {}
+        while todo := sorted(set(self.bad) - set(anchors), reverse=True):
+            anchors[todo[0]] = self.older_good(todo[0])
+        return anchors
+
+
 def scrub(store: CheckpointStore, events, policy: ScrubPolicy, *,
           progress: Callable[[], object] | None = None) -> ScrubReport:
     """One pass over `store` (durable, one run); `events` an EventLog; `progress()` is
@@ -216,59 +258,11 @@ def scrub(store: CheckpointStore, events, policy: ScrubPolicy, *,
     due = due_steps(list(digests), digests, record.get("", {}), now=now,
                     reverify_s=policy.reverify_s)
     counter = [0]
-    view = slow_view(store, policy.mb_per_s * 1e6, counter, progress)
-    good = {s for s in digests if s not in due}
-    bad: dict[int, list[CorruptCheckpoint]] = {}
-
-    def check(s: int) -> None:
-        problems = view.verify(s)
-        if problems:
-            store.fs.invalidate_cache()
-            if not store.fs.exists(store.path(s, MANIFEST)):
-                return  # uncommitted meanwhile (retention, a rollback): gone, not corrupt
-            bad[s] = problems
-            return
-        good.add(s)
-        record.setdefault("", {})[s] = (digests.get(s) or manifest_digest(store, s) or "", now)
-
-    def older_good(s: int) -> int | None:
-        for c in reversed([c for c in committed if c < s]):
-            if c not in good and c not in bad:
-                check(c)
-            if c in good:
-                return c
-        return None
-
-    def passes() -> tuple[dict[int, int | None], list[int]]:
-        for s in sorted(due, reverse=True):
-            check(s)
-        anchors: dict[int, int | None] = {}
-        while todo := sorted(set(bad) - set(anchors), reverse=True):
-            anchors[todo[0]] = older_good(todo[0])
-        return anchors, scrub_promoted(store, promoted, counter, policy, record, now, progress)
-
-    anchors, promoted_bad = on_low_priority_thread(passes, policy.nice)  # type: ignore[misc]
-    uncommitted = [s for s in sorted(anchors, reverse=True) if anchors[s] is not None]
-    for s in sorted(bad):
-        for exc in bad[s]:
-            emit_corrupt(events, exc, detected_by="scrub")
-    for s in uncommitted:  # newest first, manifest first: never a hole below a survivor
-        # retention (the writer, after its next commit) may have chosen the corrupt step as
-        # the newest at or before the horizon's edge and let its fallback go: the fallback
-        # is pinned until the next pass, when the corrupt step is long gone
-        pin(store.url, store.run_id, f"{FALLBACK_PIN}{s}", anchors[s])
-        store.delete(s)
-        log.warning("corrupt_checkpoint_uncommitted", step=s, fallback=anchors[s], by="scrub")
-        events.emit("recovered", step=anchors[s], event_id=f"recovered/{corrupt_fault_id(s)}",
-                    fault_event_id=corrupt_fault_id(s), by="scrub", uncommitted=s,
-                    fallback_step=anchors[s], resumed_step=anchors[s], lost_steps=0,
-                    detection_s=0.0, mttr_s=round(time.monotonic() - began, 3))
-    kept = sorted(s for s, a in anchors.items() if a is None)
-    for s in kept:
-        attention(events, s, bad[s][0], "no older checkpoint verifies: it stays committed, so a "
-                  "restart fails clearly instead of beginning at step 0",
-                  "let training commit a newer checkpoint (it goes on), or restore this step's "
-                  "files from a copy; see the checkpoint_corrupt events")
+    one = _Pass(store, slow_view(store, policy.mb_per_s * 1e6, counter, progress), committed,
+                digests, due, record, now)
+    anchors, promoted_bad = on_low_priority_thread(lambda: (one.run(), scrub_promoted(
+        store, promoted, counter, policy, record, now, progress)), policy.nice)  # type: ignore
+    uncommitted = act_on(store, events, one.bad, anchors, began)
     for s, exc in promoted_bad:
         emit_corrupt(events, exc, detected_by="scrub")
         attention(events, s, exc, "the promoted copy does not verify",
@@ -276,15 +270,49 @@ def scrub(store: CheckpointStore, events, policy: ScrubPolicy, *,
     events.flush()
     write_record(store, record, keep=set(store.list_committed()), promoted=set(promoted))
     report = ScrubReport(
-        needed=needed, verified=sorted(s for s in good if s not in digests or s in due),
-        skipped=sorted(s for s in digests if s not in due), corrupt=sorted(bad),
-        uncommitted=sorted(uncommitted), needs_attention=kept,
+        needed=needed, verified=sorted(s for s in one.good if s not in digests or s in due),
+        skipped=sorted(s for s in digests if s not in due), corrupt=sorted(one.bad),
+        uncommitted=sorted(uncommitted),
+        needs_attention=sorted(s for s, a in anchors.items() if a is None),
         promoted_corrupt=sorted(s for s, _ in promoted_bad), bytes_read=counter[0],
         seconds=round(time.monotonic() - began, 3))
     log.info("checkpoint_scrub_done", needed=needed, verified=report.verified,
              corrupt=report.corrupt, uncommitted=report.uncommitted,
-             needs_attention=kept, bytes_read=report.bytes_read, seconds=report.seconds)
+             needs_attention=report.needs_attention, bytes_read=report.bytes_read,
+             seconds=report.seconds)
     return report
+
+
+def act_on(store: CheckpointStore, events, bad: dict[int, tuple[str, list[CorruptCheckpoint]]],
+           anchors: dict[int, int | None], began: float) -> list[int]:
+    """Record every corrupt step; uncommit those with an older verified commit, newest first
+    and manifest first (never a hole below a survivor); `needs_attention` for the others.
+    Returns the steps uncommitted."""
+    for s in sorted(bad):
+        for exc in bad[s][1]:
+            emit_corrupt(events, exc, detected_by="scrub")
+    uncommitted = []
+    for s in sorted(bad, reverse=True):
+        if (fallback := anchors[s]) is None:
+            attention(events, s, bad[s][1][0], "no older checkpoint verifies: it stays "
+                      "committed, so a restart fails clearly instead of beginning at step 0",
+                      "let training commit a newer checkpoint (it goes on), or restore this "
+                      "step's files from a copy; see the checkpoint_corrupt events")
+            continue
+        if manifest_digest(store, s) != bad[s][0]:
+            continue  # committed again since it was read: not the checkpoint judged
+        # retention (the writer, after its next commit) may count the corrupt step as the
+        # newest at or before the horizon's edge and let its fallback go: the fallback is
+        # pinned until the next pass, when the corrupt step is long gone
+        pin(store.url, store.run_id, f"{FALLBACK_PIN}{s}", fallback)
+        store.delete(s)
+        uncommitted.append(s)
+        log.warning("corrupt_checkpoint_uncommitted", step=s, fallback=fallback, by="scrub")
+        events.emit("recovered", step=fallback, event_id=f"recovered/{corrupt_fault_id(s)}",
+                    fault_event_id=corrupt_fault_id(s), by="scrub", uncommitted=s,
+                    fallback_step=fallback, resumed_step=fallback, lost_steps=0,
+                    detection_s=0.0, mttr_s=round(time.monotonic() - began, 3))
+    return uncommitted
 
 
 def scrub_promoted(store: CheckpointStore, promoted: Sequence[int], counter: list[int],
