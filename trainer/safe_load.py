@@ -18,8 +18,11 @@ sets their `__dict__`, so allowing them runs no code of theirs.
 `install_safe_loading(engine)` routes every file `engine.load_checkpoint` reads through
 `safe_torch_load`: in DeepSpeed 0.19 the model/module states (SDLoader), the non-ZeRO
 optimizer state and the ZeRO optimizer shards all go through `engine.checkpoint_engine.
-load`; the direct `torch.load` calls left in DeepSpeed are on paths this project does not
-use (universal checkpoints, MoE, NVMe offload, `zero_to_fp32`).
+load`. DeepSpeed's direct `torch.load(weights_only=False)` calls — the universal checkpoint
+a resharded resume loads, `zero_to_fp32`, `ds_to_universal` — are made weights-only by
+`force_weights_only` (every child's environment sets the same: common/procs.py), with the
+allow-list installed process-wide. `safe_torch_load` is also bounded (trainer/load_bounds.py)
+and turns every failure to load a file into UnsafeCheckpointFile: the checkpoint is corrupt.
 """
 
 from __future__ import annotations
