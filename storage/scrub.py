@@ -305,7 +305,11 @@ def act_on(store: CheckpointStore, events, bad: dict[int, tuple[str, list[Corrup
         # newest at or before the horizon's edge and let its fallback go: the fallback is
         # pinned until the next pass, when the corrupt step is long gone
         pin(store.url, store.run_id, f"{FALLBACK_PIN}{s}", fallback)
-        store.delete(s)
+        try:
+            store.delete(s)
+        except FileNotFoundError:  # a restore that found it too is uncommitting it
+            log.info("corrupt_checkpoint_already_going", step=s, by="scrub")
+            continue
         uncommitted.append(s)
         log.warning("corrupt_checkpoint_uncommitted", step=s, fallback=fallback, by="scrub")
         events.emit("recovered", step=fallback, event_id=f"recovered/{corrupt_fault_id(s)}",

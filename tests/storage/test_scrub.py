@@ -202,6 +202,26 @@ def test_scrub_checks_the_promoted_copy_and_records_it_without_deleting(durable,
     assert [e["step"] for e in read_events(durable, "r", kinds=("needs_attention",))] == [1]
 
 
+def test_a_step_committed_again_while_it_is_read_is_not_judged_corrupt(durable, tmp_path):
+    store = commit_steps(durable, tmp_path, [1, 2, 3])
+    replayed = []
+
+    def replay_step_3_mid_read() -> None:  # a rollback's replay commits step 3 again
+        if not replayed:
+            replayed.append(3)
+            store.delete(3)
+            store.commit(3, write_files(tmp_path / "replay", payload(33)), parent=2)
+
+    with EventLog(durable, "r", "scrub") as events:
+        report = scrub(CheckpointStore(durable, "r"), events,
+                       ScrubPolicy(newest=3, mb_per_s=0.0), progress=replay_step_3_mid_read)
+
+    assert replayed and report.corrupt == [] and report.uncommitted == []
+    assert store.list_committed() == [1, 2, 3] and store.verify(3) == []
+    assert kinds(durable) == []
+    assert run_scrub(durable).verified == [3]  # the next pass reads the new step 3
+
+
 def test_the_fallback_of_an_uncommitted_step_outlives_retention_until_the_next_pass(
         durable, tmp_path):
     store = commit_steps(durable, tmp_path, [1, 2, 3])
