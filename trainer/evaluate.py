@@ -101,7 +101,7 @@ def _zero3_state_dict(local: str, max_bytes: int | None) -> dict[str, torch.Tens
     parent, tag = os.path.split(local.rstrip("/"))
     try:
         return get_fp32_state_dict_from_zero_checkpoint(parent, tag=tag)
-    except MemoryError:
+    except (MemoryError, OSError):  # this machine's state, not the files' (safe_load.py)
         raise
     except Exception as exc:  # noqa: BLE001 — the files' contents: the same on every retry
         raise UnsafeCheckpointFile(local, f"unreadable by zero_to_fp32: "

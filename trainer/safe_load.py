@@ -96,8 +96,9 @@ def safe_torch_load(path: str, max_bytes: int | None = None, **kw: Any) -> Any:
     (trainer/load_bounds.py: what the file may inflate to — at most its own size and
     `max_bytes`, what the model's shapes allow — checked before anything is inflated, and
     every tensor within its storage after). A pickle that asks for anything else, a file
-    out of bounds, or any failure to load it raises UnsafeCheckpointFile: deterministic in
-    the file's bytes, so its checkpoint is corrupt (a fallback), not a crash to retry."""
+    out of bounds, or any other failure of its bytes to load raises UnsafeCheckpointFile:
+    deterministic in the bytes, so its checkpoint is corrupt (a fallback), not a crash to
+    retry. OSError and MemoryError (the node's, not the file's) propagate."""
     kw.pop("weights_only", None)  # never False, whatever a caller (DeepSpeed) passes
     path = str(path)
     if problem := archive_problem(path, max_bytes):
@@ -109,8 +110,10 @@ def safe_torch_load(path: str, max_bytes: int | None = None, **kw: Any) -> Any:
         loaded = torch.load(path, weights_only=True, **kw)
     except pickle.UnpicklingError as exc:  # torch wraps every refusal of its unpickler in it
         raise _refused(path, first_line(exc)) from None
-    except MemoryError:
-        raise  # this node's state, not the file's (the bounds above keep files from it)
+    except (MemoryError, OSError):
+        # this node's state, not the file's (the bounds above keep a file from the first; a
+        # torn or garbled zip is torch's RuntimeError): retried, the checkpoint left alone
+        raise
     except Exception as exc:  # noqa: BLE001 — a shape past its storage, a torn zip, ...
         raise _refused(path, f"unreadable: {type(exc).__name__}: {first_line(exc)}") from None
     if problem := tensors_problem(loaded):
