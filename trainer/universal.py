@@ -2,21 +2,29 @@
 arguments), with every file it loads read weights-only.
 
 The converter unpickles each file it reads with `torch.load(weights_only=False)`, and the
-files are the bucket's: a crafted optimizer shard ran its payload here although the
-rank's own loader had refused it. This process forces weights-only loading (torch honours
-TORCH_FORCE_WEIGHTS_ONLY_LOAD over an explicit weights_only=False) and installs the same
-allow-list of DeepSpeed classes as the rank (trainer/safe_load.py) — an allow-list does
-not cross a process boundary. trainer/elastic.py starts it. Exit 0: converted; 3: a file
-was refused (one `refused` JSON line on stdout says why); anything else: a crash.
+files are the bucket's: a crafted optimizer shard that the rank's loader refuses ran its
+payload here. This process forces weights-only loading (torch honours
+TORCH_FORCE_WEIGHTS_ONLY_LOAD over an explicit weights_only=False), installs the rank's
+allow-list of DeepSpeed classes (trainer/safe_load.py; an allow-list does not cross a
+process boundary), and reads every input file through the bounded loader first, as the
+rank did (DeepSpeed's own loads are not bounded). trainer/elastic.py starts it. Exit 0:
+converted; 3: a file was refused (one `refused` JSON line on stdout says why); anything
+else: a crash.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import sys
 
-from trainer.safe_load import first_line, force_weights_only
+from trainer.safe_load import (
+    UnsafeCheckpointFile,
+    first_line,
+    force_weights_only,
+    safe_torch_load,
+)
 
 EXIT_REFUSED = 3
 REFUSED = "refused "
@@ -29,11 +37,20 @@ def main(argv: list[str]) -> int:
     sys.argv = ["ds_to_universal", *argv]
     args = ds_to_universal.parse_arguments()
     try:
+        for name in sorted(os.listdir(args.input_folder)):  # bounded, as in the rank
+            if name.endswith(".pt"):
+                safe_torch_load(os.path.join(args.input_folder, name), mmap=True)
         ds_to_universal.main(args)
+    except UnsafeCheckpointFile as exc:
+        return refused(f"{os.path.basename(exc.path)}: {exc.reason}")
     except pickle.UnpicklingError as exc:  # torch's refusal of a global: nothing of it ran
-        print(REFUSED + json.dumps({"reason": first_line(exc)}), flush=True)
-        return EXIT_REFUSED
+        return refused(first_line(exc))
     return 0
+
+
+def refused(reason: str) -> int:
+    print(REFUSED + json.dumps({"reason": reason}), flush=True)
+    return EXIT_REFUSED
 
 
 if __name__ == "__main__":
