@@ -54,22 +54,32 @@ class Standby:
     def __init__(self, env: dict[str, str]) -> None:
         self.key = import_key(env)
         self.log = os.path.join(tempfile.gettempdir(), f"mainspring-standby-{os.getpid()}.log")
+        # Its parent's pid, which it compares its own parent with: a parent that died
+        # before the parent-death signal was armed shows as another parent. Not "parent is
+        # 1": in a container the worker itself may be PID 1.
+        cmd = [sys.executable, "-m", "trainer.standby", "--parent-pid", str(os.getpid())]
         with open(self.log, "ab") as err:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "trainer.standby"], env=env, stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE, stderr=err, start_new_session=True,
-                preexec_fn=set_parent_death_signal)
+                cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
+                start_new_session=True, preexec_fn=set_parent_death_signal)
         self.started = time.monotonic()
         self.ready = threading.Event()
+        self.settled = threading.Event()  # ready, or dead before it was: a take waits on this
 
     def wait_ready(self) -> bool:
-        """Block until the standby says it is ready (False: it died first)."""
-        line = self.proc.stdout.readline() if self.proc.stdout else b""
+        """Block until the standby says it is ready (False: it died first: its stdout's EOF
+        comes with its exit, so a death is seen at once)."""
+        try:
+            line = self.proc.stdout.readline() if self.proc.stdout else b""
+        except (OSError, ValueError):  # closed under us by a launch or a release
+            line = b""
         if line.strip() == b"ready":
             self.ready.set()
+            self.settled.set()
             log.info("standby_ready", pid=self.proc.pid,
                      import_s=round(time.monotonic() - self.started, 2))
             return True
+        self.settled.set()
         log.warning("standby_failed", pid=self.proc.pid, rc=self.proc.poll(), log=self.log)
         return False
 
@@ -122,6 +132,7 @@ class Pool:
     def __init__(self, env: Callable[[], dict[str, str]]) -> None:
         self.env = env  # read at each start: the worker's environment as it is then
         self.current: Standby | None = None
+        self.latest: Standby | None = None  # the last one started, taken or not
         self.lock = threading.Lock()
         self.wanted: queue.Queue[float | None] = queue.Queue()  # a delay; None: stop
         self.hurry = threading.Event()  # a launch waits: start the replacement now
@@ -135,7 +146,7 @@ class Pool:
             with self.lock:
                 if self.current is not None and self.current.proc.poll() is None:
                     continue
-                standby = self.current = Standby(self.env())
+                standby = self.current = self.latest = Standby(self.env())
             if not standby.wait_ready():
                 with self.lock:
                     if self.current is standby:
@@ -143,17 +154,10 @@ class Pool:
 
     def take(self, env: dict[str, str], wait_s: float) -> Standby | None:
         """The standby for a launch with `env`, waiting up to `wait_s` for one still
-        importing; None: launch cold. Its replacement is started either way."""
+        importing; None: launch cold. Its replacement is started either way. A standby that
+        dies, before or while the launch waits, sends it cold at once."""
         deadline = time.monotonic() + wait_s
-        with self.lock:
-            standby, self.current = self.current, None
-        if standby is None:  # taken a moment ago (a restart in place): wait for the next
-            self.wanted.put(0.0)
-            self.hurry.set()
-            while standby is None and time.monotonic() < deadline:
-                time.sleep(0.05)
-                with self.lock:
-                    standby, self.current = self.current, None
+        standby = self._claim(deadline)
         self.hurry.clear()  # a hurry from before this take is not this launch's first step
         self.wanted.put(REPLACE_AT_MOST_S)
         if standby is None:
@@ -162,12 +166,40 @@ class Pool:
             log.info("standby_not_matching", pid=standby.proc.pid)
             standby.release()
             return None
-        if not standby.ready.wait(max(0.0, deadline - time.monotonic())) \
-                or standby.proc.poll() is not None:
+        standby.settled.wait(max(0.0, deadline - time.monotonic()))
+        if standby.proc.poll() is not None or (standby.settled.is_set()
+                                               and not standby.ready.is_set()):
+            log.warning("standby_dead", pid=standby.proc.pid, rc=standby.proc.poll(),
+                        log=standby.log)
+            standby.release()
+            return None
+        if not standby.ready.is_set():
             log.info("standby_not_ready", pid=standby.proc.pid, waited_s=wait_s)
             standby.let_go(LET_GO_S)
             return None
         return standby
+
+    def _claim(self, deadline: float) -> Standby | None:
+        """The current standby, taken from the pool; if there is none (taken a moment ago:
+        a restart in place), the next one the keeper starts, hurried. One that dies before
+        it is claimed is looked at too: it can come and go between two looks."""
+        with self.lock:
+            standby, self.current = self.current, None
+            before = self.latest
+        if standby is not None:
+            return standby
+        self.wanted.put(0.0)
+        self.hurry.set()
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+            with self.lock:
+                standby, self.current = self.current, None
+                fresh = self.latest if self.latest is not before else None
+            if standby is not None:
+                return standby
+            if fresh is not None and fresh.settled.is_set() and not fresh.ready.is_set():
+                return fresh  # dead: take() sees it and goes cold
+        return None
 
     def close(self) -> None:
         with self.lock:

@@ -18,17 +18,23 @@ import os
 import signal
 import sys
 
-from common.procs import set_parent_death_signal
+from common.parentage import parent_of
+from common.procs import WORKER_PID_ENV, set_parent_death_signal
 
 
 def die_with_parent() -> None:
-    """Ask the kernel to SIGKILL us when our parent (torchrun, or the worker) dies.
+    """Ask the kernel to SIGKILL us when our parent (torchrun, or the worker's standby) dies.
 
     Runs before torch is imported so there is no window in which an orphaned rank could
-    hold a GPU (DESIGN §5). If the parent is already gone we were re-parented to init.
+    hold a GPU (DESIGN §5). If the parent is already gone we were re-parented: our parent
+    is then no longer a child of the worker whose pid the supervisor put in our
+    environment (torchrun and the standby both are). Not "our parent is 1": the worker may
+    be PID 1 of its container, and a subreaper may adopt us instead. Run by hand (no
+    worker pid), a parent of 1 is taken for init.
     """
     set_parent_death_signal()
-    if os.getppid() == 1:
+    worker, launcher = int(os.environ.get(WORKER_PID_ENV) or 0), os.getppid()
+    if (parent_of(launcher) != worker) if worker else launcher == 1:
         sys.exit(1)
 
 

@@ -16,12 +16,15 @@ else (no thread pool run, no process group, no CUDA context) and waits on stdin 
   SIGTERM`, what the supervisor acts on at once), SIGKILLs them after STOP_GRACE_S and
   exits 1; all ranks done: 0;
 - a SIGTERM it gets goes on to every rank (a preemption notice, as torchrun forwards it);
-- it dies with its parent (the parent-death signal), and its ranks die with it.
+- it dies with its parent, the worker (the parent-death signal; a worker that died before
+  the signal was armed shows as a parent other than `--parent-pid`), and its ranks die
+  with it.
 Its first line on stdout, "ready", tells the worker the imports are done.
 """
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import os
 import runpy
@@ -138,10 +141,11 @@ def launch(req: LaunchRequest) -> int:
     port = req.master_port or free_port()
     ranks: dict[int, tuple[int, int]] = {}
     signal.signal(signal.SIGTERM, lambda *_: [_signal(p, signal.SIGTERM) for p in list(ranks)])
+    launcher = os.getpid()  # before the fork: a child's getppid() could already be another
     for local in range(req.procs):
         pid = os.fork()
         if pid == 0:
-            run_rank(req, local, port, os.getppid())
+            run_rank(req, local, port, launcher)
         ranks[pid] = (req.node_rank * req.procs + local, local)
     print(f"standby launched {req.procs} rank(s) of {req.module}: pids {sorted(ranks)}, "
           f"store {req.master_addr}:{port}", flush=True)
@@ -199,9 +203,21 @@ def _signal(pid: int, sig: int) -> None:
         pass
 
 
-def main() -> int:
+def parent_pid(argv: list[str]) -> int:
+    """Pure: the `--parent-pid` the worker started this standby with."""
+    parser = argparse.ArgumentParser(prog="python -m trainer.standby")
+    parser.add_argument("--parent-pid", type=int, required=True,
+                        help="the worker's pid: a different parent means it died already")
+    return parser.parse_args(argv).parent_pid
+
+
+def main(argv: list[str]) -> int:
+    parent = parent_pid(argv)
     set_parent_death_signal()
-    if os.getppid() == 1:
+    # The worker died before the signal was armed: we were re-parented. Compared with the
+    # worker's own pid, not with 1: the worker may be PID 1 of its container, and a
+    # re-parented child may go to a subreaper that is not.
+    if os.getppid() != parent:
         return 1
     warm_imports()
     print(READY, flush=True)
@@ -212,7 +228,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    code = main()
+    code = main(sys.argv[1:])
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

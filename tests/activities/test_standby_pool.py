@@ -5,6 +5,8 @@ gets one started at once."""
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
 
 from activities import standby
@@ -53,5 +55,26 @@ def test_a_standby_not_ready_in_time_is_let_go_to_finish_its_imports_not_killed(
         importing = pool.current
         assert pool.take(child_env(), wait_s=0.0) is None  # not ready yet: launch cold
         assert importing.proc.wait(120) == 0  # it finished its imports and left by itself
+    finally:
+        pool.close()
+
+
+def test_a_standby_that_dies_while_a_launch_waits_for_it_sends_the_launch_cold_at_once(
+        monkeypatch):
+    pool = standby.Pool(child_env)
+    monkeypatch.setattr(standby, "_POOL", pool)
+    taken: list = []
+    try:
+        assert eventually(lambda: pool.current is not None, 30)
+        importing = pool.current
+        assert not importing.ready.is_set(), "ready already: the launch would not wait"
+        waiter = threading.Thread(target=lambda: taken.append(pool.take(child_env(), 60)))
+        waiter.start()
+        assert eventually(lambda: pool.current is not importing, 5)  # the launch holds it
+        importing.proc.send_signal(signal.SIGKILL)
+        killed_at = time.monotonic()
+        waiter.join(60)
+        assert taken == [None], "a dead standby was handed a launch"
+        assert time.monotonic() - killed_at < 5, "the launch waited on a dead standby"
     finally:
         pool.close()
