@@ -19,6 +19,14 @@ things still went wrong, and this module sees to them:
   issue 14). Leaving `watching` while the server is unreachable waits for it, heartbeating
   (the SDK's local heartbeat timer cancels an activity that stops heartbeating), so the
   result lands as soon as it is back.
+
+Only a frontend that does not answer is away. Some do not serve `grpc.health.v1` (a proxy,
+a cloud endpoint: UNIMPLEMENTED), and their answer says nothing about Temporal behind them:
+the probe then asks the API itself (`GetSystemInfo`, what the SDK calls on connect) from
+then on. A frontend that serves neither turns the watch off with a warning (it could never
+see an outage there, nor its end), so it records no fault and holds no result; counted as
+an outage, it held every finished segment's result for MAX_HOLD_S. A slow answer is an
+answer: a probe fails on no answer within PROBE_TIMEOUT_S.
 """
 
 from __future__ import annotations
@@ -34,7 +42,8 @@ from datetime import timedelta
 
 import structlog
 from temporalio import activity
-from temporalio.service import ConnectConfig, ServiceClient
+from temporalio.api.workflowservice.v1 import GetSystemInfoRequest
+from temporalio.service import ConnectConfig, RPCError, RPCStatusCode, ServiceClient
 
 from activities.contracts import TrainSegmentInput
 from activities.supervise import ProgressTail
@@ -49,7 +58,15 @@ log = structlog.get_logger(__name__)
 KIND = "server_unavailable"  # common/fault_kinds.py FAULT_KINDS
 EVERY_S = 2.0  # between probes: an outage is seen within misses x EVERY_S
 MISSES = 2  # failed probes in a row that make an outage (one slow answer is not one)
-PROBE_TIMEOUT_S = 3.0
+# An answer later than this is none. The SDK gives an activity's completion about 10 s of
+# retries (module doc): a frontend that answers within that still takes the result.
+# (3 s made a frontend that answers in 4 s an outage, and its results waited for it.)
+PROBE_TIMEOUT_S = 10.0
+# Answers from a frontend that is there but does not serve this method to us: health
+# without the service (UNIMPLEMENTED), without the workflow service's entry (NOT_FOUND),
+# or not to this caller. Any other error, or none within the timeout, is the frontend away.
+NOT_SERVED = frozenset({RPCStatusCode.UNIMPLEMENTED, RPCStatusCode.NOT_FOUND,
+                        RPCStatusCode.PERMISSION_DENIED, RPCStatusCode.UNAUTHENTICATED})
 MAX_HOLD_S = 3600.0  # the longest a finished segment waits for the server to come back
 
 _CONFIG: dict[str, ConnectConfig] = {}
@@ -61,29 +78,58 @@ def configure(config: ConnectConfig) -> None:
     _CONFIG["connect"] = config
 
 
+class Unprobeable(Exception):
+    """The frontend answers, but serves neither health checks nor GetSystemInfo to us."""
+
+    def __init__(self, address: str, status: str) -> None:
+        self.address, self.status = address, status
+        super().__init__(f"{address} serves neither grpc.health.v1 nor GetSystemInfo ({status})")
+
+
 class HealthProbe:
-    """One health check of the frontend per call: '' when it serves, else what failed. Own
-    event loop and lazy connection, so it can start while the server is away and never
-    waits on the worker's event loop."""
+    """One check of the frontend per call: '' when it answers, else what failed; raises
+    Unprobeable for a frontend no probe can read (module doc). Own event loop and lazy
+    connection, so it can start while the server is away and never waits on the worker's
+    event loop."""
 
     def __init__(self, config: ConnectConfig, timeout_s: float = PROBE_TIMEOUT_S) -> None:
         self.config = dataclasses.replace(config, lazy=True)
         self.address, self.timeout_s = config.target_host, timeout_s
         self.loop = asyncio.new_event_loop()
         self.client: ServiceClient | None = None
+        self.health = True  # False once the frontend said it serves no health checks
 
     def __call__(self) -> str:
-        try:
-            serving = self.loop.run_until_complete(
-                asyncio.wait_for(self._check(), self.timeout_s + 1))
-            return "" if serving else "health check: NOT_SERVING"
+        try:  # at most two calls, each with its own deadline
+            return self.loop.run_until_complete(
+                asyncio.wait_for(self._check(), 2 * self.timeout_s + 1))
+        except Unprobeable:
+            raise
         except Exception as exc:  # noqa: BLE001 - any failure to answer is the finding
             return f"{type(exc).__name__}: {exc}"[:300]
 
-    async def _check(self) -> bool:
+    async def _check(self) -> str:
         if self.client is None:
             self.client = await ServiceClient.connect(self.config)
-        return await self.client.check_health(timeout=timedelta(seconds=self.timeout_s))
+        timeout = timedelta(seconds=self.timeout_s)
+        if self.health:
+            try:
+                serving = await self.client.check_health(timeout=timeout)
+                return "" if serving else "health check: NOT_SERVING"
+            except RPCError as exc:
+                if exc.status not in NOT_SERVED:
+                    raise
+                self.health = False
+                log.warning("server_watch_health_unsupported", address=self.address,
+                            status=exc.status.name, instead="GetSystemInfo")
+        try:
+            await self.client.workflow_service.get_system_info(GetSystemInfoRequest(),
+                                                               timeout=timeout)
+        except RPCError as exc:
+            if exc.status in NOT_SERVED:
+                raise Unprobeable(self.address, exc.status.name) from None
+            raise
+        return ""
 
     def close(self) -> None:
         if not self.loop.is_running():  # a probe stuck past stop()'s join keeps its loop
@@ -184,6 +230,11 @@ class ServerWatch:
                 if self._stop.is_set():
                     return
                 self.observe(error, time.time())
+        except Unprobeable as exc:  # ends the thread: `watching` turns false, nothing held
+            self.failed = 0
+            log.warning("server_watch_off", address=self.address, reason=str(exc),
+                        fix="serve grpc.health.v1 or GetSystemInfo to the workers, or ignore: "
+                            "server outages are then not recorded for this run")
         except Exception:  # the watch is a record, never a reason to fail the segment
             log.exception("server_watch_failed", address=self.address)
 
@@ -202,7 +253,9 @@ class ServerWatch:
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(PROBE_TIMEOUT_S + self.every_s + 2)
+            # a probe still waiting for its answer sees _stop when it returns, and then
+            # observes nothing: the segment's result does not wait for it
+            self._thread.join(self.every_s + 2)
         self._flush()
 
 
