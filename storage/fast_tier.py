@@ -49,7 +49,7 @@ from common import urls
 from common.errors import DiskFull, StorageUnavailable
 from storage.checkpoints import CheckpointStore
 from storage.fs import normalize_url
-from storage.rollback import abandoned, lineage_of, read_branches
+from storage.rollback import Branch, is_live, read_branches
 
 log = structlog.get_logger(__name__)
 
@@ -218,14 +218,23 @@ def _collect_run(directory: str) -> list[str]:
     except StorageUnavailable:
         return []
     steps = fast.list_committed()
-    doomed = fast_steps_to_delete(steps, durable, frozenset(
-        s for s in steps if (man := fast.committed_manifest(s)) is not None
-        and abandoned(s, lineage_of(man), branches)))
+    doomed = fast_steps_to_delete(steps, _live_durable(store, durable, steps, branches),
+                                  frozenset(s for s in steps if not is_live(fast, s, branches)))
     for step in doomed:
         fast.delete(step)
     if len(doomed) == len(steps):  # nothing here is the only copy of anything
         return [directory] if _remove_own(directory) else []
     return [fast.path(s) for s in doomed]
+
+
+def _live_durable(store: CheckpointStore, durable: list[int], fast: list[int],
+                  branches: tuple[Branch, ...]) -> list[int]:
+    """What fast_steps_to_delete needs of the durable steps, without an abandoned commit a
+    rollback cut short left (its step is not a durable copy of anything, nor the newest):
+    those the fast tier holds too, and the newest live one. Few manifests are read."""
+    held = [s for s in durable if s in set(fast) and is_live(store, s, branches)]
+    newest = next((s for s in reversed(durable) if is_live(store, s, branches)), None)
+    return sorted(set(held) | ({newest} if newest is not None else set()))
 
 
 def _remove_own(directory: str) -> bool:

@@ -120,6 +120,15 @@ def abandoned(step: int, lineage: int, branches: Sequence[Branch]) -> bool:
     return any(b.lineage > lineage and step > b.restored_step for b in branches)
 
 
+def is_live(store: CheckpointStore, step: int, branches: Sequence[Branch]) -> bool:
+    """`store` holds a readable commit of `step` on a lineage no rollback left (no record:
+    every commit is; only then are manifests read)."""
+    if not branches:
+        return True
+    man = store.committed_manifest(step)
+    return man is not None and not abandoned(step, lineage_of(man), branches)
+
+
 def drop_if_abandoned(store: CheckpointStore, step: int, branches: Sequence[Branch]) -> bool:
     """Delete `store`'s copy of `step` (fast or durable) if its lineage is abandoned —
     what a rollback elsewhere, or one cut short after its record, left; True if it was."""

@@ -177,3 +177,20 @@ def test_lineage_records_are_new_keys_never_overwritten(tmp_path):
     assert start_lineage(store, 300, [500]) == 2
     assert read_branches(store) == (Branch(lineage=1, restored_step=500, abandoned=(600, 700)),
                                     Branch(lineage=2, restored_step=300, abandoned=(500,)))
+
+
+def test_gc_keeps_a_restored_fast_only_checkpoint_below_an_abandoned_commit(tmp_path):
+    # A rollback restored 500 from A's fast tier (never uploaded), recorded its lineage and
+    # died before uncommitting 600. The lingering 600 is abandoned: it is not "the durable
+    # newest" that makes 500 an old copy, and 500 is the only copy of the restore target.
+    durable = str(tmp_path / "durable")
+    a = machine(tmp_path, "a")
+    with fast_tier.lease(a, RUN, durable):
+        fast = CheckpointStore.local(fast_dir(a))
+        write_files(fast.path(500), payload(500, 64))
+        fast.commit_in_place(500, extra={"lineage": 0})
+    store = CheckpointStore(durable, RUN)
+    store.commit(600, write_files(tmp_path / "s600", payload(600, 64)), extra={"lineage": 0})
+    start_lineage(store, 500, [600])
+    fast_tier.collect_garbage(a, keep_run="another-run")
+    assert fast.list_committed() == [500] and not fast.verify(500)
