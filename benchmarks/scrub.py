@@ -1,6 +1,6 @@
 """Checkpoint scrub cost on the training cores: step time with and without a scrub beside it.
 
-    .venv/bin/python benchmarks/scrub.py [--mb-per-s 32] [--checkpoints 3] [--ckpt-mb 64]
+    .venv/bin/python benchmarks/scrub.py [--mb-per-s 16] [--checkpoints 3] [--ckpt-mb 64]
                                          [--model-mb 40] [--rounds 24] [--interval-s 1.5]
 
 A training loop (linear layers with Adam, benchmarks/checkpoint_stall.py's model) runs in
@@ -14,7 +14,9 @@ Intervals of `--interval-s` seconds alternate with the scrub stopped (SIGSTOP) a
 falls on both sides alike. Prints one JSON line: value = the median over the pairs of step
 time with ÷ without (target ≤ 1.02; a median, because on a shared machine one interval
 that another job's burst lands in moves a mean by tens of percent), the ratio of the plain
-means beside it, and the rate the scrub read at while it ran.
+means beside it, the rate the scrub read at while it ran, and the CPU time it took then
+as a share of the training cores (`scrub_cpu_share_of_training_cores`: the most it can
+take from training, and a figure other jobs on the machine do not move).
 `--mb-per-s 0` measures an unthrottled scrub for comparison.
 """
 
@@ -67,6 +69,13 @@ def bytes_read(pid: int) -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("rchar:"))
 
 
+def cpu_seconds(pid: int) -> float:
+    """A process's user + system CPU time so far, all its threads."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def timed_steps(model, opt, x, seconds: float) -> float:
     """Mean step time over whole steps for about `seconds`."""
     from benchmarks.checkpoint_stall import step
@@ -80,7 +89,7 @@ def timed_steps(model, opt, x, seconds: float) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--mb-per-s", type=float, default=32.0)
+    p.add_argument("--mb-per-s", type=float, default=16.0)
     p.add_argument("--checkpoints", type=int, default=3)
     p.add_argument("--ckpt-mb", type=int, default=64)
     p.add_argument("--model-mb", type=int, default=40)
@@ -112,16 +121,18 @@ def main(argv: list[str] | None = None) -> int:
         try:
             time.sleep(2.0)  # its imports, so the first "on" interval is reading
             os.kill(child.pid, signal.SIGSTOP)
-            off, on, on_s, read = [], [], 0.0, 0
+            off, on, on_s, read, cpu = [], [], 0.0, 0, 0.0
             for r in range(args.rounds):
                 if r % 2 == 0:  # which side goes first alternates: no order bias
                     off.append(timed_steps(model, opt, x, args.interval_s))
                 before, began = bytes_read(child.pid), time.perf_counter()
+                cpu_before = cpu_seconds(child.pid)
                 os.kill(child.pid, signal.SIGCONT)
                 on.append(timed_steps(model, opt, x, args.interval_s))
                 os.kill(child.pid, signal.SIGSTOP)
                 on_s += time.perf_counter() - began
                 read += bytes_read(child.pid) - before
+                cpu += cpu_seconds(child.pid) - cpu_before
                 if r % 2 == 1:
                     off.append(timed_steps(model, opt, x, args.interval_s))
         finally:
@@ -137,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
         "step_s_with": round(statistics.mean(on), 5), "mb_per_s_limit": args.mb_per_s,
         "scrub_passes_completed": len(passes),
         "scrub_mb_per_s_while_running": round(read / on_s / 1e6, 1),
+        # the CPU the scrub took while it ran, as a share of the cores the loop trains on:
+        # what it can take from training at most, whatever else loads the machine
+        "scrub_cpu_share_of_training_cores": round(cpu / (on_s * torch.get_num_threads()), 4),
         "rounds": args.rounds, "interval_s": args.interval_s, "checkpoints": args.checkpoints,
         "ckpt_mb": args.ckpt_mb, "model_mb": args.model_mb, "cpus": os.cpu_count(),
         "torch_threads": torch.get_num_threads(), "load_1m": round(os.getloadavg()[0], 2)}))

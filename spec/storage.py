@@ -28,7 +28,7 @@ class StorageConfig:
     # Added fields, with the default they came with: left out of spec_hash at that default,
     # so a run claimed before they existed keeps its hash (spec/run.py).
     ADDED: ClassVar[dict[str, Any]] = {"scrub_every": 1, "scrub_newest": 2,
-                                       "scrub_mb_per_s": 32.0}
+                                       "scrub_mb_per_s": 16.0}
 
     durable: str = ".mainspring/store"  # fsspec URL (file://, s3://, memory://) or a local path
     fast: str = ".mainspring/fast"  # local path of the fast tier
@@ -47,7 +47,7 @@ class StorageConfig:
     # worker reads back the checkpoints a fallback would need, at most scrub_mb_per_s
     scrub_every: int = num(1, 0, 10**6)
     scrub_newest: int = num(2, 1, 1000)  # the newest commits it verifies (and horizon, pins)
-    scrub_mb_per_s: float = num(32.0, 0, 10**6)  # its read rate ceiling, 10^6 B/s; 0 = unlimited
+    scrub_mb_per_s: float = num(16.0, 0, 10**6)  # its read rate ceiling, 10^6 B/s; 0 = unlimited
 
     def __post_init__(self) -> None:
         _require(bool(self.durable), "durable", "is empty", "give a path or s3://bucket/prefix")

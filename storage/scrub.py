@@ -64,7 +64,7 @@ FALLBACK_PIN = "scrub-"  # pins/scrub-<corrupt step>.json: its fallback, kept un
 class ScrubPolicy:
     newest: int = 2  # the newest commits a resume falls back through
     horizon: int = 0  # how far behind the newest commit a rollback may restore
-    mb_per_s: float = 32.0  # read rate ceiling (10^6 bytes/s); 0 = unthrottled
+    mb_per_s: float = 16.0  # read rate ceiling (10^6 bytes/s); 0 = unthrottled
     reverify_s: float = 86_400.0  # a verified checkpoint is read again after this long
     nice: int = 19  # the reading thread's niceness
 
