@@ -1,7 +1,8 @@
 """A trainer worker's standby in a container, with the worker as PID 1 of its PID namespace
-(deploy/k8s runs `mainspring worker` as the container's command; without an init that is
-PID 1): the standby stays up and takes a launch, and it still dies with a worker that is
-SIGKILLed. Real processes in a real PID namespace (`unshare --pid --fork --mount-proc`)."""
+(a manifest that names `mainspring` as the container's command, without an init): the
+standby stays up and takes a launch, the deploy/k8s trainer command run that way keeps
+one, and a standby still dies with a worker that is SIGKILLed. Real processes in a real PID
+namespace (`unshare --pid --fork --mount-proc`)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,14 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
+import yaml
 
+from common.parentage import parent_of
+from ops.services import free_port
 from tests.trainer.helpers import REPO
 
 # The worker's part, as `ops/worker.py` does it: warm this process's standby pool, then take
@@ -137,3 +142,56 @@ def test_a_worker_that_is_pid_1_whose_standbys_all_die_launches_cold_without_wai
     assert state["pid"] == 1 and not state["taken"]
     assert state["waited_s"] < 15, f"the launch waited {state['waited_s']} s on dead standbys"
     assert time.monotonic() - started < 60
+
+
+def k8s_trainer_argv(fast_root: str) -> list[str]:
+    """deploy/k8s/trainers.yaml's trainer command with its init left out, so the worker is
+    PID 1 (what a manifest naming `mainspring` as its command gives), on this machine: its
+    pod fields and ports filled in."""
+    with open(os.path.join(REPO, "deploy", "k8s", "trainers.yaml")) as f:
+        (sts,) = [d for d in yaml.safe_load_all(f) if d and d["kind"] == "StatefulSet"]
+    (c,) = sts["spec"]["template"]["spec"]["containers"]
+    argv = c["command"] + c["args"]
+    argv = argv[argv.index("mainspring"):]
+    fill = {"$(POD_NAME)": "trainer-0", "$(POD_IP)": "127.0.0.1", "/fast": fast_root}
+    out = []
+    for tok in argv:
+        flag, eq, value = tok.partition("=")
+        if flag in ("--metrics-port", "--temporal-metrics-port"):
+            value = str(free_port())
+        out.append(f"{flag}{eq}{fill.get(value, value)}" if eq else tok)
+    return [os.path.join(os.path.dirname(sys.executable), out[0]), *out[1:]]
+
+
+def test_the_k8s_trainer_command_as_pid_1_keeps_a_standby_up(temporal_server, tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TEMPORAL_ADDRESS": temporal_server.address,
+           "DS_ACCELERATOR": "cpu"}  # the manifest's cuda, on this CPU-only machine
+    ns = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "--kill-child",
+                           *k8s_trainer_argv(str(tmp_path / "fast"))],
+                          cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True)
+    seen: list[str] = []
+    threading.Thread(target=lambda: seen.extend(ns.stdout), daemon=True).start()
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while not any("standby_" in ln for ln in seen) and time.monotonic() < deadline:
+            assert ns.poll() is None, "".join(seen)[-3000:]
+            time.sleep(0.2)
+        events = [ln for ln in seen if "standby_" in ln]
+        assert events and "standby_ready" in events[0], "".join(seen)[-3000:]
+        standby = [p for p in os.listdir("/proc") if p.isdigit()
+                   and parent_of(parent_of(int(p))) == ns.pid and is_standby(int(p))]
+        time.sleep(1.0)
+        assert standby and all(os.path.exists(f"/proc/{p}") for p in standby)
+        assert "workers_started" in "".join(seen)
+    finally:
+        ns.kill()  # unshare --kill-child takes PID 1, and the namespace with it
+        ns.wait()
+
+
+def is_standby(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"trainer.standby" in f.read()
+    except OSError:
+        return False
