@@ -8,7 +8,10 @@ after a commit found nothing before its onset) — and always the newest verifie
 checkpoint, even if a caller passes a policy that would keep nothing. The trainer sets
 the horizon to at least the detector's reach (`spike_reach`). The newest commit at or
 before each pinned step (an admitted operator rollback's target, storage/rollback.py) is
-kept too.
+kept too. And where that commit (at the horizon's edge, or at a pin) has not been read back
+by the checkpoint scrub (storage/scrub.py) yet, the newest one the scrub did verify at or
+before the same step stays as well: should the unread one turn out corrupt, the rollback,
+and the scrub's uncommit, still find a verified commit below it.
 """
 
 from __future__ import annotations
@@ -41,7 +44,8 @@ class RetentionPolicy:
 
 def steps_to_keep(committed: list[int], policy: RetentionPolicy, *, promoted: frozenset[int]
                   = frozenset(), newest_verified: int | None = None,
-                  pinned: frozenset[int] = frozenset()) -> set[int]:
+                  pinned: frozenset[int] = frozenset(),
+                  scrubbed: frozenset[int] = frozenset()) -> set[int]:
     if not committed:
         return set()
     if not policy.enabled:
@@ -55,6 +59,10 @@ def steps_to_keep(committed: list[int], policy: RetentionPolicy, *, promoted: fr
     keep.add(newest if newest_verified is None else newest_verified)
     for target in pinned:  # an admitted operator rollback restores the newest at or before it
         keep.add(max((s for s in committed if s <= target), default=newest))
+    for target in [newest - policy.rollback_horizon, *pinned]:
+        below = sorted(s for s in committed if s <= target)
+        if below and below[-1] not in scrubbed:  # not read back yet: a verified one below
+            keep |= set([s for s in below if s in scrubbed][-1:])
     return keep
 
 
@@ -67,10 +75,11 @@ def spike_reach(window: int) -> int:
 
 def steps_to_delete(committed: list[int], policy: RetentionPolicy, *, promoted: frozenset[int]
                     = frozenset(), newest_verified: int | None = None,
-                    pinned: frozenset[int] = frozenset()) -> list[int]:
+                    pinned: frozenset[int] = frozenset(),
+                    scrubbed: frozenset[int] = frozenset()) -> list[int]:
     """Committed steps the policy lets go, oldest first; never the newest verified one."""
     keep = steps_to_keep(committed, policy, promoted=promoted, newest_verified=newest_verified,
-                         pinned=pinned)
+                         pinned=pinned, scrubbed=scrubbed)
     return sorted(s for s in committed if s not in keep)
 
 
@@ -80,10 +89,12 @@ def apply_retention(store, policy: RetentionPolicy, *, newest_verified: int | No
     if not policy.enabled:
         return []
     from storage.rollback import pinned_steps  # (storage/rollback.py imports the store)
+    from storage.scrub import scrubbed_steps
 
     doomed = steps_to_delete(store.list_committed(), policy,
                              promoted=frozenset(store.list_promoted()),
-                             newest_verified=newest_verified, pinned=pinned_steps(store))
+                             newest_verified=newest_verified, pinned=pinned_steps(store),
+                             scrubbed=scrubbed_steps(store))
     for step in doomed:
         store.delete(step)
     if doomed:

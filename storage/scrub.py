@@ -383,6 +383,17 @@ def read_record(store: CheckpointStore) -> dict[str, dict[int, tuple[str, float]
         return {}
 
 
+def scrubbed_steps(store: CheckpointStore) -> frozenset[int]:
+    """The committed steps the scrub verified (for retention, storage/retention.py). Empty
+    when the record cannot be read: it only ever makes retention keep more, and the writer
+    that applies retention must not fail on it."""
+    try:
+        return frozenset(read_record(store).get("", {}))
+    except Exception as exc:  # noqa: BLE001 - an outage: retention as without a scrub
+        log.warning("scrub_record_unavailable", path=record_path(store), error=repr(exc)[:200])
+        return frozenset()
+
+
 def write_record(store: CheckpointStore, record: dict, *, keep: set[int],
                  promoted: set[int]) -> None:
     """Only steps still there: the record stays as small as what a fallback needs."""

@@ -50,6 +50,23 @@ def test_the_newest_verified_checkpoint_survives_even_when_newer_ones_exist():
     assert 90 not in steps_to_delete(STEPS, RetentionPolicy(keep_last=1), newest_verified=90)
 
 
+def test_an_unscrubbed_horizon_edge_keeps_the_newest_scrubbed_commit_below_it():
+    # keep_last=1, horizon 25: 70 is the edge's commit; the scrub has verified 40 and 60,
+    # not 70 yet, so 60 stays as 70's fallback; once 70 is verified it may go
+    policy = RetentionPolicy(keep_last=1, rollback_horizon=25)
+    assert steps_to_delete(STEPS, policy, scrubbed=frozenset({40, 60})) == [
+        0, 10, 20, 30, 40, 50]
+    assert steps_to_delete(STEPS, policy, scrubbed=frozenset({40, 60, 70})) == list(
+        range(0, 61, 10))
+    assert steps_to_delete(STEPS, policy) == list(range(0, 61, 10))  # no scrub: as before
+
+
+def test_an_unscrubbed_pin_target_keeps_the_newest_scrubbed_commit_below_it():
+    policy = RetentionPolicy(keep_last=1)
+    assert steps_to_delete(STEPS, policy, pinned=frozenset({45}),
+                           scrubbed=frozenset({20})) == [0, 10, 30, 50, 60, 70, 80, 90]
+
+
 def test_retention_off_by_default_deletes_nothing():
     assert steps_to_delete(STEPS, RetentionPolicy()) == []
 
