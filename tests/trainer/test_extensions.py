@@ -20,6 +20,7 @@ from trainer.extensions import (
     _wait_clearing_orphans,
     clear_stale_build_locks,
     default_extensions_dir,
+    install_owned_build_locks,
     remove_if_orphaned,
 )
 
@@ -196,3 +197,20 @@ def test_an_unmarked_lock_someone_flocks_is_kept_past_the_hang_timeout(tmp_path)
         assert lock.exists()
     assert clear_stale_build_locks(1e-9, root=str(tmp_path), now=time.time() + 900) \
         == [str(lock)]
+
+
+def test_an_owner_s_release_removes_only_its_own_lock_and_survives_its_loss(tmp_path):
+    # Were the owner's lock removed behind its back (by another program's cleaner) and a
+    # second builder to take the name, the first owner's release must leave the second's
+    # lock in place, and must not fail the build that just succeeded.
+    install_owned_build_locks()
+    lock = str(tmp_path / "lock")
+    first, second = FileBaton(lock), FileBaton(lock)
+    assert first.try_acquire()
+    os.unlink(lock)
+    assert second.try_acquire()
+    first.release()
+    assert os.path.exists(lock), "the first owner's release removed the second's lock"
+    assert not second.try_acquire() and not remove_if_orphaned(lock)  # still held
+    second.release()
+    assert not os.path.exists(lock)
