@@ -11,7 +11,9 @@ started with `--no-standby`).
 
 Every standby is started by one long-lived thread: the parent-death signal fires when the
 *thread* that started a child exits (prctl(2)), and a standby must die with the worker, not
-with a short-lived helper thread.
+with a short-lived helper thread. It is given the worker's pid to compare its parent with
+(common/parentage.py), so a worker that is PID 1 of its container keeps one. A standby that
+dies is seen at once (its stdout ends), and a launch waiting for it goes cold then.
 """
 
 from __future__ import annotations
