@@ -165,8 +165,16 @@ def projected_goodput(budget: dict, outcomes: list[dict], faults: int,
 
 
 def human_actions(events: Iterable[dict]) -> int:
-    """Operator commands and pauses that waited for one."""
-    return sum(e["kind"] in HUMAN_KINDS for e in events)
+    """Operator commands and pauses that waited for one (not the checkpoint scrub's
+    `needs_attention`, which holds nothing: `holds`)."""
+    return sum(e["kind"] in HUMAN_KINDS and (e["kind"] not in HOLD_KINDS or holds(e))
+               for e in events)
+
+
+def holds(event: dict) -> bool:
+    """A paused / needs_attention that held the run. The checkpoint scrub's needs_attention
+    (`held: false`, storage/scrub.py) asks for a look while training goes on."""
+    return event["kind"] in HOLD_KINDS and event["payload"].get("held", True) is not False
 
 
 # ---- goodput from the durable record alone: the event log and the trainer's spans ---------
@@ -273,7 +281,7 @@ def hold_intervals(events: list[dict], end: float) -> list[tuple[float, float]]:
     """Each hold: the first paused / needs_attention -> the next run_resumed (or `end`)."""
     out, since = [], None
     for e in sorted(events, key=lambda e: e["ts"]):
-        if e["kind"] in HOLD_KINDS and since is None:
+        if holds(e) and since is None:
             since = e["ts"]
         elif e["kind"] == "run_resumed" and since is not None:
             out.append((since, e["ts"]))

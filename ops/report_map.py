@@ -29,7 +29,7 @@ import structlog
 
 from activities.contracts import STAGES
 from common.errors import BadConfig, BadData, StorageUnavailable
-from ops.goodput import stage_windows
+from ops.goodput import holds, stage_windows
 from ops.report_map_render import (
     CostRow,
     StageBox,
@@ -245,7 +245,7 @@ def train_box(events: list[dict], rec: dict, faults: list[dict]) -> tuple[list[s
            "skip_windows": [list(w) for w in windows],
            "skipped_data_batches": sum(b - a for a, b in windows),
            "lr_adjusted": len(of_kind(events, "lr_adjusted")),
-           "holds": len(of_kind(events, "paused", "needs_attention")),
+           "holds": sum(map(holds, of_kind(events, "paused", "needs_attention"))),
            "checkpoints": len(of_kind(events, "checkpoint_committed")),
            "steps_replayed": rec["steps"]["replayed"], "goodput": rec["train"]["goodput"]}
     lines = [f"steps 0 → {fig['final_step']}",

@@ -341,7 +341,7 @@ def attention(events, step: int, exc: CorruptCheckpoint, reason: str, fix: str) 
     events.emit("needs_attention", step=step, event_id=f"needs_attention/scrub/{step}/{exc.file}",
                 reason=f"checkpoint step {step} is corrupt and {reason}", fix=fix,
                 file=exc.file, evidence=f"{exc.file}: expected {exc.expected}, found {exc.actual}",
-                detected_by="scrub")
+                detected_by="scrub", held=False)  # a look is asked for; the run goes on
 
 
 def release_fallback_pins(store: CheckpointStore) -> None:

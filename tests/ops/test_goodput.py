@@ -149,3 +149,8 @@ def test_operator_commands_and_pauses_count_as_human_actions():
               event("operator", 2, 3.0), event("run_resumed", 2, 4.0)]
     assert human_actions(events) == 3
     assert human_actions(events[:1]) == 0
+
+
+def test_the_scrubs_needs_attention_holds_nothing_and_is_no_human_action():
+    scrub_alarm = event("needs_attention", 2, 2.0, held=False)
+    assert human_actions([scrub_alarm, event("operator", 2, 3.0)]) == 1

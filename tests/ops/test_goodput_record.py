@@ -126,6 +126,12 @@ def test_holds_count_as_paused_until_resumed_or_the_end():
     assert out["badput_s"]["paused"] == pytest.approx(20.0 + 20.0)  # 30-50, 80-end (100)
 
 
+def test_a_needs_attention_that_held_nothing_is_not_paused_time():
+    events = run(ev("needs_attention", 30, reason="checkpoint step 20 is corrupt", held=False))
+    out = from_record(events, [window(1, 10, 0)])
+    assert out["badput_s"]["paused"] == 0.0
+
+
 def test_fault_detection_time_counts_as_detection():
     events = run(ev("fault", 30, 20, kind="worker_lost", evidence="no heartbeat"),
                  ev("recovered", 40, 20, resumed_step=20, lost_steps=3, detection_s=6.5,

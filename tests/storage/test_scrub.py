@@ -175,6 +175,7 @@ def test_scrub_never_uncommits_a_corrupt_step_with_nothing_older_verified(durabl
     attention = read_events(durable, "r", kinds=("needs_attention",))
     assert sorted(e["step"] for e in attention) == [1, 2]
     assert "no older checkpoint verifies" in attention[0]["payload"]["reason"]
+    assert attention[0]["payload"]["held"] is False  # a look is asked for; training goes on
 
 
 def test_a_corrupt_step_with_a_newer_verified_commit_but_none_older_stays(durable, tmp_path):
