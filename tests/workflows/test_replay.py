@@ -17,6 +17,9 @@ operator inputs and the rewind -> rollback rename (its carries hold the old `rew
 new commands (memo upserts, the `spec_root` local activity, the memo passed on at
 continue-as-new) are behind `workflow.patched("headline_memo")` and
 `workflow.patched("anchor_paths")`, so the two older directories replay without them.
+5e46d4b adds the checkpoint scrub beside the segments (`scrub_checkpoints` on the data
+queue, behind `workflow.patched("checkpoint_scrub")`; test_scrub_wiring.py checks which
+sets hold it).
 
 Keep every directory. Record a new one (never over an old one) when a change makes new
 histories the old fixtures do not cover, with the workflow code of that commit:

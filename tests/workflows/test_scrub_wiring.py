@@ -5,12 +5,14 @@ activities of stub_run.py; a failed scrub never fails the run; its history repla
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 
 from temporalio.worker import Replayer
 
 from activities.contracts import STAGES
-from tests.workflows.stub_run import Harness, scenario, spec_for
+from tests.workflows.stub_run import HISTORIES, Harness, scenario, spec_for
+from tests.workflows.test_replay import load
 from workflows.sweep import Sweep
 from workflows.training_run import TrainingRun
 
@@ -50,3 +52,26 @@ async def test_a_failed_scrub_is_not_the_runs_failure(h: Harness):
     result = await asyncio.wait_for((await h.start(spec)).result(), 30)
     assert result["status"] == "completed" and result["stages"] == list(STAGES)
     assert len(h.stubs.scrubs) == 2
+
+
+def scheduled(path) -> tuple[set[str], set[str]]:
+    """(activity types scheduled, patch ids marked) in a recorded history."""
+    types, patches = set(), set()
+    for e in load(path).events:
+        if e.HasField("activity_task_scheduled_event_attributes"):
+            types.add(e.activity_task_scheduled_event_attributes.activity_type.name)
+        if e.HasField("marker_recorded_event_attributes"):
+            for p in e.marker_recorded_event_attributes.details.values():
+                data = json.loads(p.payloads[0].data or b"null")
+                if isinstance(data, dict) and data.get("id"):
+                    patches.add(data["id"])
+    return types, patches
+
+
+def test_replay_fixtures_cover_runs_with_the_scrub_and_runs_from_before_it():
+    """tests/workflows/test_replay.py replays both: the scrub's patch marks the new set."""
+    new = scheduled(HISTORIES / "5e46d4b" / "completed.1.json")
+    assert "scrub_checkpoints" in new[0] and "checkpoint_scrub" in new[1]
+    for old in ("issue17", "2cf21d9"):
+        types, patches = scheduled(HISTORIES / old / "completed.1.json")
+        assert "scrub_checkpoints" not in types and "checkpoint_scrub" not in patches
