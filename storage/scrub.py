@@ -14,10 +14,12 @@ What it does with a corrupt one (each problem is a `checkpoint_corrupt` event an
 step's `fault`, `storage.checkpoints.emit_corrupt`, detected by the scrub):
 - an older commit verifies → the corrupt step is uncommitted (manifest first), so retention
   and every restore count only good checkpoints, and a `recovered` event closes the fault;
-- none does → it stays committed and the step gets a `needs_attention` event: uncommitting
-  the run's last checkpoint would let a restart begin silently at step 0, while a committed
-  corrupt one makes it fail clearly (`trainer/segment.py:refuse_fresh_start`) — and
-  training goes on, its next commit a good fallback again;
+- none does → it stays committed and the step gets a `needs_attention` event (`held:
+  false`: training goes on, its next commit a good fallback again). Uncommitting deletes
+  the files too, and with no verified commit below they are the only copy of that training:
+  they are not destroyed on one read's word (a read error can look like rot), and a person
+  can repair them — from the trainer machine's fast-tier copy, a replica, a backup. A
+  restore meanwhile skips the step, as any checkpoint that fails its checksum;
 - a corrupt promoted copy is recorded, `needs_attention`, never deleted (the run's product:
   a person promotes again).
 
@@ -295,9 +297,10 @@ def act_on(store: CheckpointStore, events, bad: dict[int, tuple[str, list[Corrup
     for s in sorted(bad, reverse=True):
         if (fallback := anchors[s]) is None:
             attention(events, s, bad[s][1][0], "no older checkpoint verifies: it stays "
-                      "committed, so a restart fails clearly instead of beginning at step 0",
-                      "let training commit a newer checkpoint (it goes on), or restore this "
-                      "step's files from a copy; see the checkpoint_corrupt events")
+                      "committed (its files are the only copy of that training; a restore "
+                      "skips it meanwhile)", "training goes on and its next commit is a good "
+                      "fallback; to keep this step, restore its files from a copy (the trainer "
+                      "machine's fast tier, a replica); see the checkpoint_corrupt events")
             continue
         if manifest_digest(store, s) != bad[s][0]:
             continue  # committed again since it was read: not the checkpoint judged

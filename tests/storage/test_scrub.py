@@ -171,7 +171,7 @@ def test_scrub_never_uncommits_a_corrupt_step_with_nothing_older_verified(durabl
 
     assert report.corrupt == [1, 2] and report.uncommitted == []
     assert report.needs_attention == [1, 2]
-    assert store.list_committed() == [1, 2]  # a restart fails clearly instead of at step 0
+    assert store.list_committed() == [1, 2]  # the only copies of that training stay
     attention = read_events(durable, "r", kinds=("needs_attention",))
     assert sorted(e["step"] for e in attention) == [1, 2]
     assert "no older checkpoint verifies" in attention[0]["payload"]["reason"]
