@@ -32,12 +32,8 @@ whose verification is older than `reverify_s` (bit rot after a verification).
 
 from __future__ import annotations
 
-import contextvars
-import copy
 import hashlib
 import json
-import os
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -53,11 +49,11 @@ from storage.checkpoints import (
 )
 from storage.fs import join, pipe_durable
 from storage.rollback import pin, pinned_steps, pins_dir, unpin
+from storage.throttle import on_low_priority_thread, slow_view
 
 log = structlog.get_logger(__name__)
 
 RECORD = "scrub.json"  # runs/<run_id>/scrub.json, beside checkpoints/
-SLICE = 1 << 20  # read size under a rate limit: a sleep per MiB keeps the rate smooth
 PROMOTED = "promoted"
 FALLBACK_PIN = "scrub-"  # pins/scrub-<corrupt step>.json: its fallback, kept until next pass
 
@@ -118,89 +114,6 @@ def due_steps(needed: Sequence[int], digests: Mapping[int, str],
     (the step was committed again), or verified `reverify_s` or longer ago."""
     return [s for s in needed if s not in record or record[s][0] != digests.get(s)
             or now - record[s][1] >= reverify_s]
-
-
-# ---- reading slowly ---------------------------------------------------------------
-class Throttled:
-    """A read-only stream that delivers at most `bytes_per_s` (0: as fast as it can): each
-    slice is followed by a sleep that stretches it to its share of time, so time lost to a
-    stall (a slow store, a stopped process) is never made up in a burst beside training;
-    `counter` (if given) adds up the bytes read, `on_read` is called after each slice."""
-
-    def __init__(self, stream, bytes_per_s: float, counter: list[int] | None = None,
-                 on_read: Callable[[], object] | None = None) -> None:
-        self._stream, self._rate, self._counter = stream, bytes_per_s, counter
-        self._on_read = on_read
-
-    def read(self, n: int = -1) -> bytes:
-        began = time.monotonic()
-        if self._rate > 0:
-            n = SLICE if n is None or n < 0 else min(n, SLICE)
-        chunk = self._stream.read(n)
-        if self._counter is not None:
-            self._counter[0] += len(chunk)
-        if self._on_read is not None:
-            self._on_read()
-        if self._rate > 0 and (rest := len(chunk) / self._rate
-                               - (time.monotonic() - began)) > 0:
-            time.sleep(rest)
-        return chunk
-
-    def close(self) -> None:
-        self._stream.close()
-
-    def __enter__(self) -> Throttled:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-class _SlowReads:
-    """A filesystem whose opens for reading are Throttled; everything else is the real one.
-    It lets the scrub run `CheckpointStore.verify` itself rather than a copy of its loop."""
-
-    def __init__(self, fs, bytes_per_s: float, counter: list[int],
-                 on_read: Callable[[], object] | None) -> None:
-        self._fs, self._rate, self._counter, self._on_read = fs, bytes_per_s, counter, on_read
-
-    def open(self, path: str, mode: str = "rb", **kwargs):
-        f = self._fs.open(path, mode, **kwargs)
-        return Throttled(f, self._rate, self._counter, self._on_read) if "r" in mode else f
-
-    def __getattr__(self, name: str):
-        return getattr(self._fs, name)
-
-
-def slow_view(store: CheckpointStore, bytes_per_s: float, counter: list[int],
-              on_read: Callable[[], object] | None = None) -> CheckpointStore:
-    view = copy.copy(store)
-    view.fs = _SlowReads(store.fs, bytes_per_s, counter, on_read)
-    return view
-
-
-def on_low_priority_thread(fn: Callable[[], object], nice: int) -> object:
-    """`fn()` on a thread of its own at `nice` (Linux nices threads one by one; a pool thread
-    could not be given its priority back), with this context (structlog, heartbeats)."""
-    box: dict[str, object] = {}
-
-    def body() -> None:
-        try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
-        except (OSError, AttributeError) as exc:
-            log.info("scrub_priority_unchanged", error=repr(exc)[:120])
-        try:
-            box["value"] = fn()
-        except BaseException as exc:  # re-raised in the caller's thread below
-            box["error"] = exc
-
-    thread = threading.Thread(target=contextvars.copy_context().run, args=(body,),
-                              name="checkpoint-scrub", daemon=True)
-    thread.start()
-    thread.join()
-    if "error" in box:
-        raise box["error"]  # type: ignore[misc]
-    return box.get("value")
 
 
 # ---- the scrub --------------------------------------------------------------------

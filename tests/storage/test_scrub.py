@@ -11,14 +11,8 @@ import time
 from storage.checkpoints import CheckpointStore
 from storage.events import EventLog, read_events
 from storage.retention import RetentionPolicy, apply_retention
-from storage.scrub import (
-    RECORD,
-    ScrubPolicy,
-    Throttled,
-    due_steps,
-    fallback_steps,
-    scrub,
-)
+from storage.scrub import RECORD, ScrubPolicy, due_steps, fallback_steps, scrub
+from storage.throttle import Throttled
 from tests.storage.ckpt_helpers import durable, payload, write_files
 
 __all__ = ["durable"]  # fixture
