@@ -63,6 +63,19 @@ def faults(store: str) -> list[dict]:
     return [e["payload"] for e in read_events(store, "r1", kinds=("fault", "recovered"))]
 
 
+def watch_until_a_fault(watch, probe, store, within_s: float = 20.0) -> list[dict]:
+    """Run the watch until it records a fault (or `within_s` passes); the faults recorded."""
+    watch.start()
+    try:
+        deadline = time.monotonic() + within_s
+        while not faults(store) and time.monotonic() < deadline:
+            time.sleep(EVERY_S)
+    finally:
+        watch.stop()
+        probe.close()
+    return faults(store)
+
+
 def test_a_frontend_without_the_health_service_is_probed_with_a_real_rpc_and_answers(
         temporal_server, frontends):
     proxy = frontends(Frontend.proxy(temporal_server.address, health=False))
@@ -89,15 +102,7 @@ def test_behind_such_a_frontend_an_upstream_that_is_gone_is_still_an_outage(
         frontends, tmp_path):
     proxy = frontends(Frontend.proxy(f"127.0.0.1:{free_port()}", health=False))  # nobody there
     watch, probe, store = watch_on(proxy.address, tmp_path)
-    watch.start()
-    try:
-        deadline = time.monotonic() + 20
-        while not faults(store) and time.monotonic() < deadline:
-            time.sleep(EVERY_S)
-    finally:
-        watch.stop()
-        probe.close()
-    [fault] = faults(store)
+    [fault] = watch_until_a_fault(watch, probe, store)
     assert fault["kind"] == "server_unavailable" and "UNAVAILABLE" in fault["evidence"].upper()
 
 
@@ -114,15 +119,7 @@ def test_a_frontend_silent_past_the_probe_timeout_is_an_outage(
         temporal_server, frontends, tmp_path):
     proxy = frontends(Frontend.proxy(temporal_server.address, health=True, delay_s=30.0))
     watch, probe, store = watch_on(proxy.address, tmp_path, timeout_s=0.5)
-    watch.start()
-    try:
-        deadline = time.monotonic() + 20
-        while not faults(store) and time.monotonic() < deadline:
-            time.sleep(EVERY_S)
-    finally:
-        watch.stop()
-        probe.close()
-    [fault] = faults(store)
+    [fault] = watch_until_a_fault(watch, probe, store)
     assert fault["kind"] == "server_unavailable", fault
 
 
