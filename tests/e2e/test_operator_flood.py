@@ -96,6 +96,7 @@ def test_a_flooded_paused_run_continues_as_new_stays_bounded_and_still_resumes(
     spec = preset("demo", **{
         "run_id": "operator-flood", "storage.durable": str(tmp_path / "store"),
         "storage.fast": str(tmp_path / "fast"), "train.total_steps": TOTAL,
+        "storage.scrub_every": 0,  # its stub data worker serves no scrub
         "train.segment_steps": 100, "train.segments_per_run": 10, "train.warmup_steps": 5,
         "train.checkpoint_every": 10, "sweep.enabled": False, "faults": [],
         "ops.heartbeat_timeout_s": 1.0})
