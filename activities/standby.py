@@ -1,4 +1,4 @@
-"""A warm trainer launcher per trainer worker (issue 16; trainer/standby.py).
+"""A warm trainer launcher per trainer worker (trainer/standby.py): a cold torchrun start spent seconds importing torch and DeepSpeed before each launch.
 
 `warm()` (the worker, at start) keeps one `python -m trainer.standby` process standing by:
 torch, DeepSpeed and the trainer imported, nothing run. `take(env)` hands it to the
@@ -38,7 +38,7 @@ log = structlog.get_logger(__name__)
 PER_LAUNCH = frozenset({"TRACEPARENT", "TRACESTATE", "MAINSPRING_WORKER_PID"})
 # After a take, the replacement waits for the launch's first step (`launch_stepping`), at
 # most this long: its imports (3-7 s of CPU here) would otherwise compete with the ranks'
-# start-up, restore and first step for a small node's cores (issue 16). A launch that
+# start-up, restore and first step for a small node's cores. A launch that
 # finds no standby ready hurries it.
 REPLACE_AT_MOST_S = 30.0
 # how long a standby let go while still importing may take to finish before it is killed

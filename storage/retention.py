@@ -3,7 +3,7 @@
 Kept: the last `keep_last`, every `keep_every`-th step, anything promoted, anything inside
 the rollback horizon (the spike detector may roll back up to `rollback_horizon` steps
 behind the newest commit, DESIGN §3) *and the newest commit at or before its edge* — the
-checkpoint a rollback to the edge restores (issue 11: with `keep_last=1` a spike just
+checkpoint a rollback to the edge restores (with `keep_last=1` a spike just
 after a commit found nothing before its onset) — and always the newest verified
 checkpoint, even if a caller passes a policy that would keep nothing. The trainer sets
 the horizon to at least the detector's reach (`spike_reach`). The newest commit at or

@@ -1,5 +1,5 @@
 """An operator command flood through the real TrainingRun workflow on the real Temporal dev
-server (issue 11, item 12): a burst stops a running segment once; a paused run flooded with
+server: a burst stops a running segment once; a paused run flooded with
 hundreds of updates continues as new while it stays paused, loses no accepted command,
 keeps its LR windows bounded and correct, still takes `resume`, and reaches the end.
 

@@ -39,7 +39,7 @@ def test_everything_inside_the_rollback_horizon_is_kept_with_the_commit_before_i
 
 def test_a_rollback_to_the_horizon_edge_always_finds_a_commit_at_or_before_it():
     # keep_last=1 with commits every 25 steps: a spike whose onset is just after the newest
-    # commit (50) rolls back to 49 - the commit at 25 must still be there (issue 11).
+    # commit (50) rolls back to 49 - the commit at 25 must still be there.
     kept = [s for s in (0, 25, 50) if s not in steps_to_delete(
         [0, 25, 50], RetentionPolicy(keep_last=1, rollback_horizon=spike_reach(window=20)))]
     assert max(s for s in kept if s <= 50 - spike_reach(window=20)) == 25

@@ -1,4 +1,4 @@
-"""Recorded TrainingRun histories replay on today's workflow code (issue 12, item 8).
+"""Recorded TrainingRun histories replay on today's workflow code.
 
 A run in flight when a new worker is deployed is replayed by the new code from its history;
 a change that schedules different commands (an activity, a local activity, a timer, a child,
@@ -8,12 +8,12 @@ tests/workflows/histories/<label>/ with the Replayer, so such a change fails CI 
 
 The fixtures are the stub runs of test_training_run_stubs.py (a completed run with its sweep
 child and a continue-as-new; paused then resumed; two rollbacks at one boundary with the
-pending one carried across continue-as-new; an abort) and, from issue17 on, of
+pending one carried across continue-as-new; an abort) and, from the `issue17` directory on, of
 test_headline.py (a spec with relative paths, anchored at the orchestrator's root), each run
-of a chain one file. `<label>` names the workflow code that recorded them: a commit, or an
-issue for code not yet committed when recorded. 4c7ad72 is the code before issue 12's typed
+of a chain one file. `<label>` names the workflow code that recorded them: a commit, or a
+name for code not yet committed when recorded. 4c7ad72 is the code before the typed
 operator inputs and the rewind -> rollback rename (its carries hold the old `rewind` /
-`rewind_pins` keys); 2cf21d9 the code before issue 17; issue17 the code of issue 17, whose
+`rewind_pins` keys); 2cf21d9 the code before the headline memo and anchored paths; `issue17` the code that added them, whose
 new commands (memo upserts, the `spec_root` local activity, the memo passed on at
 continue-as-new) are behind `workflow.patched("headline_memo")` and
 `workflow.patched("anchor_paths")`, so the two older directories replay without them.
