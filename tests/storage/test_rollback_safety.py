@@ -1,4 +1,4 @@
-"""Nothing committed is lost by mainspring itself (DESIGN §3, issue 11 item 1), and no
+"""Nothing committed is lost by mainspring itself (DESIGN §3), and no
 rollback is undone.
 
 A hypothesis state machine drives random sequences of commit / retention / spike rollback /
