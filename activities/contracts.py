@@ -106,9 +106,9 @@ class TrainSegmentInput:
     max_rollbacks: int = -1  # end the segment after more rollbacks than this (-1: no limit)
     # an operator's `rollback` update, applied once by this segment (its id's event)
     rollback: OperatorRollback | None = None
-    # The same, as a segment scheduled before issue 12 carries it (the converter would drop
-    # an unknown key, and a retry would train without the rollback): moved into `rollback`.
-    # Remove once no run started before then is in flight.
+    # The same under its old name, as a segment scheduled by earlier code carries it (the
+    # converter would drop an unknown key, and a retry would train without the rollback):
+    # moved into `rollback`. Remove once no run started before the rename is in flight.
     rewind: dict[str, Any] | None = None
     # each micro-batch as this many chunks: the run's answer to an out-of-memory
     # (workflows/adapt.py; the same global batch and data order)
@@ -355,7 +355,7 @@ def command(name: str, raw: CommandInput, *, strict: bool = True) -> Command:
     return COMMANDS[name].from_json(raw, strict=strict)
 
 
-# RunCarry keys older code wrote, and their names now (issue 12: one name for the rollback)
+# RunCarry keys older code wrote, and their names now (the rollback has one name everywhere)
 LEGACY_CARRY_KEYS = {"rewind": "pending_rollback", "rewind_pins": "rollback_pins"}
 
 

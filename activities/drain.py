@@ -1,4 +1,4 @@
-"""A trainer worker's drain (issue 14): SIGTERM to the worker — a Kubernetes pod eviction, a
+"""A trainer worker's drain: SIGTERM to the worker — a Kubernetes pod eviction, a
 spot preemption notice — asks each running segment to stop at a committed step; the
 activity then fails at once with a retryable `Preempted` error, so the retry starts on
 another worker without waiting for a heartbeat timeout. ops/worker.py begins the drain;

@@ -1,4 +1,4 @@
-"""When a quiet trainer counts as hung (issue 14): the supervisor's timeouts, from what this
+"""When a quiet trainer counts as hung: the supervisor's timeouts, from what this
 segment measured (spec/ops.py documents the fields and why their defaults are what they are).
 
 - Before the first step line only the start-up timeout applies, counted from the child's
@@ -12,7 +12,7 @@ segment measured (spec/ops.py documents the fields and why their defaults are wh
   k x p99 x eval_batches / grad_accum. (The NVIDIA resiliency extension's heartbeat docs
   make the same point: no heartbeat comes while a checkpoint is saved or loaded, so its
   timeout has to budget for that time.)
-- A number for hang_timeout_s is the rule before issue 14: that many seconds without a line,
+- A number for hang_timeout_s is the old fixed rule: that many seconds without a line,
   from the child's start too (unless startup_timeout_s is a number).
 
 Pure: `HangWatch` is fed the progress lines and the supervisor's clock and answers which
@@ -89,7 +89,7 @@ class HangLimits:
 
     @classmethod
     def fixed(cls, seconds: float) -> HangLimits:
-        """One number for every phase: the rule before issue 14."""
+        """One number for every phase: the rule before the timeouts followed the step time."""
         return cls(hang_s=seconds)
 
     @classmethod

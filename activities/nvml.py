@@ -1,4 +1,4 @@
-"""NVML's view of this worker's GPUs, for its Prometheus endpoint (issue 17).
+"""NVML's view of this worker's GPUs, for its Prometheus endpoint.
 
 `pynvml` comes from the `nvidia-ml-py` package (the `nvml` extra, also in `gpu`) and is
 imported only here, only when asked: without the package, without an NVIDIA driver or

@@ -1,4 +1,4 @@
-"""The Temporal server's outages, as a trainer worker sees them while a segment runs (issue 14).
+"""The Temporal server's outages, as a trainer worker sees them while a segment runs.
 
 A server that goes away mid-segment is no reason to stop training, and nothing stops it:
 the child never talks to Temporal; a heartbeat that cannot reach the server is retried for
@@ -15,10 +15,10 @@ things still went wrong, and this module sees to them:
   same attempt's code writes the same ids;
 - a segment that ended while the server was away lost its result: the SDK tries the
   completion for about 10 s and drops it, and the workflow then waited out the heartbeat
-  timeout for a retry that had nothing left to train (seen with the dev server: 136 s,
-  issue 14). Leaving `watching` while the server is unreachable waits for it, heartbeating
-  (the SDK's local heartbeat timer cancels an activity that stops heartbeating), so the
-  result lands as soon as it is back.
+  timeout for a retry that had nothing left to train (seen with the dev server: 136 s).
+  Leaving `watching` while the server is unreachable waits for it, heartbeating (the SDK's
+  local heartbeat timer cancels an activity that stops heartbeating), so the result lands as
+  soon as it is back.
 
 Only a frontend that does not answer is away. Some do not serve `grpc.health.v1` (a proxy,
 a cloud endpoint: UNIMPLEMENTED), and their answer says nothing about Temporal behind them:

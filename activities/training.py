@@ -135,8 +135,8 @@ def _train_segment(spec: RunSpec, inp: TrainSegmentInput) -> TrainSegmentResult:
                     # starts over at attempt 1
                     event_id=f"segment_started/{inp.from_step}-{inp.to_step}/{execution}/{attempt}",
                     from_step=inp.from_step, to_step=inp.to_step, attempt=attempt)
-        # written beside the launch's preparation, not before it (issue 16: a retry's
-        # seconds); a failed write keeps the event for the attempt's next flush
+        # written beside the launch's preparation, not before it, so it costs a retry no
+        # seconds; a failed write keeps the event for the attempt's next flush
         in_context(flush_kept, events, name="mainspring-segment-started")
     prior = prior_repeat(activity.info().heartbeat_details)
     tracker = DurableCommit(None, "", prior)
@@ -145,7 +145,7 @@ def _train_segment(spec: RunSpec, inp: TrainSegmentInput) -> TrainSegmentResult:
         tracker.fault, tracker.repeat = details["fault"], details["repeat"]
         activity.heartbeat(tracker.details())
     faults = FaultRecorder(events, inp, attempt, execution, beat_fault, prior)
-    from activities.server_watch import watching  # the Temporal server's outages (issue 14)
+    from activities.server_watch import watching  # the Temporal server's outages
     try:
         with Heartbeats(tracker.details, every_s=HEARTBEAT_EVERY_S) as beats, \
                 watching(spec, inp, attempt, execution, workdir, heartbeat=beats.tick):
@@ -211,7 +211,7 @@ def _supervise_segment(spec: RunSpec, inp: TrainSegmentInput, workdir: str,
     spec_file = os.path.join(workdir, "spec.json")
     with open(spec_file, "w") as f:
         json.dump(inp.spec, f)
-    windows_file = os.path.join(workdir, "lr_windows.json")  # not argv: E2BIG (issue 11)
+    windows_file = os.path.join(workdir, "lr_windows.json")  # not argv: too long for exec (E2BIG)
     with open(windows_file, "w") as f:
         json.dump(inp.lr_windows, f)
     args = ["--spec", spec_file, "--dataset", inp.dataset_uri, "--to-step", str(inp.to_step),
@@ -311,7 +311,7 @@ class Launch:
                 self.checkpoint_bytes = max(self.checkpoint_bytes, line.bytes)
             on_progress(line)
         supervise(trainer_command("trainer.segment", procs, args, inp.gang),
-                  # a gang launches through torchrun (docs/decisions.md, issue 16)
+                  # a gang launches through torchrun (docs/decisions.md)
                   warm=None if inp.gang else trainer_launch("trainer.segment", procs, args),
                   workdir=self.workdir,
                   env=child_env({**child_trace_env(), WORKER_PID_ENV: str(os.getpid())}),

@@ -96,7 +96,7 @@ from storage.spans import read_spans
 
 log = structlog.get_logger(__name__)
 
-HEARTBEAT_S = 5.0  # issue 16: heartbeats from a thread of their own, sent every second
+HEARTBEAT_S = 5.0  # heartbeats from a thread of their own, sent every second
 HANG_FLOOR_S, STARTUP_S = 30.0, 120.0  # ops.hang_floor_s (hang_timeout_s "auto"), fixed start-up
 # 16 sequences of 128 tokens per rank, and the memory limit's headroom, calibrated on the
 # real trainer (W=2, CPU, SeaweedFS, the limit at a segment's first step, each rank holding

@@ -1,4 +1,4 @@
-"""Recovery time per fault kind, with every second of it accounted for (issue 16).
+"""Recovery time per fault kind, with every second of it accounted for.
 
     .venv/bin/python benchmarks/recovery.py [--quick] [--repeats 5] [--heartbeat-timeout-s 5]
         [--hang-floor-s 2] [--segment-steps 300] [--checkpoint-every 10] [--settle-steps 20]
@@ -32,7 +32,7 @@ It is cut at five marks, so its parts add up to it:
 A part whose mark is missing is None and its seconds go to `unaccounted_s`. Each fault says
 which source each mark came from, and the recovered event's own mttr_s (from the fault's
 fault_ts: the last heartbeat for a lost worker, the last progress line for a hang).
-Targets (issue 16): worker kill <= T + 3 s (T the heartbeat timeout); rank kill <= 6 s;
+Targets: worker kill <= T + 3 s (T the heartbeat timeout); rank kill <= 6 s;
 hang <= its detection timeout (the fault event's timeout_s) + 3 s; `met` compares the p50.
 """
 

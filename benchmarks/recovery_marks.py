@@ -1,6 +1,6 @@
 """The arithmetic of benchmarks/recovery.py, pure: what the durable record, the spans and the
 workers' log lines say about each strike, cut at the marks its docstring defines, and the
-per-kind summary with the targets of issue 16."""
+per-kind summary against the recovery targets."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def split(marks: dict[str, float | None]) -> dict[str, float | None]:
 
 
 def target_s(kind: str, heartbeat_s: float, fault_payload: dict) -> float | None:
-    """Issue 16's bound for one fault: T + 3 s, 6 s, the hang's own timeout + 3 s."""
+    """The recovery target for one fault: T + 3 s, 6 s, the hang's own timeout + 3 s."""
     if kind == "kill_worker":
         return heartbeat_s + 3.0
     if kind == "kill_rank":

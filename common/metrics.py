@@ -123,7 +123,7 @@ class TrainingInstruments:
 
     @staticmethod
     def _dashboard_series(meter: Meter) -> dict:
-        """The wall-dashboard series (issue 17; ops/dashboards/mainspring.json)."""
+        """The wall-dashboard series (ops/dashboards/mainspring.json)."""
         g, c = meter.create_gauge, meter.create_counter
         return dict(
             step_time=g("mainspring.step_time", unit="s",

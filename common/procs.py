@@ -64,11 +64,11 @@ def stop_requested(workdir: str) -> str:
         return ""
 
 
-# What a trainer / evaluator / checkpoint-writer child may inherit from its worker (issue 11
-# item 7): the interpreter, compilers for DeepSpeed's JIT build, the accelerator and
-# collective libraries, tracing, and the storage credentials it needs to reach the durable
-# tier. Never the Temporal credentials (TEMPORAL_API_KEY, TEMPORAL_TLS_*): a child does not
-# talk to Temporal, and a crash dump of its environment must not hand them out.
+# What a trainer / evaluator / checkpoint-writer child may inherit from its worker: the
+# interpreter, compilers for DeepSpeed's JIT build, the accelerator and collective libraries,
+# tracing, and the storage credentials it needs to reach the durable tier. Never the Temporal
+# credentials (TEMPORAL_API_KEY, TEMPORAL_TLS_*): a child does not talk to Temporal, and a
+# crash dump of its environment must not hand them out.
 CHILD_ENV_NAMES = frozenset({
     "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TERM", "HOSTNAME",
     "TMPDIR", "TMP", "TEMP", "VIRTUAL_ENV", "XDG_CACHE_HOME", "LOGLEVEL",

@@ -183,7 +183,7 @@ class StepLine(_Line):
     step_time_s: float | None = None
     mfu: float | None = None
     peak_mem_bytes: int | None = None
-    # Added for the worker's Prometheus series (issue 17); absent (None) in older lines and
+    # Added for the worker's Prometheus series; absent (None) in older lines and
     # in steps that did not sample them (trainer/step_metrics.py).
     grad_norm: float | None = None  # 2-norm of the step's gradients, before clipping
     # every ops.metrics_every steps, for each rank of the node: [rank, peak allocated, peak
@@ -210,7 +210,7 @@ class CommitLine(_Line):
     uri: str
     bytes: int = 0
     # the loop's pause to save this checkpoint, and its snapshot -> durable commit time;
-    # None for a commit announced again at a restore (issue 17)
+    # None for a commit announced again at a restore
     stall_s: float | None = None
     upload_lag_s: float | None = None
 

@@ -1,4 +1,4 @@
-"""Scrub secrets from anything mainspring records (DESIGN §3, issue 11 item 7).
+"""Scrub secrets from anything mainspring records (DESIGN §3).
 
 Events, spans, reports, Temporal failures and log lines are read by more people, and kept
 longer, than the credentials a worker holds. Everything written there passes through

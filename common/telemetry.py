@@ -57,9 +57,9 @@ class JsonlSpanExporter(SpanExporter):
 
 
 class RedactingSpanExporter(SpanExporter):
-    """Wraps an exporter so no span leaves this process with a secret in it (issue 11 item
-    7): Temporal's spans record exceptions — a trainer's log tail, a storage error — and
-    the span file is kept for offline review like the event log."""
+    """Wraps an exporter so no span leaves this process with a secret in it: Temporal's
+    spans record exceptions — a trainer's log tail, a storage error — and the span file is
+    kept for offline review like the event log."""
 
     def __init__(self, inner: SpanExporter) -> None:
         self.inner = inner

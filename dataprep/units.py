@@ -94,7 +94,7 @@ def tokenizer_threads(enabled: bool) -> Iterator[None]:
     TOKENIZERS_PARALLELISM is "false" (its only switch, read at every call). An explicit
     `data.workers=1` means one core, so the in-process encode and training run on one
     thread; without this the "1 worker" baseline of `benchmarks/dataprep.py` quietly used
-    every core for half its work (issue 5). Restores the previous value on exit.
+    every core for half its work. Restores the previous value on exit.
     """
     if enabled:
         yield
@@ -173,7 +173,7 @@ def _child_init() -> None:
     os.environ[PARALLELISM_ENV] = "false"
     # Linux autogroup (sched_autogroup_enabled, on by default) shares the CPUs fairly
     # between *sessions*: left in the data worker's session, N children on a busy machine
-    # together get one session's share and run no faster than one process (issue 5:
+    # together get one session's share and run no faster than one process (measured:
     # 1.0 vs 1.02 MB/s). Their own sessions give each a share; the parent-death signal
     # above, not the session, is what ends them with their parent.
     try:

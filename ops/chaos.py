@@ -20,8 +20,8 @@ cooperation from the code under test and hit whatever the run is doing at the ti
   SIGKILL the ranks so the retry has to resume: the checksum check reports each copy
   (`checkpoint_corrupt`) and resume falls back to the previous committed checkpoint.
 - `s3_outage`: stop the S3 server for some seconds, then start it on the same port and data.
-- `server_restart`: stop the Temporal server, wait some seconds (20 by default: the 20-30 s
-  restart issue 14 names), start it on the same database and port
+- `server_restart`: stop the Temporal server, wait some seconds (20 by default: a real server
+  restart takes 20-30 s), start it on the same database and port
   (ops/services.TemporalDevServer.restart). The trainer trains on meanwhile; its worker
   records a `server_unavailable` fault and its `recovered` (activities/server_watch.py).
   With a heartbeat timeout shorter than the outage the server times the attempt out when
@@ -47,7 +47,7 @@ log = structlog.get_logger(__name__)
 
 CHAOS_KINDS = ("kill_worker", "drain_worker", "kill_rank", "hang", "corrupt_checkpoint",
                "s3_outage", "server_restart")
-SERVER_DOWN_S = 20.0  # server_restart's default outage (issue 14: a 20-30 s restart)
+SERVER_DOWN_S = 20.0  # server_restart's default outage (a real restart takes 20-30 s)
 RANK_MODULE = "trainer.segment"
 LAUNCHER_MODULE = "torch.distributed.run"
 STANDBY_RANK = re.compile(RANK_NAME.format(r"(\d+)"))

@@ -1,4 +1,4 @@
-"""One line on stderr, exit 1, no traceback, for what a person can fix (issue 17 item 3):
+"""One line on stderr, exit 1, no traceback, for what a person can fix:
 an unknown run id or namespace, a Temporal server that does not answer, a run that ended
 while it was watched. Each line names the problem and the fix.
 

@@ -308,7 +308,7 @@ def build_report(durable_url: str, run_id: str, out_dir: str, *,
     from storage.spans import read_spans
 
     # Scrubbed again here: a log written before redaction existed, or by another tool,
-    # must not carry a secret into a page that is mailed around (issue 11 item 7).
+    # must not carry a secret into a page that is mailed around.
     events = redact_value(read_events(durable_url, run_id))
     if not events:
         raise missing_run(durable_url, run_id)

@@ -48,8 +48,9 @@ class OpsConfig:
     hang_step_factor: float = num(10.0, 2, 1000)
     # Before the first step line: launch, imports, rendezvous, extension builds, restore.
     # "auto" = startup_floor_s + the newest checkpoint's I/O time; seconds: fixed. With a
-    # fixed hang_timeout_s, "auto" here means that number (the rule before issue 14). The
-    # floor is that rule's 600 s default: no start-up that passed before is called a hang.
+    # fixed hang_timeout_s, "auto" here means that number (the rule before start-up had a
+    # timeout of its own). The floor is that rule's 600 s default: no start-up that passed
+    # before is called a hang.
     startup_timeout_s: float | str = seconds("auto", 1, 7 * DAY, why=NO_CHILD, words=("auto",))
     startup_floor_s: float = seconds(600.0, 1, 7 * DAY, why=NO_CHILD)
     # the checkpoint I/O time is 2 x its bytes at this rate (a read or write, and one upload

@@ -4,7 +4,7 @@ A spec names local paths (`storage.durable` when it is not a URL, `storage.fast`
 `data.corpus`, `data.tokenizer.path`, `faults[].path`). Read as written, a relative one
 resolves against the working directory of whichever process opens it — the data worker,
 a trainer worker, a trainer child running in its segment's directory — so one spec meant
-several places (issue 17: a run started with `temporal workflow start` and the docs'
+several places (seen: a run started with `temporal workflow start` and the docs'
 example prepared its dataset under the data worker's directory and failed in the sweep's
 first trial, whose trainer child looked under its own). `anchor` makes every such path
 absolute under one root, once, before any of them reads it:
