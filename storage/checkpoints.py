@@ -6,10 +6,11 @@ tier. Readers ignore any directory without one. A manifest is never overwritten
 file's sha256 and size; a mismatch raises `CorruptCheckpoint`. Deletion removes the
 manifest first, so a deletion cut short leaves only an invisible directory.
 
-Issue 11 (docs/decisions.md): a malformed manifest, or one naming a file outside
-`FILE_PATTERNS` (storage/manifest.py, re-exported here), is a `CorruptCheckpoint` on
-MANIFEST.json, so readers fall back past it as past a bad data file. Commits are crash-safe on disk (temporary name, fsync, rename,
-directory fsync) and never replace a data file of a step whose manifest exists.
+A malformed manifest, or one naming a file outside `FILE_PATTERNS` (storage/manifest.py,
+re-exported here), is a `CorruptCheckpoint` on MANIFEST.json, so readers fall back past it as
+past a bad data file (docs/decisions.md). Commits are crash-safe on disk (temporary name,
+fsync, rename, directory fsync) and never replace a data file of a step whose manifest
+exists.
 
 Multi-node segments: each node holds only its own ranks' files on its fast tier. A node
 other than 0 puts them on the durable tier and then its part record
@@ -111,7 +112,7 @@ class CheckpointStore:
     def _steps_under(self, root: str) -> list[int]:
         """Steps with a MANIFEST.json directly under `root`, from one flat listing of the
         keys that start with `step-` (on S3 a paginated LIST of that prefix, 1,000 keys a
-        request; a resume and a segment's end read this on the restart path, issue 16).
+        request; a resume and a segment's end read this on the restart path, where seconds count).
         A glob of `step-*/MANIFEST.json` walked the prefix instead, one LIST per step
         directory: a restore 389 checkpoints into the 40-minute goodput soak took 7.6 s,
         growing with the run.

@@ -8,7 +8,7 @@ Documents are separated by the tokenizer's end-of-document token (`eos_id`).
 
 On local disk/NFS every shard and the manifest are written crash-safe (temporary name,
 fsync, rename, directory fsync: `storage.fs.pipe_durable`), so a crash never leaves an
-empty or torn MANIFEST.json that a later prepare_data would take for a cache hit (issue 11).
+empty or torn MANIFEST.json that a later prepare_data would take for a cache hit.
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ def read_array(fs, path: str, dtype: str, expected_sha256: str, url_for_errors: 
     """A raw array, checked against its manifest sha256. With `cache_dir` (a trainer
     machine's fast tier) a verified copy is kept there under its sha256 and read from there
     next time: a restart or the run's next segment on this machine does not fetch the
-    dataset from the durable tier again (issue 16). A cached copy is checked like a fetched
+    dataset from the durable tier again. A cached copy is checked like a fetched
     one; one that does not match is dropped and fetched again."""
     data = _cached(cache_dir, expected_sha256) if cache_dir else None
     if data is None:

@@ -7,7 +7,7 @@ caller makes an event idempotent across activity retries: readers merge all batc
 drop repeated ids (the earliest (ts, writer) copy wins, whatever the listing
 order) and order by (ts, event_id). Batches are written whole or not at all (put_new).
 
-A reader never fails on a damaged batch (issue 11): a line that is not UTF-8 JSON, or not
+A reader never fails on a damaged batch: a line that is not UTF-8 JSON, or not
 an event (`well_formed`: an object with a string `event_id` and `kind`, a finite number
 `ts`, an object `payload` and an integer-or-null `step`), is skipped with a
 `event_line_unreadable` log line, and the batch then yields one synthetic
@@ -145,7 +145,7 @@ def read_events(durable_url: str, run_id: str, kinds: tuple[str, ...] = (),
     order: of repeated event_ids the earliest (ts, writer) copy wins; order is (ts, event_id)).
 
     One listing, then the batches fetched concurrently (a run's log holds thousands: one
-    GET after another cost a restart seconds, issue 16). With `cache_dir` (a trainer
+    GET after another cost a restart seconds). With `cache_dir` (a trainer
     machine's fast tier) each batch is fetched once: batches are immutable, so a copy kept
     there is read instead next time."""
     fs, root = resolve(durable_url)

@@ -8,7 +8,7 @@ a restart here does not fetch them again), `<run_id>/fast.json` (which durable s
 commits to), `<run_id>/.lease` (held with flock while an activity of the run uses it) and
 `<run_id>/.made-by-mainspring` (the creation mark `lease` puts in a directory it makes).
 
-Issue 11: each segment had its own store and nothing removed a finished segment's
+Once each segment had its own store and nothing removed a finished segment's
 checkpoints, so the local disk filled linearly with segments. Now:
 - a run's fast store is one directory, cleaned after every durable commit;
 - before an activity uses the fast tier, `collect_garbage` visits the other runs on this

@@ -62,7 +62,7 @@ def normalize_url(url: str) -> str:
 # One S3 filesystem per process, endpoint and credentials, shared by its threads. A new
 # s3fs instance is a new botocore session and client: 0.15-0.5 s before its first answer
 # (the service model loaded, credentials resolved), where the shared one answers in 10 ms;
-# the restart path and each segment boundary resolved a store a dozen times (issue 16).
+# the restart path and each segment boundary resolved a store a dozen times.
 # s3fs runs every call on fsspec's one IO loop, so any thread may use it; after a fork the
 # child (a rank, the checkpoint writer) makes its own: the key holds the process id.
 _SHARED: dict[tuple, AbstractFileSystem] = {}
@@ -202,7 +202,7 @@ def put_new(fs: AbstractFileSystem, path: str, data: bytes) -> None:
         raise
 
 
-# ---- durable writes (issue 11 item 4) --------------------------------------------------------
+# ---- durable writes --------------------------------------------------------------------------
 # On local disk or NFS, a file copied with fs.put_file lives only in the page cache until
 # the kernel writes it back, and a rename/link lives in its directory's data: a power cut
 # after the manifest landed could leave a "committed" checkpoint with empty or missing data

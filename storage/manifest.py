@@ -5,7 +5,7 @@ facts a resume needs (step, tokens, data cursor, skip ranges, detector state, co
 parent). `CheckpointManifest.from_json` refuses anything malformed — bad JSON, missing or
 mistyped fields, a step other than its directory's, a file name outside `FILE_PATTERNS` —
 as a `CorruptCheckpoint` on MANIFEST.json, so every reader falls back past it as past a
-bad data file (issue 11). The store that writes and reads them is storage/checkpoints.py.
+bad data file. The store that writes and reads them is storage/checkpoints.py.
 """
 
 from __future__ import annotations

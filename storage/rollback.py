@@ -1,8 +1,8 @@
 """Rollback without loss: choose and verify the restore target first, only then uncommit.
 
 DESIGN §3: "A rollback (spike or operator) chooses and verifies its restore target *before*
-it uncommits anything newer; a target that retention removed is refused." Issue 11 found
-the opposite order on main: every step newer than the target was deleted on both tiers,
+it uncommits anything newer; a target that retention removed is refused." An earlier
+version did the opposite: every step newer than the target was deleted on both tiers,
 and only then was a checkpoint at or before the target looked for — with `keep_last=1` a
 spike just after a commit deleted the only checkpoint, and an operator rollback to a step
 retention had already removed wiped every newer one and restarted the run from step 0.

@@ -9,7 +9,7 @@ right away, upload them to the durable tier, write the durable manifest last (th
 point). The training process only exchanges one-line JSON messages with it; a thread here
 reads the answers and calls `on_commit` — the only place progress/heartbeats learn about a
 commit (DESIGN §3). A process, not a thread: the S3 client (aiohttp, botocore) runs Python
-for every chunk it sends, and in-process that took the loop's GIL (issue 4: 1.25–1.70x
+for every chunk it sends, and in-process that took the loop's GIL (measured: 1.25–1.70x
 step time during uploads with a thread; see docs/decisions.md).
 
 While the durable tier is unreachable the writer retries with exponential backoff
@@ -117,7 +117,7 @@ def start_writer(durable: CheckpointStore, fast: CheckpointStore, policy: TierPo
                        run_id=durable.run_id, node_rank=node_rank, nnodes=nnodes,
                        session=session, parts_timeout_s=parts_timeout_s)
     # Only what an upload needs (storage credentials, the interpreter): never the worker's
-    # Temporal credentials (issue 11 item 7).
+    # Temporal credentials.
     env = with_repo_on_path(allowed_env())
     proc = subprocess.Popen([sys.executable, "-m", "storage.tiered_writer", cfg.to_json()],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True,

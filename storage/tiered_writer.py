@@ -7,7 +7,7 @@ logs go to stderr. Two threads, each in step order:
 
 - fast: hash a submitted snapshot's files and write the fast tier's manifest at once, so
   every snapshot is resumable locally a moment after submit — even one queued behind a
-  slow upload (issue 4: a snapshot waiting for the uploader was lost on a kill).
+  slow upload (before, a snapshot waiting for the uploader was lost on a kill).
 - upload: put the files on the durable tier and write its manifest last (the commit
   point), retrying with exponential backoff while the durable tier is unreachable; then
   retention, and the fast tier keeps only the newest durable copy and what is in flight.

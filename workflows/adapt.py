@@ -1,4 +1,4 @@
-"""Pure decisions on a segment that failed in a way a retry as-is would not fix (issue 14):
+"""Pure decisions on a segment that failed in a way a retry as-is would not fix:
 an out-of-memory adapts the micro-batch, a failure that repeats or a full disk pauses the
 run for a human. Deterministic and I/O-free; imported by the workflow inside the sandbox.
 """

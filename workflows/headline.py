@@ -1,4 +1,4 @@
-"""What the Temporal Web UI and CLI show of a TrainingRun with no mainspring CLI (issue 17).
+"""What the Temporal Web UI and CLI show of a TrainingRun with no mainspring CLI.
 
 - **Memo**: the run's headline as flat keys — `stage`, `step`, `total_steps`, `loss`,
   `faults_recovered`, `rollbacks`, `durable` and a one-line `headline` — upserted when it

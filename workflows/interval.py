@@ -1,4 +1,4 @@
-"""The checkpoint interval of `train.checkpoint_every: "auto"` (issue 16), chosen by the
+"""The checkpoint interval of `train.checkpoint_every: "auto"`, chosen by the
 workflow before each segment from what the run has measured. Pure and I/O-free; imported
 by workflows/training_run.py in the sandbox.
 

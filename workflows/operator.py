@@ -18,7 +18,7 @@ bare string is the note. A field the command does not take, or a value of the wr
 or range, is refused in the update's validator naming the field (Command.from_json), so it
 leaves no trace in the workflow history; so is a command the run's state refuses (admit).
 
-Floods coalesce and stay bounded (issue 11, item 12):
+Floods coalesce and stay bounded:
 - Commands accepted while a segment runs wait in one queue and all apply at the step the
   segment stops at: the segment is cancelled once per boundary, however many arrive, and
   ones that arrive while the queue is being applied join that boundary. At most

@@ -19,7 +19,7 @@ RETRYABLE_FOREVER = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_c
 
 
 # A segment's retry follows a lost worker: the heartbeat timeout has already waited, so the
-# first retry goes at once (0.2 s; issue 16: recovery in seconds). A failure that repeats is
+# first retry goes at once (0.2 s: a recovery counts in seconds). A failure that repeats is
 # stopped by the repeat budget (activities/recovery.py), not by this backoff.
 SEGMENT_RETRY = RetryPolicy(initial_interval=timedelta(seconds=0.2), backoff_coefficient=2.0,
                             maximum_interval=timedelta(seconds=30), maximum_attempts=0,

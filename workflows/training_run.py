@@ -214,7 +214,8 @@ class TrainingRun(OperatorCommands):
             return await until(handle, lambda: bool(c.operator_queue))
         except ActivityError as err:
             failure = needs_decision(err)
-            # histories from before issue 14 failed the run on DiskFull: they replay so
+            # histories from before the decide_failures patch failed the run on DiskFull:
+            # they replay so
             if failure is None or not workflow.patched("decide_failures"):
                 raise
         finally:
