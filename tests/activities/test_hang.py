@@ -1,4 +1,4 @@
-"""Hang detection from the measured step time (issue 14): the pure timeout math and the
+"""Hang detection from the measured step time: the pure timeout math and the
 watch (activities/hang.py) fed literal progress lines and clock readings, then the real
 supervisor with real child processes that go quiet."""
 
@@ -147,7 +147,7 @@ def test_with_auto_checkpoints_the_checkpoint_steps_are_the_ones_the_trainer_say
     spec = preset("demo", **{"train.checkpoint_every": "auto"})
     limits = HangLimits(**{**HangLimits.of(spec, to_step=40, checkpoint_bytes=500 * 10**6)
                            .__dict__, "floor_s": 60.0})
-    assert limits.checkpoint_every == 0  # the workflow chooses it per segment (issue 16)
+    assert limits.checkpoint_every == 0  # the workflow chooses it per segment
     start = StartLine(resumed_from=0, world_size=1, to_step=40, attempt=1, checkpoint_every=7)
     assert fed(limits, [start, step(14)]).current().phase == "checkpoint"
     assert fed(limits, [start, step(10)]).current().phase == "step"

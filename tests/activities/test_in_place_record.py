@@ -1,4 +1,4 @@
-"""The record of restarts in place (activities/recovery.py, issue 16): a launch that fails
+"""The record of restarts in place (activities/recovery.py): a launch that fails
 before its first step does not leave its own fault unanswered when the next launch
 recovers."""
 

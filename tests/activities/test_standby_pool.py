@@ -1,6 +1,6 @@
 """activities/standby.py's Pool with real `python -m trainer.standby` processes: the
 replacement of a taken standby waits for the launch's first step, so its seconds of import
-CPU do not compete with the ranks' start-up (issue 16); a launch that finds none ready
+CPU do not compete with the ranks' start-up; a launch that finds none ready
 gets one started at once."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Fault classification (common/fault_kinds.py, issue 14): real log excerpts from public
+"""Fault classification (common/fault_kinds.py): real log excerpts from public
 issues classify as the kind a person reading them would name, in the table's order."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Secrets stay out of children and records (issue 11 item 7): common/redact.py, the child
+"""Secrets stay out of children and records: common/redact.py, the child
 environment allow-list, and every place a failure, event or span is written."""
 
 from __future__ import annotations

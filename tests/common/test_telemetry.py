@@ -95,7 +95,7 @@ def test_an_endpoint_becomes_the_otlp_http_traces_url(endpoint, url):
 def test_span_ids_do_not_repeat_when_the_trainer_restores_the_global_random_state():
     # A resume restores Python's `random` state (trainer/state.py); the SDK's default id
     # generator draws from it, so the spans after a restore reused earlier ids and the
-    # store kept one of each (issue 14's goodput soak: 64 steps' spans lost).
+    # store kept one of each (seen in a goodput soak: 64 steps' spans lost).
     import random
 
     gen = telemetry.OwnRandomIdGenerator()

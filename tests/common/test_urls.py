@@ -1,4 +1,4 @@
-"""Storage URLs in a RunSpec are checked when it is validated (issue 11 item 9; common/urls.py)."""
+"""Storage URLs in a RunSpec are checked when it is validated (common/urls.py)."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""What a person can fix is one line on stderr, exit 1, no traceback (issue 17 item 3):
+"""What a person can fix is one line on stderr, exit 1, no traceback:
 an unknown run or namespace, a Temporal server nothing answers at, a run that has ended.
 Against the real dev server (tests/conftest.py's temporal_server); no worker is needed."""
 

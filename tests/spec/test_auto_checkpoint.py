@@ -1,4 +1,4 @@
-"""`train.checkpoint_every: "auto"` and its fields (issue 16): "auto" or steps, the bounds
+"""`train.checkpoint_every: "auto"` and its fields: "auto" or steps, the bounds
 checked up front, the fields added without changing the hash of a spec that omits them."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def test_auto_round_trips_through_json_and_changes_the_hash():
 
 def test_the_new_fields_at_their_defaults_keep_the_demo_hash_and_change_it_when_set():
     demo = RunSpec.from_dict(_demo())
-    assert demo.spec_hash() == "c8357bb19b1b4caf"  # measured before issue 16 added them
+    assert demo.spec_hash() == "c8357bb19b1b4caf"  # measured before these fields existed
     assert (demo.train.checkpoint_every_min, demo.ops.mtbf_s, demo.ops.mtbf_prior_faults) == \
         (10, 21600.0, 3)
     for field, value in [("train.checkpoint_every_min", 5), ("ops.mtbf_s", 3600.0),

@@ -1,4 +1,4 @@
-"""The hang-detection fields of `ops` (issue 14): "auto" or seconds, each number in a
+"""The hang-detection fields of `ops`: "auto" or seconds, each number in a
 documented range, a bad value refused naming the field and the fix."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`ops.profile_every` (issue 17): how many steps apart the trainer profiles one step for the
+"""`ops.profile_every`: how many steps apart the trainer profiles one step for the
 compute/communication overlap series; 0 (off) by default, and added without changing the
 hash of any spec that does not set it."""
 
@@ -12,7 +12,7 @@ from spec import OpsConfig, RunSpec, preset
 
 def test_profiling_is_off_by_default_and_the_default_leaves_spec_hashes_alone():
     assert OpsConfig().profile_every == 0
-    # the demo preset's hash before issue 15 (tests/spec/test_spec.py pins the same)
+    # the demo preset's hash before the multi-node fields (tests/spec/test_spec.py pins the same)
     assert preset("demo").spec_hash() == "c8357bb19b1b4caf"
     assert preset("demo", **{"ops.profile_every": 100}).spec_hash() != "c8357bb19b1b4caf"
 

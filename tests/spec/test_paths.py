@@ -1,4 +1,4 @@
-"""spec/paths.py: a spec's relative paths anchored at one root (issue 17), and
+"""spec/paths.py: a spec's relative paths anchored at one root, and
 spec/summary.py: the static summary a starter gives the Web UI."""
 
 from __future__ import annotations

@@ -90,7 +90,7 @@ def test_sweep_below_min_lr_is_rejected_before_any_trial_runs():
     assert err.field == "sweep.space.lr.low"
 
 
-# ---- issue 11 items 8 and 10: every number finite and bounded, cross-field rules up front --
+# ---- every number finite and bounded, cross-field rules up front ---------------------------
 
 
 def _demo(**dotted) -> dict:
@@ -305,7 +305,7 @@ def test_a_trial_of_a_multinode_run_runs_on_one_node_with_the_run_s_global_batch
 
 
 def test_new_multinode_fields_at_their_defaults_keep_the_spec_hash():
-    # the demo preset's hash before issue 15 added them (measured at d358520)
+    # the demo preset's hash before the multi-node fields (measured at d358520)
     assert preset("demo").spec_hash() == "c8357bb19b1b4caf"
     stored = preset("demo", run_id="hash-pin", **{"ops.hang_timeout_s": 600.0})
     assert stored.spec_hash() == HASH_BEFORE_REMOVAL

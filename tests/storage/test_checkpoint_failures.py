@@ -1,4 +1,4 @@
-"""Failure behaviour of checkpoints (issue 4), each on file:// and on real SeaweedFS s3://."""
+"""Failure behaviour of checkpoints, each on file:// and on real SeaweedFS s3://."""
 
 from __future__ import annotations
 

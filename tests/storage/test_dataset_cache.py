@@ -1,4 +1,4 @@
-"""The trainer machine's dataset cache (storage/dataset.py read_array, issue 16): a restart
+"""The trainer machine's dataset cache (storage/dataset.py read_array): a restart
 or the next segment reads verified local copies instead of fetching the dataset again."""
 
 from __future__ import annotations

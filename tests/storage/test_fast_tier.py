@@ -1,4 +1,4 @@
-"""The fast tier is bounded (issue 11 item 3): other runs' durable-backed copies are freed,
+"""The fast tier is bounded: other runs' durable-backed copies are freed,
 the only copy of anything is kept, a finished run's directory goes, a full disk fails at
 once. Real local directories and a real file durable store; the lease is a real flock."""
 

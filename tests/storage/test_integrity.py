@@ -1,4 +1,4 @@
-"""Integrity of what the store reads and writes (issue 11 items 2, 4, 6): malformed manifests
+"""Integrity of what the store reads and writes: malformed manifests
 and event lines fall back instead of raising, manifest file names cannot leave the restore
 directory, commits are fsynced and renamed into place, and a second writer of a committed
 step changes no byte of it. file:// and real SeaweedFS s3:// where both apply."""

@@ -309,7 +309,7 @@ TestRollbackSafety.settings = settings(max_examples=60, stateful_step_count=25, 
 
 
 def test_a_rollback_with_no_checkpoint_left_at_its_target_deletes_nothing(tmp_path):
-    # Issue 11's reproduction: committed [50] -> rollback to 49 used to leave [].
+    # The loss this guards against: committed [50] -> rollback to 49 used to leave [].
     durable = CheckpointStore(str(tmp_path / "d"), "r")
     durable.commit(50, write_files(tmp_path / "s50", payload(50, 64)))
     apply_retention(durable, RetentionPolicy(keep_last=1))

@@ -1,4 +1,4 @@
-"""The run-id claim runs/<id>/RUN.json (issue 11 item 11; storage/runs.py)."""
+"""The run-id claim runs/<id>/RUN.json (storage/runs.py)."""
 
 import json
 import os

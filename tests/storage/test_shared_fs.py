@@ -1,5 +1,5 @@
 """One S3 filesystem per process, endpoint and credentials (storage/fs.py `resolve`): a new
-s3fs instance costs a botocore session and client before its first answer (issue 16)."""
+s3fs instance costs a botocore session and client before its first answer."""
 
 from __future__ import annotations
 

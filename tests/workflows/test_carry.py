@@ -25,7 +25,7 @@ def test_a_carry_crosses_continue_as_new_as_json_and_reads_back_equal():
 
 
 def test_a_carry_written_before_the_rename_keeps_its_pending_rollback_and_pins():
-    """Runs continued as new by the code before issue 12 carry `rewind` / `rewind_pins`;
+    """Runs continued as new by the code before the rename carry `rewind` / `rewind_pins`;
     dropping them would lose the rollback and leak its pin (test_replay.py's rollback.1)."""
     old = {"next_step": 5, "rewind": PENDING, "rewind_pins": ["pin-a"], "runs": 2,
            "a_key_from_newer_code": 1}

@@ -1,4 +1,4 @@
-"""Which exceptions in workflow code fail the run (issue 11 item 8; workflows/failures.py).
+"""Which exceptions in workflow code fail the run (workflows/failures.py).
 
 The e2e side (tests/e2e/test_bad_specs.py) shows an OverflowError in TrainingRun failing
 the run for real; this pins the choice for both workflows, including what must NOT fail a

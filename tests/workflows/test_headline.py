@@ -1,4 +1,4 @@
-"""What the Temporal UI shows of a run and where a relative path points (issue 17), on the
+"""What the Temporal UI shows of a run and where a relative path points, on the
 real dev server with the stub activities of stub_run.py: the memo and current details
 (workflows/headline.py), each activity's summary, and relative spec paths anchored at the
 orchestrator's root once, in the history (workflows/start.py:anchor_paths)."""

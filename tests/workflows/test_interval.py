@@ -1,6 +1,6 @@
-"""The checkpoint interval of `train.checkpoint_every: "auto"` (workflows/interval.py,
-issue 16): Young-Daly with literal inputs, the MTBF from the prior and the run's faults,
-and the choice from a literal carry."""
+"""The checkpoint interval of `train.checkpoint_every: "auto"` (workflows/interval.py):
+Young-Daly with literal inputs, the MTBF from the prior and the run's faults, and the choice
+from a literal carry."""
 
 from __future__ import annotations
 

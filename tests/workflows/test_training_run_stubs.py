@@ -1,6 +1,6 @@
-"""TrainingRun on the real Temporal dev server with stub activities under the real names
-(issue 12, item 8): the stage order, continue-as-new, and pause / resume / rollback / abort
-interleavings through the workflow's own update and signal handlers, in seconds.
+"""TrainingRun on the real Temporal dev server with stub activities under the real names:
+the stage order, continue-as-new, and pause / resume / rollback / abort interleavings through
+the workflow's own update and signal handlers, in seconds.
 
 The workflow code and the server are real (the session's `temporal_server`); the activities
 are the stubs of tests/workflows/stub_run.py. Commands go in as their wire format: dicts,
@@ -275,7 +275,7 @@ async def test_abort_cancels_a_stage_activity_at_once(h: Harness):
     assert status["stage"] == "aborted" and status["stages_done"] == []
 
 
-# ---- failures that need a decision (issue 14) ---------------------------------------------
+# ---- failures that need a decision --------------------------------------------------------
 def oom(fault: str) -> ApplicationError:
     return ApplicationError("out of memory: DefaultCPUAllocator: can't allocate memory",
                             {"evidence": "rank 0: can't allocate memory", "micro_split": 1,
@@ -339,7 +339,7 @@ async def test_a_repeated_failure_pauses_in_needs_attention_with_its_evidence_an
 
 @scenario
 async def test_a_full_disk_pauses_in_needs_attention_instead_of_failing_the_run(h: Harness):
-    # before issue 14 DiskFull (non-retryable) failed the whole run; a human frees the disk
+    # DiskFull (non-retryable) used to fail the whole run; a human frees the disk
     spec = spec_for(f"stub-disk-{uuid.uuid4().hex[:6]}")
     h.stubs.fail_with = [ApplicationError(
         "storage.fast: /fast has 10 bytes free; a segment keeps up to 900 bytes of checkpoints "
@@ -354,7 +354,7 @@ async def test_a_full_disk_pauses_in_needs_attention_instead_of_failing_the_run(
     assert (await handle.result())["status"] == "completed"
 
 
-# ---- train.checkpoint_every "auto" (issue 16) -------------------------------------------
+# ---- train.checkpoint_every "auto" ------------------------------------------------------
 @scenario
 async def test_auto_checkpoints_choose_each_segments_interval_and_shrink_it_after_a_fault(
         h: Harness):
