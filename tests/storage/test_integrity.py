@@ -126,7 +126,7 @@ def test_resume_from_the_fast_tier_uploads_what_it_can_past_an_older_corrupt_man
     assert CheckpointStore(durable, "r").list_committed() == [2]
 
 
-# ---- manifest file names (item 6) ---------------------------------------------------------
+# ---- manifest file names ------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["/etc/cron.d/x.pt", "../mp_rank_00_model_states.pt",
                                   "ok/../../x.pt", "a//mp_rank_00_model_states.pt",
                                   "sub\\mp_rank_00_model_states.pt", "mp_rank_00\x00.pt",
@@ -166,7 +166,7 @@ def test_fetch_never_writes_outside_its_restore_directory(tmp_path, escape):
     assert not target.exists() and not outside.exists()
 
 
-# ---- durability on file:// (item 4) -----------------------------------------------------------
+# ---- durability on file:// --------------------------------------------------------------------
 def fsync_trace(monkeypatch) -> list[tuple[str, str]]:
     """Record, in order, every fsync (of the path behind the fd) and every rename/link."""
     trace: list[tuple[str, str]] = []
@@ -243,7 +243,7 @@ def test_dataset_manifest_write_cut_short_by_a_full_disk_leaves_no_manifest(smal
     assert os.listdir(directory) == []
 
 
-# ---- a second writer of a committed step (item 4) ----------------------------------------------
+# ---- a second writer of a committed step -------------------------------------------------------
 def test_a_second_writer_racing_a_commit_never_changes_a_committed_byte(
         durable, tmp_path, monkeypatch):
     """B has uploaded one file of step 3 when A commits step 3 whole; B then goes on. On disk
@@ -274,7 +274,7 @@ def test_a_second_writer_racing_a_commit_never_changes_a_committed_byte(
     assert store.manifest(3) == got["a"] and store.verify(3) == []
 
 
-# ---- the event log (item 2) ---------------------------------------------------------------------
+# ---- the event log ------------------------------------------------------------------------------
 def test_event_lines_that_are_not_events_are_skipped_and_reported_once_as_damage(tmp_path):
     url = str(tmp_path / "store")
     with EventLog(url, "r", "w") as log:
