@@ -1,9 +1,9 @@
 """What one segment process knows and shares with its peers: its arguments (`SegmentArgs`),
-its spec, rank and stores (`SegmentContext`), rank 0's progress file, the preemption flag,
-and the collectives every rank calls at the same points.
+its spec, rank and stores (`SegmentContext`), rank 0's progress file and event log, the
+preemption flag, and the collectives every rank calls at the same points.
 
-Checkpoint resume and commit are in trainer/checkpointing.py; the step loop in
-trainer/segment.py.
+The segment's checkpoint state (resume, commit, rollback, uploads) has one owner,
+trainer/checkpoint_manager.py; the step loop is trainer/loop.py.
 """
 
 from __future__ import annotations
@@ -13,24 +13,17 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import structlog
 import torch
 import torch.distributed as dist
 
 from common.procs import stop_requested
-from common.protocol import OperatorRollback, ProgressLine, StepLine, launch_tag
+from common.protocol import OperatorRollback, ProgressLine, launch_tag
 from spec import RunSpec
 from storage.checkpoints import CheckpointStore
 from storage.events import EventLog, read_events
 from trainer.tracing import StepWindows
-
-if TYPE_CHECKING:
-    from storage.tiered import TieredCheckpointer
-
-
-log = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -70,14 +63,12 @@ class SegmentArgs:
 class Progress:
     """A node leader's append-only progress file (common/protocol.py lines), one O_APPEND write per
     line — atomic next to the checkpointer thread's `commit` lines — so the supervisor can
-    tail it."""
+    tail it. It only writes: the step loop feeds the tracing spans itself (trainer/loop.py)."""
 
-    def __init__(self, path: str | None, windows: StepWindows | None = None) -> None:
-        self.path, self.fd, self.windows = path, None, windows
+    def __init__(self, path: str | None) -> None:
+        self.path, self.fd = path, None
 
     def write(self, line: ProgressLine) -> None:
-        if self.windows is not None and isinstance(line, StepLine):
-            self.windows.add(line)  # its `steps a-b` span (trainer/tracing.py)
         if self.path is None:
             return
         if self.fd is None:  # opened once: the step loop pays one write() per line
@@ -139,44 +130,16 @@ class SegmentContext:
             trace_id = traceparent.split("-")[1] if traceparent.count("-") >= 3 else ""
             self.events = EventLog(spec.storage.durable, spec.run_id, "trainer",
                                    attempt=args.attempt, trace_id=trace_id)
-        self.windows = StepWindows(rank)  # the step-window spans (rank 0 writes step lines)
+        self.windows = StepWindows(rank)  # the step-window spans (the loop adds its lines)
         self.progress = Progress(os.path.join(self.workdir, "progress.jsonl") if self.leader
-                                 else None, self.windows)
-        self.last_commit: tuple[int, str] | None = None  # (step, uri), durable
-        # rank 0's checkpointer, made on first use (trainer/checkpointing.py)
-        self.checkpointer: TieredCheckpointer | None = None
-        self.restored: tuple[int, str] | None = None  # (step, tier) of the last restore
-        self.corrupt_seen: list[tuple[int, float]] = []  # (step, when) skipped as corrupt
-        self.stall_s, self.stalls = 0.0, 0  # the loop's checkpoint pauses: total, count
-        self.snapshots: dict = {}  # step -> trainer/checkpointing.Snapshot, until committed
+                                 else None)
         self._prefetched: Prefetch | None = None
-        self.commit_lock = threading.Lock()  # last_commit and its commit line, set together
-        self._background: threading.Thread | None = None
-
-    def in_background(self, work: Callable[[], None]) -> None:
-        """Run `work` in a thread of its own, after the previous one (rank 0's announcement
-        of the restored step's durable commit: trainer/checkpointing.py)."""
-        self.settle()
-
-        def run() -> None:
-            try:
-                work()
-            except Exception as exc:  # noqa: BLE001 — the next commit announces itself
-                log.warning("background_work_failed", error=repr(exc)[:300])
-        self._background = threading.Thread(target=run, name="mainspring-announce",
-                                            daemon=True)
-        self._background.start()
-
-    def settle(self) -> None:
-        """Wait for the work in_background started (before the result is written)."""
-        if self._background is not None:
-            self._background.join()
-            self._background = None
 
     def prefetch_events(self, kinds: tuple[str, ...]) -> None:
         """Start reading the run's events of `kinds` now, on rank 0 in a thread, for the
         start-up's reads (read_events): the listing and fetches overlap the process group,
-        engine and dataset set-up instead of following them (issue 16)."""
+        engine and dataset set-up instead of following them — on a loaded S3 they cost
+        seconds a restart would otherwise wait for."""
         if self.rank == 0:
             self._prefetched = Prefetch(kinds, lambda: read_events(
                 self.spec.storage.durable, self.spec.run_id, kinds,
@@ -203,8 +166,8 @@ class SegmentContext:
         return torch.device("cpu")
 
     def loss_and_stop(self, loss: torch.Tensor) -> tuple[float, str]:
-        """The step's one collective and its one host sync: the mean loss over ranks, and
-        why to stop after this step ('' to go on) — SIGTERM (a preemption notice) on any
+        """The step's loss collective and host sync: the mean loss over ranks, and why to
+        stop after this step ('' to go on) — SIGTERM (a preemption notice) on any
         rank, or the supervisor's stop file, which rank 0 reads — so every rank stops at
         the same step. `loss` stays on the device until here."""
         reason = SIGNALLED[-1] if SIGNALLED else (

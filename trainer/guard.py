@@ -1,6 +1,7 @@
-"""The step loop's spike handling (issue 6, DESIGN §3): the verdict on every loss, and the
-skip and the rollback it asks for. Online evaluation is trainer/online_eval.py, an
-operator's rollback trainer/operator_rollback.py.
+"""The step loop's spike handling (DESIGN §3: a loss spike is skipped or rolled back, never
+trained through): the verdict on every loss, and the skip and the rollback it asks for.
+Online evaluation is trainer/online_eval.py, an operator's rollback
+trainer/operator_rollback.py, when a segment stops trainer/stopping.py.
 
 The decisions are pure (trainer/spikes.py); this module applies them to the live engine
 and records every one with its evidence:
@@ -13,7 +14,8 @@ and records every one with its evidence:
   checkpoint before the onset, add the data window around the onset to the skip ranges
   (doubled when the region already had one), reset the detector's outlier window and
   continue. Events `loss_spike` + `rollback`, flushed at once. More rollbacks in this
-  segment than the workflow allows end the segment early so the workflow can escalate.
+  segment than the workflow allows end the segment early so the workflow can escalate
+  (trainer/stopping.py); no checkpoint before the onset at all raises Diverged.
 Every rank runs the same code on the same all-reduced loss, so verdicts agree across ranks.
 """
 
@@ -26,7 +28,7 @@ import structlog
 from common.errors import Diverged
 from common.protocol import SegmentOutcome
 from trainer import tracing
-from trainer.checkpointing import rollback_to
+from trainer.checkpoint_manager import CheckpointManager
 from trainer.context import SegmentContext
 from trainer.spikes import (
     Verdict,
@@ -54,15 +56,15 @@ def loss_scale_verdict(step: int, loss: float, scale: float | None, min_scale: f
 
 class SpikeGuard:
     """The verdict on each step's loss (`judge`, before its update), fp16 overflow at the
-    minimum loss scale (`after_step`), and the rollback a verdict asks for (`rollback`).
-    The loop applies the verdict itself: it vetoes the update of a skip or a rollback."""
+    minimum loss scale (`after_step`), and the rollback a final verdict asks for
+    (`resolve`). train_step vetoes the update of a skip or a rollback itself."""
 
     def __init__(self, ctx: SegmentContext, engine, outcome: SegmentOutcome,
-                 max_rollbacks: int) -> None:
+                 checkpoints: CheckpointManager) -> None:
         self.ctx, self.engine, self.outcome = ctx, engine, outcome
+        self.checkpoints = checkpoints
         self.cfg, self.train_cfg = ctx.spec.spikes, ctx.spec.train
         self.per_step = ctx.spec.train.grad_accum
-        self.max_rollbacks = max_rollbacks  # < 0: unlimited
         self.cursors: dict[int, int] = {}  # step -> data cursor its first batch was read at
         self.accepted: list[float] = []  # accepted losses since online_eval last took them
         self.recent: list[float] = []  # last accepted losses (the segment's reported loss)
@@ -105,6 +107,11 @@ class SpikeGuard:
         return sum(self.recent) / len(self.recent) if self.recent else None
 
     # ---- rollback --------------------------------------------------------------------
+    def resolve(self, verdict: Verdict, state: TrainState) -> TrainState:
+        """The state the loop goes on from after a step with this final verdict: the
+        restored one for a rollback, else `state` itself."""
+        return self.rollback(state, verdict) if verdict.action == "rollback" else state
+
     def rollback(self, state: TrainState, verdict: Verdict) -> TrainState:
         """Restore the newest checkpoint before the onset; skip the data around it."""
         self.ctx.windows.close()  # the steps up to the spike: their own span
@@ -112,14 +119,15 @@ class SpikeGuard:
             return self._rollback(state, verdict)
 
     def _rollback(self, state: TrainState, verdict: Verdict) -> TrainState:
-        ctx, onset = self.ctx, verdict.onset or verdict.step
+        onset = verdict.onset or verdict.step
         onset_cursor = self.cursors.get(onset, state.data_cursor)
         # The onset's loss was computed with the weights after update onset-1, which may be
         # the bad one (an LR burst shows only in the next loss): go back before it too.
         before = max(0, onset - 2)
         # Restore first, uncommit the abandoned trajectory only once the target has loaded:
-        # with no checkpoint left before the onset nothing is deleted (issue 11).
-        restored, gone = rollback_to(ctx, self.engine, before)
+        # with no checkpoint left before the onset nothing is deleted (uncommitting first
+        # once deleted the only checkpoint a spike just after a commit could go back to).
+        restored, gone = self.checkpoints.rollback_to(before)
         if restored is None:
             raise Diverged(verdict.step, f"no committed checkpoint at or before step {before} "
                                          f"(before the spike's onset at step {onset}) to roll "
@@ -135,8 +143,6 @@ class SpikeGuard:
         self._event("rollback", verdict.step, f"rollback/{verdict.step}/{onset}/{restored.step}",
                     **record, lost_steps=verdict.step - restored.step, **evidence(verdict))
         log.warning("rollback", **record)
-        if 0 <= self.max_rollbacks < len(self.outcome.rollbacks):
-            self.outcome.stopped = "rollback_budget"
         return restored
 
     def _event(self, kind: str, step: int, event_id: str, **payload) -> None:

@@ -44,137 +44,37 @@ if __name__ == "__main__":
 
 import argparse
 import json
-import random
 import socket
-import time
 
-import numpy as np
 import structlog
 import torch
 import torch.distributed as dist
 
-from common.errors import BadConfig, BadData
-from common.protocol import OperatorRollback, SegmentOutcome, SegmentResult, StartLine, StepLine
+from common.errors import BadConfig
+from common.protocol import OperatorRollback, SegmentOutcome, SegmentResult, StartLine
 from spec import RunSpec
-from storage.checkpoints import CheckpointManifest, CheckpointStore, CorruptCheckpoint
 from storage.dataset import load_manifest, read_split
-from trainer import operator_rollback, tracing
-from trainer.checkpointing import commit_checkpoint, finish_uploads, restore, rollback_to
+from trainer import tracing
+from trainer.checkpoint_manager import CheckpointManager
 from trainer.child import load_spec, run_classified, write_json
 from trainer.context import SegmentArgs, SegmentContext, on_sigterm
-from trainer.data import PackedBatches, TrainBatches, skip_past, val_batches
+from trainer.data import PackedBatches, TrainBatches, val_batches
 from trainer.elastic import on_nodes
-from trainer.engine import build_engine, micro_batch_size, set_lr, tokens_per_step, veto_next_update
+from trainer.engine import build_engine, micro_batch_size
 from trainer.extensions import install_owned_build_locks
-from trainer.faults import FaultInjector, FaultyBatches
-from trainer.guard import SpikeGuard, finite_or_none, recorded_skip_ranges
-from trainer.model import GPT, IGNORE
+from trainer.faults import FaultInjector
+from trainer.guard import SpikeGuard, finite_or_none
+from trainer.loop import Trainer
+from trainer.model import GPT
 from trainer.online_eval import OnlineEval
 from trainer.schedule import LRSchedule
-from trainer.spikes import merge_ranges
-from trainer.state import TrainState
+from trainer.start import finished_manifest, start_state
 from trainer.step_metrics import StepProbe
-from trainer.throughput import (
-    DTYPES,
-    Meter,
-    flops_per_token,
-    matmul_params,
-    peak_flops,
-    peak_memory_bytes,
-)
+from trainer.stopping import Stopper, StopRules
+from trainer.throughput import DTYPES, Meter, flops_per_token, matmul_params, peak_flops
 
 log = structlog.get_logger(__name__)
 install_owned_build_locks()  # before DeepSpeed loads an op: a dead loader's lock is cleared
-
-
-# ---- the step loop ---------------------------------------------------------------------
-def train(ctx: SegmentContext, engine, batches: FaultyBatches, state: TrainState,
-          lr: LRSchedule, meter: Meter, spikes: SpikeGuard, evals: OnlineEval,
-          faults: FaultInjector) -> TrainState:
-    """Optimizer steps from state.step to ctx.target. Each step: fetch and forward/backward
-    its micro-batches → the verdict on its loss (trainer/guard.py) → skip | step, then a
-    rollback if asked → maybe commit a checkpoint → progress, online evaluation. Returns
-    the final state (a rollback replaces it with the restored one)."""
-    cfg, outcome, every = ctx.spec.train, spikes.outcome, ctx.checkpoint_every
-    step_tokens = tokens_per_step(ctx.spec)
-    probe = StepProbe(ctx, engine)  # grad norm, memory, sampled overlap (issue 17)
-    while state.step < ctx.target and not outcome.stopped:
-        t0 = time.perf_counter()
-        step = state.step + 1  # the step being run, 1-based
-        probe.begin(step)
-        set_lr(engine, step_lr := lr(step))
-        first_cursor = skip_past(state.data_cursor, state.skip_ranges)
-        loss_sum = forward_backward(engine, batches, state, step, cfg.grad_accum,
-                                    ctx.args.micro_split)
-        # sync point (one per step): the mean of the chunks' mean losses
-        loss, stop = ctx.loss_and_stop(loss_sum / (cfg.grad_accum * ctx.args.micro_split))
-        verdict = spikes.judge(state, step, loss, first_cursor)
-        if verdict.action != "ok":  # skip | rollback: this batch's update is vetoed
-            veto_next_update(engine)
-        probe.before_update(engine)
-        engine.step()  # the update (a no-op when vetoed; DeepSpeed's bookkeeping still runs)
-        state.step, state.tokens_seen = step, state.tokens_seen + step_tokens
-        ctx.progress.write(StepLine(step=step, loss=finite_or_none(loss), lr=step_lr,
-                                    verdict=verdict.action,
-                                    **meter.add(step_tokens, time.perf_counter() - t0),
-                                    peak_mem_bytes=peak_memory_bytes(torch.device(engine.device)),
-                                    **probe.fields(step, engine)))
-        verdict = spikes.after_step(step, loss, verdict)  # fp16: overflow at the minimum scale
-        if verdict.action == "rollback":
-            state = spikes.rollback(state, verdict)
-            continue
-        if state.step % every == 0 or state.step == ctx.target:
-            commit_checkpoint(ctx, engine, state)
-        if ctx.rank == 0:
-            faults.after_step(state.step, ctx.last_commit and ctx.last_commit[0])
-        evals.maybe_evaluate(state)
-        if stop:  # the supervisor's stop file, or a SIGTERM: stop after this step
-            outcome.stopped = "interrupted"
-            log.warning("segment_interrupted", step=state.step, reason=stop)
-    if outcome.stopped in ("overfitting", "interrupted") \
-            and state.step % every and state.step != ctx.target:
-        commit_checkpoint(ctx, engine, state)  # an early stop ends on a committed step
-    return state
-
-
-def forward_backward(engine, batches: FaultyBatches, state: TrainState, step: int,
-                     micro_batches: int, split: int = 1) -> torch.Tensor:
-    """Forward and backward every micro-batch of `step`, each as `split` equal chunks (an
-    OOM-adapted run: the same sequences, the same global batch), advancing the data cursor
-    past skipped ranges; the summed loss stays on the device (no host sync here). DeepSpeed
-    wants engine.step() after each forward/backward; it updates only on the last one, which
-    the loop does itself once it has judged the loss."""
-    loss_sum = torch.zeros((), dtype=torch.float32, device=engine.device)
-    passes = 0
-    for _ in range(micro_batches):
-        state.data_cursor = skip_past(state.data_cursor, state.skip_ranges)
-        tensors = [t.to(engine.device) for t in batches.get(state.data_cursor, step)]
-        chunks = list(zip(*(t.chunk(split) for t in tensors)))
-        weights = chunk_weights([c[1] for c in chunks])
-        for (x, y, *packed), weight in zip(chunks, weights):
-            if passes:
-                engine.step()  # a gradient-accumulation boundary is not reached: no update
-            # Packed rows also carry (position_ids, doc_ids): attention stays per document.
-            _, loss = engine(x, y, **dict(zip(("position_ids", "doc_ids"), packed)))
-            if weight is not None:
-                loss = torch.where(weight > 0, loss * weight, torch.zeros_like(loss))
-            engine.backward(loss)
-            loss_sum += loss.detach().float()
-            passes += 1
-        state.data_cursor += 1
-    return loss_sum
-
-
-def chunk_weights(targets: list[torch.Tensor]) -> list[torch.Tensor | None]:
-    """Per chunk of a split micro-batch, the factor that makes the chunks' mean losses add
-    up to the whole micro-batch's mean over its scored targets (a chunk's share of them,
-    times the number of chunks: DeepSpeed divides by the accumulation). None for an unsplit
-    micro-batch: its loss is used as it is. On the device, no host sync."""
-    if len(targets) == 1:
-        return [None]
-    counts = [(y != IGNORE).sum().float() for y in targets]
-    total = torch.clamp(sum(counts), min=1.0)
-    return [c / total * len(targets) for c in counts]
 
 
 # ---- the segment -----------------------------------------------------------------------
@@ -255,97 +155,58 @@ def run_segment(args: SegmentArgs, rank: int, world: int) -> None:
     meter = make_meter(spec, model, manifest.vocab_size, torch.device(engine.device), world,
                        args.cache("device"))
 
-    rollback = operator_rollback.pending(ctx, args.rollback)  # applied once per command id
-    restore_began = time.perf_counter()
-    with tracing.span("rollback" if rollback else "restore",
-                      badput="rollback" if rollback else "restore", rank=rank):
-        if rollback:
-            state, discarded = rollback_to(ctx, engine, rollback.to_step)
-        else:
-            state, discarded = restore(ctx, engine), []
-    restore_s = time.perf_counter() - restore_began
-    if rollback and state is None:  # retention removed the target after it was admitted
-        operator_rollback.refuse(ctx, rollback, ctx.from_rank0(ctx.store.latest_committed))
+    checkpoints = CheckpointManager(ctx, engine, ctx.checkpoint_every)
+    started = start_state(ctx, checkpoints)
+    if started is None:  # an operator rollback to a target retention removed: refused
         return end_at_newest(ctx)
-    if state is None:
-        refuse_fresh_start(ctx)
-    resumed_from = state.step if state else None
-    if state is not None:  # windows decided by rollbacks after this checkpoint was written
-        state.skip_ranges = merge_ranges(state.skip_ranges + recorded_skip_ranges(ctx))
-        if rollback:
-            operator_rollback.apply(ctx, state, rollback, discarded)
-    if state is None:  # fresh run: seed every RNG, then commit step 0 as the rollback base
-        random.seed(spec.seed + rank)
-        np.random.seed(spec.seed + rank)
-        torch.manual_seed(spec.seed + rank)
-        state = TrainState()
+    state, restore_s = started
+    resumed_from = checkpoints.restored[0] if checkpoints.restored else None  # None: fresh
     ctx.progress.write(StartLine(
         resumed_from=resumed_from, world_size=world, params=model.param_count(),
         to_step=args.to_step, attempt=args.attempt, restart=args.restart,
         packing=spec.train.packing,
         flops_per_token=meter.flops_token, peak_tflops=meter.peak / 1e12,
-        peak_source=meter.peak_source, restore_s=round(restore_s, 3) if state else 0.0,
-        restore_tier=ctx.restored[1] if ctx.restored and resumed_from is not None else "",
+        peak_source=meter.peak_source, restore_s=round(restore_s, 3),
+        restore_tier=checkpoints.restored[1] if checkpoints.restored else "",
         checkpoint_every=ctx.checkpoint_every))
     log.info("segment_started", resumed_from=resumed_from, to_step=args.to_step,
              world_size=world, params=model.param_count())
     if resumed_from is None:
-        commit_checkpoint(ctx, engine, state)
+        checkpoints.save(state)  # step 0: the fresh run's rollback base
 
-    first = state.step
+    first, outcome = state.step, SegmentOutcome()
     # Fault injection is wired here, once: the batch source, the LR windows, a model hook.
     faults = FaultInjector(spec.faults, batches_per_step=spec.train.grad_accum,
                            vocab_size=manifest.vocab_size, seed=spec.seed,
                            attempt=args.attempt, events=ctx.events)
     faults.attach(engine.module)
-    batches = faults.batches(source)
-    lr = LRSchedule(spec.train, args.lr_windows, one_shot=faults.lr_windows())
-    outcome = SegmentOutcome()
-    spikes = SpikeGuard(ctx, engine, outcome, args.max_rollbacks)
-    evals = OnlineEval(ctx, engine, make_val(spec, args.dataset, args.cache("dataset")), spikes,
-                       outcome)
-    state = train(ctx, engine, batches, state, lr, meter, spikes, evals, faults)
+    guard = SpikeGuard(ctx, engine, outcome, checkpoints)
+    trainer = Trainer(
+        ctx=ctx, engine=engine, batches=faults.batches(source), meter=meter,
+        lr=LRSchedule(spec.train, args.lr_windows, one_shot=faults.lr_windows()),
+        probe=StepProbe(ctx, engine), guard=guard, checkpoints=checkpoints, faults=faults,
+        evaluator=OnlineEval(ctx, engine, make_val(spec, args.dataset, args.cache("dataset")),
+                             guard, outcome),
+        stopper=Stopper(StopRules(target=ctx.target, max_rollbacks=args.max_rollbacks,
+                                  early_stop_on_overfit=spec.train.early_stop_on_overfit),
+                        outcome))
+    state = trainer.train(state)
     ctx.windows.close()
-    ctx.settle()  # the restored step's announcement (its last_commit) before the result
-    finish_uploads(ctx)  # every checkpoint durable before the segment reports success
+    checkpoints.finish()  # every checkpoint durable before the segment reports success
     if ctx.events is not None:
         ctx.events.flush()  # decisions after the last checkpoint (evaluations) too
-    loss = spikes.recent_loss()
+    loss = guard.recent_loss()
     if rank == 0:
-        last = ctx.last_commit
+        last = checkpoints.last_commit
         write_result(ctx, SegmentResult(
             final_step=state.step, last_committed_step=last[0] if last else None,
             last_committed_uri=last[1] if last else None, train_loss=finite_or_none(loss),
             tokens_seen=state.tokens_seen, steps_run=state.step - first,
             resumed_from=resumed_from, outcome=outcome,
             throughput=meter.summary(torch.device(engine.device)),
-            checkpoint_stall_s=round(ctx.stall_s, 4), checkpoints=ctx.stalls))
+            checkpoint_stall_s=round(checkpoints.stall_s, 4), checkpoints=checkpoints.stalls))
     log.info("segment_finished", final_step=state.step, train_loss=loss,
              stopped=outcome.stopped, rollbacks=len(outcome.rollbacks))
-
-
-def finished_manifest(store: CheckpointStore, step: int) -> CheckpointManifest | None:
-    """The manifest of `step` when it is committed already (a retry of a finished segment);
-    None when it is not, or its manifest is corrupt — then the restore reports it and falls
-    back like for any corrupt checkpoint."""
-    if store.latest_committed(at_or_before=step) != step:
-        return None
-    try:
-        return store.manifest(step)
-    except CorruptCheckpoint:
-        return None
-
-
-def refuse_fresh_start(ctx: SegmentContext) -> None:
-    """No loadable checkpoint at or before the target: a fresh start is right only when the
-    run has no newer one either — otherwise starting over at step 0 would bury committed
-    work (issue 11: an operator rollback to a step retention had removed did exactly that)."""
-    newer = ctx.from_rank0(lambda: [s for s in ctx.store.list_committed() if s > ctx.target])
-    if newer:
-        raise BadData(ctx.store.uri(newer[0]), f"no loadable checkpoint at or before step "
-                      f"{ctx.target}, but steps {newer[:5]} are committed after it",
-                      "see the checkpoint_corrupt events; schedule the segment from a "
-                      "committed step (the run's status shows it)")
 
 
 def end_at_newest(ctx: SegmentContext) -> None:
@@ -397,7 +258,7 @@ def parse_args(argv: list[str] | None = None) -> SegmentArgs:
                    help="the supervisor's listing just before this launch had no commit of "
                         "--to-step: skip the check for an already finished segment")
     # The supervisor passes the windows in a file: argv is bounded (E2BIG at ~7,000
-    # windows, issue 11); inline JSON stays for running a segment by hand.
+    # windows); inline JSON stays for running a segment by hand.
     lr = p.add_mutually_exclusive_group()
     lr.add_argument("--lr-windows", type=json.loads, default=[],
                     help='JSON [[start, end, factor], ...]: LR x factor for steps in (start, end]')

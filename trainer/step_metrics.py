@@ -1,5 +1,7 @@
-"""What the step loop measures for the worker's Prometheus series (issue 17), beyond the
-throughput Meter: the fields a `step` progress line adds (common/protocol.py StepLine).
+"""What the step loop measures for the worker's Prometheus series (gradient norm, memory,
+exposed communication: what an operator needs to tell a slow or unstable run from a healthy
+one), beyond the throughput Meter: the fields a `step` progress line adds
+(common/protocol.py StepLine).
 
 - `grad_norm`, every step: DeepSpeed's own (`engine.get_global_grad_norm()`, which its
   bf16, fp16 and ZeRO optimizers keep), else — ZeRO 0 in fp32, where DeepSpeed clips
@@ -67,8 +69,10 @@ def finite(x: float | None) -> float | None:
 
 
 class StepProbe:
-    """The loop calls begin(step) first, before_update(engine) just before engine.step()
-    and fields(step, engine) in the step's progress line."""
+    """train_step calls begin(step) first, before_update(engine) just before engine.step(),
+    then — each on a line of its own, since each may wait — grad_norm(engine) (a host sync
+    on a GPU), memory(step) (an all-gather every ops.metrics_every steps) and overlap(step)
+    (a device synchronize on a profiled step)."""
 
     def __init__(self, ctx: SegmentContext, engine) -> None:
         self.ctx, self.device = ctx, torch.device(engine.device)
@@ -98,22 +102,25 @@ class StepProbe:
     def before_update(self, engine) -> None:
         self._norm = grad_norm(engine.module.parameters()) if self.own_norm else None
 
-    def fields(self, step: int, engine) -> dict:
-        out: dict = {"grad_norm": self._grad_norm(engine)}
-        if self._prof is not None:
-            out.update(self._overlap(step))
-        if step % self.memory_every == 0:
-            out["mem_by_rank"] = self._memory()
-        return out
-
-    def _grad_norm(self, engine) -> float | None:
+    def grad_norm(self, engine) -> float | None:
+        """The step's gradient norm on the host: DeepSpeed's own, else the one measured
+        before the update. A host sync on a GPU."""
         kept = engine.get_global_grad_norm()
         if kept is not None:
             self.own_norm = False
             return finite(float(kept))
         return finite(float(self._norm)) if self._norm is not None else None
 
-    def _overlap(self, step: int) -> dict:
+    def memory(self, step: int) -> list[list[int]] | None:
+        """Every ops.metrics_every steps, each rank of this node's memory (an all-gather on
+        every rank); None on the other steps."""
+        return self._memory() if step % self.memory_every == 0 else None
+
+    def overlap(self, step: int) -> dict:
+        """On a profiled step, its exposed communication (a device synchronize first);
+        {} on the others."""
+        if self._prof is None:
+            return {}
         prof, self._prof = self._prof, None
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # the step's kernels end inside the window

@@ -277,13 +277,13 @@ def _main(argv: list[str]) -> dict:
 
 
 def _reshard(root: Path, zero: int, victim: str = "", marker: str = "") -> dict:
-    """Load `root/ckpt` through the resume path (trainer/checkpointing.py `_load`) with a
-    manifest that says it was written at world size 2: the resharding path. With `victim`,
-    that file (the train state this writes too) is first replaced by a payload."""
+    """Load `root/ckpt` through the resume path (trainer/checkpointing.py `load_checkpoint`)
+    with a manifest that says it was written at world size 2: the resharding path. With
+    `victim`, that file (the train state this writes too) is first replaced by a payload."""
     from types import SimpleNamespace
 
     from storage.checkpoints import CorruptCheckpoint
-    from trainer.checkpointing import _load
+    from trainer.checkpointing import load_checkpoint
 
     TrainState(step=2).save(str(root / "ckpt" / TAG / state_file(0)))
     if victim:
@@ -296,7 +296,7 @@ def _reshard(root: Path, zero: int, victim: str = "", marker: str = "") -> dict:
     _train(saved, 2)  # the same seed and steps as the roundtrip's saved engine
     engine = _engine(1, zero)
     try:
-        state = _load(ctx, engine, 2, "fast", man)
+        state = load_checkpoint(ctx, engine, 2, "fast", man)
     except CorruptCheckpoint as exc:
         return {"error": type(exc).__name__, "file": exc.file, "actual": exc.actual}
     return {"error": None, "weights_equal": _same(_params(saved), _params(engine)),
