@@ -19,7 +19,9 @@ A token is then trimmed of what follows a path without being part of it: a `:sym
 or `::test` suffix after the file name, a `#anchor`, trailing punctuation and quotes.
 
 Not paths of this repository, so skipped: URLs; globs (`*`, `?`, `[`, `{`); placeholders
-(`<run>`, `$NVME`); ellipses; and anything under `runs/` or `s3://`, which describe a bucket's layout, not this tree.
+(`<run>`, `$NVME`); ellipses; and anything under `runs/` or `s3://`, which describe a
+bucket's layout, not this tree. A bare top-level file name (`README.md`, `Makefile`) in
+backticks is not taken for a path: rule 2 needs a directory, and links cover the rest.
 
 A candidate exists when it is a tracked file, or a directory holding a tracked file.
 """
@@ -36,9 +38,8 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 # Extensions a path in prose or a command block must end with to be taken for one (rule 3).
-KNOWN_EXTENSIONS = (
-    "py", "md", "sh", "json", "jsonl", "toml", "yaml", "yml", "png", "txt", "html", "cfg",
-)
+KNOWN_EXTENSIONS = ("py", "md", "sh", "json", "jsonl", "toml", "yaml", "yml", "png", "txt",
+                    "html", "cfg")
 # Bucket and store layouts the docs describe: not paths of this repository.
 LAYOUT_PREFIXES = ("runs/", "s3://")
 SKIP_CHARS = set("*?[]{}<>…") | {"$"}
