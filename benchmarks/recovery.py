@@ -217,7 +217,7 @@ class Bench:
 
 
 async def abort(address: str, run_id: str) -> None:
-    from activities.contracts import Abort
+    from common.commands import Abort
     from ops.client import connect
 
     client = await connect(address)

@@ -192,8 +192,8 @@ def operator_identity() -> str:
 
 def operator_payload(args: argparse.Namespace) -> dict:
     """The JSON object a TrainingRun operator update/signal takes: the typed command
-    (activities/contracts.py) as sent. Its own fields are checked here (Refused)."""
-    from activities.contracts import Abort, Pause, Resume, Rollback, SetLrScale
+    (common/commands.py) as sent. Its own fields are checked here (Refused)."""
+    from common.commands import Abort, Pause, Resume, Rollback, SetLrScale
 
     who, note = args.who or operator_identity(), args.note
     if args.run_command == "rollback":
@@ -212,7 +212,7 @@ async def run_operator(args: argparse.Namespace) -> int:
     from temporalio.client import WorkflowExecutionStatus, WorkflowUpdateFailedError
     from temporalio.service import RPCError, RPCStatusCode
 
-    from activities.contracts import Refused
+    from common.commands import Refused
     from ops.client import connect
 
     try:

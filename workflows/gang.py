@@ -47,11 +47,11 @@ with workflow.unsafe.imports_passed_through():
         GangMember,
         ListNodesResult,
         NodeInfo,
-        RunCarry,
     )
     from common.errors import NEEDS_DECISION, NON_RETRYABLE
     from spec import RunSpec
     from spec.train import TrainConfig
+    from workflows.carry import RunCarry
 
 WAIT_POLL_S = 5.0  # how often a run waiting for nodes reads the registry again
 LOST, OWN, PEER = 3, 2, 1  # how surely a failed member is the one at fault
@@ -180,25 +180,25 @@ async def pick_nodes(s: RunSpec, c: RunCarry, *, stop: Callable[[], bool],
                      waiting: Callable[[str | None], Awaitable[None]]) -> list[NodeInfo] | None:
     """The nodes of the next launch; None when `stop()` turned true while waiting (an
     operator command, a full history). `waiting(reason)` announces a wait (None: over)."""
-    used = c.nodes_used or s.train.nodes
-    since = c.waiting.get("since") if c.waiting else None
+    used = c.gang.nodes_used or s.train.nodes
+    since = c.gang.waiting.get("since") if c.gang.waiting else None
     announced = False
     while True:
         listed = await list_nodes()
-        avail = candidates(listed.nodes, listed.now, s, c.set_aside)
+        avail = candidates(listed.nodes, listed.now, s, c.gang.set_aside)
         waited = None if since is None else workflow.now().timestamp() - since
         n = node_count(s.train, len(avail), used, waited, s.ops.node_wait_s)
         if n is not None:
-            if c.waiting:
+            if c.gang.waiting:
                 await waiting(None)
-            return choose(avail, n, c.node_failures)
+            return choose(avail, n, c.gang.node_failures)
         if since is None:
             since = workflow.now().timestamp()
         if not announced:  # once per call: also after a hold that interrupted the wait
             announced = True
-            c.waiting = {"since": since, "reason": waiting_reason(
-                s, used, avail, listed.nodes, c.set_aside, listed.now)}
-            await waiting(c.waiting["reason"])
+            c.gang.waiting = {"since": since, "reason": waiting_reason(
+                s, used, avail, listed.nodes, c.gang.set_aside, listed.now)}
+            await waiting(c.gang.waiting["reason"])
         try:
             await workflow.wait_condition(stop, timeout=timedelta(seconds=WAIT_POLL_S))
         except asyncio.TimeoutError:
@@ -273,11 +273,12 @@ def blame(c: RunCarry, s: RunSpec, failures: list[MemberFailure], *, lo: int, hi
     for f in culprits:
         if f.kind == "preempted":  # a drain: the node is leaving, not failing
             continue
-        c.node_failures[f.node] = c.node_failures.get(f.node, 0) + 1
-        if c.node_failures[f.node] >= s.ops.node_failure_limit and f.node not in c.set_aside:
-            c.set_aside[f.node] = f.evidence[:300]
+        c.gang.node_failures[f.node] = c.gang.node_failures.get(f.node, 0) + 1
+        if (c.gang.node_failures[f.node] >= s.ops.node_failure_limit
+                and f.node not in c.gang.set_aside):
+            c.gang.set_aside[f.node] = f.evidence[:300]
             out.events.append(("node_set_aside", f"node_set_aside/{f.node}/{launch}", {
-                "node": f.node, "failures": c.node_failures[f.node], "kind": f.kind,
+                "node": f.node, "failures": c.gang.node_failures[f.node], "kind": f.kind,
                 "evidence": f.evidence[:500], "segment": f"{lo}-{hi}",
                 "fix": f"look at node {f.node} (its worker's log, dmesg, the fault events); "
                        "restart its worker under a new --node name once it is healthy"}))
@@ -288,9 +289,9 @@ def blame(c: RunCarry, s: RunSpec, failures: list[MemberFailure], *, lo: int, hi
     own = next((f for f in culprits if f.fingerprint and not f.transient), None)
     if own is None:
         return out
-    prior = c.gang_repeat
+    prior = c.gang.repeat
     repeats = int(prior.get("repeats", 0)) + 1 if prior.get("fingerprint") == own.fingerprint else 1
-    c.gang_repeat = {"fingerprint": own.fingerprint, "repeats": repeats}
+    c.gang.repeat = {"fingerprint": own.fingerprint, "repeats": repeats}
     if repeats >= s.ops.repeat_failure_limit:
         out.hold = (f"the same failure {repeats} times in a row on node {own.node} "
                     f"({own.fingerprint}): {own.evidence[:300]}")

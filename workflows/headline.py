@@ -24,8 +24,8 @@ from typing import Any
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from activities.contracts import RunCarry
     from spec import RunSpec
+    from workflows.carry import RunCarry
 
 MEMO_PATCH = "headline_memo"  # workflow.patched id of the memo upserts
 
@@ -48,24 +48,24 @@ def memo(spec: RunSpec, c: RunCarry, stage: str) -> dict[str, Any]:
     loss = round(loss, 4) if loss is not None else None
     total = spec.train.total_steps
     return {"stage": stage, "step": c.next_step, "total_steps": total, "loss": loss,
-            "faults_recovered": c.faults_seen, "rollbacks": c.rollbacks_total,
+            "faults_recovered": c.interval.faults_seen, "rollbacks": c.escalation.rollbacks_total,
             "durable": spec.storage.durable,
-            "headline": line(stage, c.next_step, total, loss, c.faults_seen)}
+            "headline": line(stage, c.next_step, total, loss, c.interval.faults_seen)}
 
 
 def details(spec: RunSpec, c: RunCarry, stage: str, running: tuple[int, int] | None) -> str:
     """The current details, Temporal Markdown: the headline, what runs now, a hold's reason
     and the command that ends it, where the run's record is."""
     m = memo(spec, c, stage)
-    out = [f"**{spec.run_id}** · {m['headline']} · {c.rollbacks_total} rollbacks"]
+    out = [f"**{spec.run_id}** · {m['headline']} · {c.escalation.rollbacks_total} rollbacks"]
     if running:
         out.append(f"training steps {running[0]}–{running[1]}")
-    if c.held:
-        out.append(f"held ({c.held['stage']}): {c.held['reason']} — continue with "
+    if c.hold.held:
+        out.append(f"held ({c.hold.held['stage']}): {c.hold.held['reason']} — continue with "
                    f"`temporal workflow update execute --workflow-id {spec.run_id} "
                    "--name resume` or `mainspring run resume`")
-    if c.waiting:
-        out.append(f"waiting for nodes: {c.waiting['reason']}")
+    if c.gang.waiting:
+        out.append(f"waiting for nodes: {c.gang.waiting['reason']}")
     if c.stages_done:
         out.append("stages done: " + ", ".join(c.stages_done))
     out.append(f"events: `mainspring events {spec.run_id} --durable {spec.storage.durable}`")

@@ -17,8 +17,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from activities.contracts import RunCarry
 from spec import RunSpec
+from workflows.carry import RunCarry
 
 
 def young_daly_s(checkpoint_cost_s: float, mtbf_s: float) -> float:
@@ -59,27 +59,27 @@ def choose(spec: RunSpec, c: RunCarry) -> Interval:
     carry's measurements. Before a checkpoint stall and a step time are measured (a run's
     first segment): the lower bound - the cheapest protection against a fault that comes
     early, and it measures the stall soonest."""
-    t, ops = spec.train, spec.ops
+    t, ops, m = spec.train, spec.ops, c.interval
     lo, hi = t.checkpoint_every_min, t.segment_steps
-    mtbf = observed_mtbf(c.train_wall_s, c.faults_seen, ops.mtbf_s, ops.mtbf_prior_faults)
+    mtbf = observed_mtbf(m.train_wall_s, m.faults_seen, ops.mtbf_s, ops.mtbf_prior_faults)
     payload: dict[str, Any] = {
-        "min_steps": lo, "max_steps": hi, "faults": c.faults_seen,
-        "train_wall_s": round(c.train_wall_s, 3), "prior_mtbf_s": ops.mtbf_s,
+        "min_steps": lo, "max_steps": hi, "faults": m.faults_seen,
+        "train_wall_s": round(m.train_wall_s, 3), "prior_mtbf_s": ops.mtbf_s,
         "prior_faults": ops.mtbf_prior_faults, "mtbf_s": round(mtbf, 3),
-        "mtbf_source": "observed" if c.faults_seen >= ops.mtbf_prior_faults else "prior",
-        "checkpoints_measured": c.checkpoints_measured}
-    if not c.checkpoints_measured or not c.step_time_s:
+        "mtbf_source": "observed" if m.faults_seen >= ops.mtbf_prior_faults else "prior",
+        "checkpoints_measured": m.checkpoints_measured}
+    if not m.checkpoints_measured or not m.step_time_s:
         return Interval(lo, {**payload, "steps": lo, "how": "no checkpoint measured yet: "
                              "the lower bound"})
-    cost = c.checkpoint_stall_s / c.checkpoints_measured
+    cost = m.checkpoint_stall_s / m.checkpoints_measured
     tau = young_daly_s(cost, mtbf)
-    steps = young_daly_steps(cost, mtbf, c.step_time_s, lo, hi)
-    prior = young_daly_steps(cost, ops.mtbf_s, c.step_time_s, lo, hi)
-    clamped = " (clamped)" if steps != round(tau / c.step_time_s) else ""
+    steps = young_daly_steps(cost, mtbf, m.step_time_s, lo, hi)
+    prior = young_daly_steps(cost, ops.mtbf_s, m.step_time_s, lo, hi)
+    clamped = " (clamped)" if steps != round(tau / m.step_time_s) else ""
     return Interval(steps, {
-        **payload, "steps": steps, "seconds": round(steps * c.step_time_s, 3),
+        **payload, "steps": steps, "seconds": round(steps * m.step_time_s, 3),
         "young_daly_s": round(tau, 3), "checkpoint_cost_s": round(cost, 4),
-        "step_time_s": round(c.step_time_s, 4), "steps_at_prior": prior,
+        "step_time_s": round(m.step_time_s, 4), "steps_at_prior": prior,
         "how": f"sqrt(2 x {cost:.3g}s x {mtbf:.4g}s) = {tau:.3g}s = "
-               f"{tau / c.step_time_s:.1f} steps of {c.step_time_s:.3g}s, in [{lo}, {hi}]"
+               f"{tau / m.step_time_s:.1f} steps of {m.step_time_s:.3g}s, in [{lo}, {hi}]"
                f"{clamped}"})

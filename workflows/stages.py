@@ -36,7 +36,6 @@ with workflow.unsafe.imports_passed_through():
         PromoteInput,
         PromoteResult,
         RecordEventInput,
-        RunCarry,
         ScrubInput,
         ScrubResult,
         SweepInput,
@@ -45,8 +44,10 @@ with workflow.unsafe.imports_passed_through():
         TrainSegmentResult,
     )
     from spec import RunSpec
+    from workflows.activity_options import segment_options, short_options
+    from workflows.carry import RunCarry
+    from workflows.escalation import rollback_allowance
     from workflows.gang import gang_options
-    from workflows.policy import rollback_allowance, segment_options, short_options
     from workflows.sweep import Sweep
 
 
@@ -83,12 +84,13 @@ def start_train_segment(train_spec: RunSpec, c: RunCarry, lo: int, hi: int,
     lead = gang is None or gang.node_rank == 0
     return workflow.start_activity(
         TRAIN_SEGMENT, TrainSegmentInput(
-            train_spec.to_dict(), c.dataset_uri, lo, hi, lr_windows=c.lr_windows,
-            max_rollbacks=rollback_allowance(c.rollback_steps, c.budget_from, lo,
+            train_spec.to_dict(), c.dataset_uri, lo, hi, lr_windows=c.escalation.lr_windows,
+            max_rollbacks=rollback_allowance(c.escalation.rollback_steps,
+                                             c.escalation.budget_from, lo,
                                              train_spec.spikes),
-            rollback=c.pending_rollback, micro_split=c.micro_split,
+            rollback=c.operator.pending_rollback, micro_split=c.micro_split,
             after_fault=c.after_fault if lead else None, gang=gang,
-            checkpoint_every=c.checkpoint_every),
+            checkpoint_every=c.interval.checkpoint_every),
         task_queue=queue, result_type=TrainSegmentResult,
         cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
         summary=segment_summary(train_spec, c, lo, hi, gang),
@@ -102,8 +104,8 @@ def segment_summary(s: RunSpec, c: RunCarry, lo: int, hi: int,
     out = [f"segment {lo}–{hi} of {s.train.total_steps}"]
     if gang:
         out.append(f"node {gang.node_rank} of {gang.nnodes}: {gang.node}")
-    if c.pending_rollback:
-        out.append(f"operator rollback to step {c.pending_rollback.to_step}")
+    if c.operator.pending_rollback:
+        out.append(f"operator rollback to step {c.operator.pending_rollback.to_step}")
     if c.after_fault:
         out.append("after a fault")
     if c.micro_split > 1:

@@ -37,14 +37,9 @@ with workflow.unsafe.imports_passed_through():
         TrialResult,
     )
     from spec import RunSpec
+    from workflows.activity_options import segment_options, short_options, suggest_options
     from workflows.failures import FAILURE_EXCEPTION_TYPES
-    from workflows.policy import (
-        segment_options,
-        short_options,
-        suggest_options,
-        sweep_rounds,
-        trial_spec,
-    )
+    from workflows.sweep_plan import sweep_rounds, trial_spec
 
 
 @workflow.defn(name=SWEEP_WORKFLOW_TYPE, failure_exception_types=FAILURE_EXCEPTION_TYPES)

@@ -2,8 +2,9 @@
 
 Input is the RunSpec as a JSON object (so `temporal workflow start --input` works) plus,
 after continue-as-new, a small RunCarry of what is already done. The pieces it decides
-with are pure (operator.py, carry.py, policy.py); what it schedules is in stages.py; its
-operator handlers and the hold they lead to are in commands.py (OperatorCommands).
+with are pure (carry_updates.py, operator_queue.py, escalation.py, steps.py, ...); what
+it schedules is in stages.py; its operator handlers and the hold they lead to are in
+operator_handlers.py (OperatorHandlers, which also sets the state they share).
 """
 
 from __future__ import annotations
@@ -17,28 +18,19 @@ with workflow.unsafe.imports_passed_through():
     from activities.contracts import (
         STAGES,
         WORKFLOW_TYPE,
-        RunCarry,
         RunResult,
         TrainSegmentResult,
     )
-    from common.errors import BadConfig
     from spec import RunSpec
     from workflows.adapt import decide, needs_decision
-    from workflows.carry import bound, escalation, record_segment, status_view
-    from workflows.commands import OperatorCommands
+    from workflows.carry_updates import bound, escalation, record_segment, status_view
+    from workflows.escalation import ESCALATE_LOWER_LR, ESCALATE_PAUSE
     from workflows.failures import FAILURE_EXCEPTION_TYPES
     from workflows.gang import blame, members, pick_nodes, run_gang
-    from workflows.headline import Headline
     from workflows.interval import choose as choose_interval
-    from workflows.operator import aborting
+    from workflows.operator_handlers import OperatorHandlers
+    from workflows.operator_queue import aborting
     from workflows.pins import pin_targets
-    from workflows.policy import (
-        ESCALATE_LOWER_LR,
-        ESCALATE_PAUSE,
-        promotion_step,
-        segment_bounds,
-        with_params,
-    )
     from workflows.search import show_progress, show_run_id, show_stage
     from workflows.stages import (
         start_evaluate,
@@ -50,33 +42,23 @@ with workflow.unsafe.imports_passed_through():
         until,
     )
     from workflows.start import anchor_paths, claim, parse_spec
+    from workflows.steps import promotion_step, segment_bounds
+    from workflows.sweep_plan import with_params
     from workflows.tracing import RunTrace
 
 
 # Bugs and bad input in workflow code fail the run instead of retrying its task forever;
 # nondeterminism from a bad deploy still suspends it (workflows/failures.py).
 @workflow.defn(name=WORKFLOW_TYPE, failure_exception_types=FAILURE_EXCEPTION_TYPES)
-class TrainingRun(OperatorCommands):
+class TrainingRun(OperatorHandlers):
     # Both take JSON objects: the spec (RunSpec.from_dict), and after continue-as-new the
     # carry (RunCarry.from_json, which also reads the keys older code wrote).
     @workflow.init  # with the input: an update in a run's first task may run before run()
     def __init__(self, spec: dict, carry: dict | None = None) -> None:
-        self._raw_spec = spec
-        try:  # for the update validators only; run() fails the run on a bad spec (parse_spec)
-            self._spec: RunSpec | None = RunSpec.from_dict(spec)
-        except BadConfig:
-            self._spec = None
-        self._carry = RunCarry.from_json(carry)
-        # continued as new while held: held from the first task on, before run() gets there
-        self._stage = self._carry.held["stage"] if self._carry.held else "starting"
+        super().__init__(spec, carry)  # the spec, the carry, the stage (OperatorHandlers)
         self._evals: dict[int, float] = {}
         self._trace = RunTrace(self._carry.trace)  # the run's root and stage spans
-        self._resume_note: str | None = None
-        self._resume_who = ""
-        self._running: tuple[int, int] | None = None  # [lo, hi) of the running segment
-        self._updates = 0  # updates accepted by this workflow run (Temporal limits them per run)
         self._promoted: tuple[int, str] | None = None  # (step, uri) once promoted
-        self._headline = Headline()  # memo + current details (workflows/headline.py)
         self._scrub = None  # the checkpoint scrub running beside a segment, if any
         self._scrubbed_at = -1  # segments_total when this workflow run last started one
 
@@ -145,13 +127,13 @@ class TrainingRun(OperatorCommands):
 
     async def _train(self, s: RunSpec) -> None:
         c = self._carry
-        if c.next_step == 0 and not c.held:
+        if c.next_step == 0 and not c.hold.held:
             await self._begin("train")
         self._stage = "train"
         segments_this_run = 0
         while True:
-            if c.held:  # continued as new while held: hold on, already announced
-                await self._hold(c.held["stage"], c.held["reason"])
+            if c.hold.held:  # continued as new while held: hold on, already announced
+                await self._hold(c.hold.held["stage"], c.hold.held["reason"])
             if c.early_stopped:
                 break
             await self._apply_operator()  # pause / rollback / LR / abort, at a step boundary
@@ -169,10 +151,11 @@ class TrainingRun(OperatorCommands):
             await self._scrub_settled(wait=False)
             if seg is None:  # stopped before the trainer answered: resume from storage
                 continue
-            c.pending_rollback = None  # applied (the trainer's event makes a retry a no-op)
-            if c.rollback_pins:  # its targets need no protection any more
-                await pin_targets(s, c.rollback_pins, None)
-                c.rollback_pins = []
+            # applied (the trainer's event makes a retry a no-op)
+            c.operator.pending_rollback = None
+            if c.operator.rollback_pins:  # its targets need no protection any more
+                await pin_targets(s, c.operator.rollback_pins, None)
+                c.operator.rollback_pins = []
             record_segment(c, seg)
             show_progress(c.next_step, seg.train_loss)
             self._show()
@@ -181,7 +164,7 @@ class TrainingRun(OperatorCommands):
             bound(c, s.spikes)
         await self._scrub_settled(wait=True)
         await self._finish("train", final_step=c.next_step, segments=c.segments_total,
-                           rollbacks=c.rollbacks_total, early_stopped=c.early_stopped)
+                           rollbacks=c.escalation.rollbacks_total, early_stopped=c.early_stopped)
 
     async def _evaluate(self, s: RunSpec) -> None:
         await self._begin("evaluate")
@@ -211,7 +194,7 @@ class TrainingRun(OperatorCommands):
         self._running, began = (lo, hi), workflow.now()
         self._show()
         try:
-            return await until(handle, lambda: bool(c.operator_queue))
+            return await until(handle, lambda: bool(c.operator.queue))
         except ActivityError as err:
             failure = needs_decision(err)
             # histories from before the decide_failures patch failed the run on DiskFull:
@@ -220,7 +203,7 @@ class TrainingRun(OperatorCommands):
                 raise
         finally:
             self._running = None
-            c.train_wall_s += (workflow.now() - began).total_seconds()
+            c.interval.train_wall_s += (workflow.now() - began).total_seconds()
         await self._decide(train_spec, lo, failure)
         return None  # the loop schedules the segment again, from storage
 
@@ -229,37 +212,37 @@ class TrainingRun(OperatorCommands):
         launch one member per node, all or nothing. None: launch again from storage."""
         c = self._carry
         nodes = await pick_nodes(s, c, waiting=self._waiting_for_nodes,
-                                 stop=lambda: bool(c.operator_queue) or self._history_full())
+                                 stop=lambda: bool(c.operator.queue) or self._history_full())
         if nodes is None:
             return None
-        used = c.nodes_used or s.train.nodes
+        used = c.gang.nodes_used or s.train.nodes
         if len(nodes) != used:
             await self._event("nodes_changed", f"nodes_changed/{lo}/{len(nodes)}",
-                              from_nodes=used, to_nodes=len(nodes), set_aside=c.set_aside,
+                              from_nodes=used, to_nodes=len(nodes), set_aside=c.gang.set_aside,
                               reason=f"{len(nodes)} healthy nodes after {s.ops.node_wait_s:.0f}s "
                                      f"waiting; train.min_nodes={s.train.min_nodes}")
-            c.nodes_used = len(nodes)
-        launch = c.gang_launches
-        c.gang_launches += 1
+            c.gang.nodes_used = len(nodes)
+        launch = c.gang.launches
+        c.gang.launches += 1
         team = members(nodes, f"{s.run_id}/{lo}-{hi}/{launch}")
         handles = [start_train_segment(s, c, lo, hi, gang=m, queue=n.queue)
                    for m, n in zip(team, nodes)]
         self._running, began = (lo, hi), workflow.now()
         self._show()
         try:
-            out = await run_gang(handles, [n.name for n in nodes], lambda: bool(c.operator_queue))
+            out = await run_gang(handles, [n.name for n in nodes], lambda: bool(c.operator.queue))
         finally:
             self._running = None
-            c.train_wall_s += (workflow.now() - began).total_seconds()
+            c.interval.train_wall_s += (workflow.now() - began).total_seconds()
         if out.fatal is not None:
             raise out.fatal
         if out.decision is not None:
             await self._decide(s, lo, out.decision)
             return None
         if not out.failures:
-            c.node_failures, c.gang_repeat = {}, {}
+            c.gang.node_failures, c.gang.repeat = {}, {}
             return out.result
-        c.faults_seen += 1  # the launch failed (workflows/interval.py counts it)
+        c.interval.faults_seen += 1  # the launch failed (workflows/interval.py counts it)
         verdict = blame(c, s, out.failures, lo=lo, hi=hi, launch=launch,
                         now=workflow.now().timestamp())
         for kind, event_id, payload in verdict.events:
@@ -273,13 +256,14 @@ class TrainingRun(OperatorCommands):
         """Too few healthy nodes: say so (status, stage, an event), or that it is over."""
         c = self._carry
         if reason is None:
-            await self._event("nodes_available", f"nodes_available/{c.next_step}/{c.gang_launches}",
-                              waited_s=round(workflow.now().timestamp() - c.waiting["since"], 1))
-            c.waiting, self._stage = None, "train"
+            await self._event("nodes_available", f"nodes_available/{c.next_step}/{c.gang.launches}",
+                              waited_s=round(
+                                  workflow.now().timestamp() - c.gang.waiting["since"], 1))
+            c.gang.waiting, self._stage = None, "train"
         else:
             self._stage = "waiting_for_nodes"
             await self._event("waiting_for_nodes",
-                              f"waiting_for_nodes/{c.next_step}/{c.gang_launches}", reason=reason)
+                              f"waiting_for_nodes/{c.next_step}/{c.gang.launches}", reason=reason)
         show_stage(self._stage)
         self._show()
 
@@ -287,7 +271,7 @@ class TrainingRun(OperatorCommands):
         """A failure a plain retry would repeat (workflows/adapt.py:decide): adapt the
         micro-batch and go on, or hold in needs_attention with the evidence and the fix."""
         c = self._carry
-        c.faults_seen += 1  # the segment failed (workflows/interval.py counts it)
+        c.interval.faults_seen += 1  # the segment failed (workflows/interval.py counts it)
         d = decide(s, c.micro_split, failure)
         c.after_fault = d.after_fault or c.after_fault  # the next segment's recovery names it
         if d.micro_split:
@@ -301,10 +285,10 @@ class TrainingRun(OperatorCommands):
         what the run has measured (workflows/interval.py), recorded with its inputs."""
         c = self._carry
         chosen = choose_interval(s, c)
-        previous, c.checkpoint_every = c.checkpoint_every, chosen.steps
-        c.intervals_chosen += 1
+        previous, c.interval.checkpoint_every = c.interval.checkpoint_every, chosen.steps
+        c.interval.chosen += 1
         await self._event("checkpoint_interval",
-                          f"checkpoint_interval/{lo}-{hi}/{c.intervals_chosen}",
+                          f"checkpoint_interval/{lo}-{hi}/{c.interval.chosen}",
                           segment=[lo, hi], previous_steps=previous or None, **chosen.payload)
 
     async def _unless_aborted(self, handle):
@@ -348,13 +332,13 @@ class TrainingRun(OperatorCommands):
         assert s is not None
         action, reason, counted = escalation(c, s.spikes)
         if action == ESCALATE_LOWER_LR:
-            window = c.lr_windows[-1]  # escalation() appended it
+            window = c.escalation.lr_windows[-1]  # escalation() appended it
             await self._event("lr_adjusted", f"lr_adjusted/{c.next_step}", reason=reason,
                               scale=s.spikes.lr_backoff, from_step=window[0],
                               until_step=window[1], rollback_steps=counted)
         elif action == ESCALATE_PAUSE:
             await self._hold("needs_attention", reason, rollback_steps=counted,
-                             lr_windows=c.lr_windows,
+                             lr_windows=c.escalation.lr_windows,
                              fix="inspect the rollback and loss_spike events, then "
                                  f"`mainspring run resume {s.run_id}`")
 

@@ -42,7 +42,7 @@ from ops.client import start_run
 from ops.worker import build_workers
 from spec import preset
 from storage.events import read_events
-from workflows.operator import MAX_LR_WINDOWS
+from workflows.lr_windows import MAX_LR_WINDOWS
 from workflows.training_run import TrainingRun
 
 pytestmark = pytest.mark.e2e

@@ -32,8 +32,8 @@ from activities.contracts import (
 from ops.worker import build_workers
 from spec import preset
 from storage.events import read_events
-from workflows.policy import trial_run_id
 from workflows.sweep import Sweep
+from workflows.sweep_plan import trial_run_id
 
 pytestmark = pytest.mark.e2e
 

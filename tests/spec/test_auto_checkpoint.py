@@ -10,7 +10,7 @@ import pytest
 from spec import RunSpec
 from tests.spec.helpers import demo as _demo
 from tests.spec.helpers import refused as _error
-from workflows.policy import trial_spec
+from workflows.sweep_plan import trial_spec
 
 
 def test_auto_round_trips_through_json_and_changes_the_hash():

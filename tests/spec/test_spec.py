@@ -11,14 +11,8 @@ import spec as spec_module
 from common.errors import BadConfig
 from spec import PRESETS, RunSpec, preset
 from sweep.suggest import initial_design, sweep_space
-from workflows.policy import (
-    initial_trials,
-    segment_options,
-    short_options,
-    sweep_rounds,
-    trial_spec,
-    with_params,
-)
+from workflows.activity_options import segment_options, short_options
+from workflows.sweep_plan import initial_trials, sweep_rounds, trial_spec, with_params
 
 
 def _error(raw) -> BadConfig:

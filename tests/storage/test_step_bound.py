@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from activities.contracts import Refused, command
+from common.commands import Refused, command
 from common.errors import BadConfig
 from common.limits import MAX_STEP
 from spec import RunSpec

@@ -8,9 +8,10 @@ from temporalio.exceptions import (
     TimeoutType,
 )
 
-from activities.contracts import NodeInfo, RunCarry
+from activities.contracts import NodeInfo
 from spec import RunSpec
 from tests.workflows.test_adapt import activity_error
+from workflows.carry import RunCarry
 from workflows.gang import (
     LOST,
     OWN,
@@ -102,7 +103,7 @@ def test_a_lost_node_gets_a_worker_lost_fault_and_the_next_launch_answers_it_and
         "fault", "fault/0-40/gang0/h1", "worker_lost", "h1")
     assert verdict.after_fault["event_id"] == "fault/0-40/gang0/h1"
     assert verdict.after_fault["also"] == ["fault/h0"]
-    assert c.node_failures == {"h1": 1} and not c.set_aside and not verdict.hold
+    assert c.gang.node_failures == {"h1": 1} and not c.gang.set_aside and not verdict.hold
 
 
 def test_a_node_at_fault_node_failure_limit_launches_in_a_row_is_set_aside_with_its_evidence():
@@ -110,8 +111,8 @@ def test_a_node_at_fault_node_failure_limit_launches_in_a_row_is_set_aside_with_
     for launch in range(2):
         verdict = blame(c, s, [failure("h1", OWN), failure("h0", PEER, "rank_lost")],
                         lo=10, hi=40, launch=launch, now=NOW)
-    assert c.node_failures == {"h1": 2}
-    assert c.set_aside == {"h1": "crash on h1"}
+    assert c.gang.node_failures == {"h1": 2}
+    assert c.gang.set_aside == {"h1": "crash on h1"}
     [aside] = [e for e in verdict.events if e[0] == "node_set_aside"]
     assert aside[2]["node"] == "h1" and aside[2]["failures"] == 2 and "fix" in aside[2]
 
@@ -121,7 +122,7 @@ def test_the_same_failure_repeat_failure_limit_launches_in_a_row_holds_the_run_f
     holds = [blame(c, s, [failure("h1", OWN)], lo=10, hi=40, launch=i, now=NOW).hold
              for i in range(3)]
     assert holds[:2] == ["", ""] and "3 times in a row on node h1" in holds[2]
-    other = blame(RunCarry(gang_repeat=dict(c.gang_repeat)), s,
+    other = blame(RunCarry.from_json({"gang_repeat": dict(c.gang.repeat)}), s,
                   [failure("h1", OWN, fp="crash at step 15")], lo=10, hi=40, launch=4, now=NOW)
     assert not other.hold  # another failure starts the count afresh
 
@@ -130,7 +131,7 @@ def test_a_lost_worker_is_transient_and_never_counts_towards_the_repeat_hold():
     c, s = RunCarry(), spec(ops={"node_failure_limit": 100, "repeat_failure_limit": 1})
     lost = MemberFailure(node="h1", how=LOST, kind="worker_lost", evidence="gone", transient=True)
     assert not blame(c, s, [lost], lo=0, hi=40, launch=0, now=NOW).hold
-    assert c.gang_repeat == {}
+    assert c.gang.repeat == {}
 
 
 def test_the_waiting_reason_counts_why_nodes_are_not_available_and_says_what_to_start():

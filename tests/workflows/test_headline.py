@@ -14,9 +14,9 @@ import pytest
 from temporalio.client import WorkflowFailureError
 from temporalio.converter import PayloadConverter
 
-from activities.contracts import RunCarry
 from spec import preset
 from tests.workflows.stub_run import SPEC_ROOT_DIR, Harness, scenario, spec_for, temporal_cli
+from workflows.carry import RunCarry
 from workflows.headline import details, line, memo
 
 
@@ -27,15 +27,17 @@ def test_the_headline_says_stage_step_loss_and_faults_and_hides_a_nonfinite_loss
     assert line("prepare_data", 0, 160, None, 0) == \
         "prepare_data · step 0/160 · 0 faults recovered"
     spec = preset("demo", run_id="r")
-    m = memo(spec, RunCarry(next_step=40, train_loss=math.nan, faults_seen=2), "train")
+    m = memo(spec, RunCarry.from_json(
+        dict(next_step=40, train_loss=math.nan, faults_seen=2)), "train")
     assert m["loss"] is None and m["faults_recovered"] == 2 and m["step"] == 40
     assert json.loads(json.dumps(m, allow_nan=False)) == m  # the UI's JSON has no NaN
 
 
 def test_the_details_of_a_held_run_say_why_and_how_to_go_on():
     spec = preset("demo", run_id="r")
-    c = RunCarry(next_step=12, train_loss=4.0, stages_done=["prepare_data"],
-                 held={"stage": "paused", "reason": "inspect shard 3", "who": "ann"})
+    c = RunCarry.from_json(dict(
+        next_step=12, train_loss=4.0, stages_done=["prepare_data"],
+        held={"stage": "paused", "reason": "inspect shard 3", "who": "ann"}))
     text = details(spec, c, "paused", None)
     assert text.startswith("**r** · paused · step 12/160 · loss 4.0000")
     assert "held (paused): inspect shard 3" in text

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from activities.contracts import RunCarry
 from spec import preset
+from workflows.carry import RunCarry
 from workflows.interval import choose, observed_mtbf, young_daly_steps
 
 
@@ -58,11 +58,12 @@ def test_the_interval_shrinks_once_the_runs_own_faults_replace_the_prior():
     spec = preset("demo", **AUTO)
     # two checkpoints stalled 4 s together: C = 2 s; steps of 0.5 s
     measured = {"checkpoint_stall_s": 4.0, "checkpoints_measured": 2, "step_time_s": 0.5}
-    calm = choose(spec, RunCarry(**measured))
+    calm = choose(spec, RunCarry.from_json(measured))
     assert calm.steps == 100  # sqrt(2 x 2 x 3600) = 120 s = 240 steps: the segment bound
     assert calm.payload["young_daly_s"] == 120.0 and calm.payload["checkpoint_cost_s"] == 2.0
     # 3 faults in 1200 s: M = 400 s, sqrt(2 x 2 x 400) = 40 s = 80 steps
-    faulty = choose(spec, RunCarry(**measured, train_wall_s=1200.0, faults_seen=3))
+    faulty = choose(spec, RunCarry.from_json(
+        {**measured, "train_wall_s": 1200.0, "faults_seen": 3}))
     assert faulty.steps == 80
     p = faulty.payload
     assert (p["mtbf_s"], p["mtbf_source"], p["faults"], p["train_wall_s"]) == \

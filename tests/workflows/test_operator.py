@@ -7,16 +7,11 @@ import itertools
 
 import pytest
 
-from activities.contracts import OperatorRollback, Refused, Rollback, SetLrScale, command
+from common.commands import Refused, Rollback, SetLrScale, command
+from common.protocol import OperatorRollback
 from trainer.schedule import lr_scale
-from workflows.operator import (
-    MAX_LR_WINDOWS,
-    MAX_QUEUED,
-    admit,
-    compose_windows,
-    lr_window,
-    operator_rollback,
-)
+from workflows.lr_windows import MAX_LR_WINDOWS, compose_windows, lr_window
+from workflows.operator_queue import MAX_QUEUED, admit, operator_rollback
 
 
 def admitted(name: str, raw=None, *, stage: str = "train", step: int = 40, total: int = 100,

@@ -2,13 +2,9 @@ import math
 
 from spec import SpikeBudget, SpikeConfig, preset
 from sweep.suggest import Dim, initial_design, sweep_space
-from workflows.policy import (
-    rollback_allowance,
-    segment_bounds,
-    sweep_rounds,
-    trial_spec,
-    with_params,
-)
+from workflows.escalation import rollback_allowance
+from workflows.steps import segment_bounds
+from workflows.sweep_plan import sweep_rounds, trial_spec, with_params
 
 
 def test_one_dimension_initial_design_spans_the_range_log_spaced():
@@ -66,7 +62,7 @@ def test_with_params_sets_the_swept_values():
 
 def test_escalation_continues_then_lowers_lr_then_pauses():
     from spec import SpikeBudget, SpikeConfig
-    from workflows.policy import escalate
+    from workflows.escalation import escalate
 
     cfg = SpikeConfig(budget=SpikeBudget(rollbacks=2, per_steps=100))
     assert escalate((10, 20), 50, (), cfg)[0] == "continue"
@@ -89,7 +85,7 @@ def test_rollback_allowance_is_what_is_left_of_the_budget_in_its_window():
 
 
 def test_the_carry_keeps_only_rollbacks_the_budget_can_still_count():
-    from workflows.policy import escalate, still_counted
+    from workflows.escalation import escalate, still_counted
 
     cfg = SpikeConfig(budget=SpikeBudget(rollbacks=2, per_steps=100))
     steps = [10, 150, 260, 290, 305, 340]
@@ -107,13 +103,13 @@ def test_the_carry_keeps_only_rollbacks_the_budget_can_still_count():
 
 
 def test_the_carry_forgets_windows_and_rollbacks_before_the_oldest_checkpoint():
-    from activities.contracts import RunCarry
-    from workflows.carry import bounded
+    from workflows.carry import RunCarry
+    from workflows.carry_updates import bounded
 
     cfg = SpikeConfig(budget=SpikeBudget(rollbacks=2, per_steps=100))
-    carry = RunCarry(next_step=500, oldest_step=300, rollback_steps=[50, 150, 250],
-                     lowered_at=[150, 250], rollbacks_total=3,
-                     lr_windows=[[100, 200, 0.5], [250, 400, 0.5], [300, 600, 0.5]])
+    carry = RunCarry.from_json(dict(
+        next_step=500, oldest_step=300, rollback_steps=[50, 150, 250], lowered_at=[150, 250],
+        rollbacks_total=3, lr_windows=[[100, 200, 0.5], [250, 400, 0.5], [300, 600, 0.5]]))
     # no step up to 300 runs again; rollbacks before 300 - 100 never count again
     assert bounded(carry, cfg) == ([250], [250], [[300, 400, 0.25], [400, 600, 0.5]])
     # a rollback that went further back than the oldest checkpoint keeps what it may need

@@ -3,10 +3,10 @@ their validators, the commands applied at a step boundary, and the hold (paused 
 needs_attention) they and the run's own decisions lead to. Deterministic; no I/O here.
 
 TrainingRun (workflows/training_run.py) inherits these; Temporal registers inherited
-handlers as its own. The state they read and write is the run's, set in its __init__:
-the spec, the carry (RunCarry: the operator queue, the hold), the stage, the running
-segment and the resume note. What is pure (admission, the queue, flood bounds) is in
-workflows/operator.py.
+handlers as its own. OperatorHandlers.__init__ sets the state they read and write, from
+the run's input: the spec, the carry (RunCarry: the operator queue, the hold), the stage,
+the running segment, the resume note, the updates accepted and the headline. What is pure
+(admission, the queue, flood bounds) is workflows/operator_queue.py.
 """
 
 from __future__ import annotations
@@ -15,23 +15,24 @@ from temporalio import workflow
 from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from activities.contracts import (
+    from common.commands import (
         Abort,
         Command,
         CommandInput,
         Pause,
         Resume,
         Rollback,
-        RunCarry,
         SetLrScale,
     )
+    from common.errors import BadConfig
     from spec import RunSpec
-    from workflows.carry import apply_rollback, bound
+    from workflows.carry import RunCarry
+    from workflows.carry_updates import apply_rollback, bound
     from workflows.headline import Headline
-    from workflows.operator import (
+    from workflows.lr_windows import lr_window
+    from workflows.operator_queue import (
         UPDATES_PER_RUN,
         enqueue,
-        lr_window,
         next_command,
         operator_event,
         refusal,
@@ -42,21 +43,26 @@ with workflow.unsafe.imports_passed_through():
     from workflows.stages import record_event
 
 
-class OperatorCommands:
-    """Handlers and the hold, over the run's state (TrainingRun.__init__ sets it)."""
+class OperatorHandlers:
+    """Handlers and the hold, over the run's state (set here, from the run's input)."""
 
-    _raw_spec: dict
-    _spec: RunSpec | None
-    _carry: RunCarry
-    _stage: str
-    _running: tuple[int, int] | None
-    _resume_note: str | None
-    _resume_who: str
-    _updates: int
-    _headline: Headline
+    def __init__(self, raw_spec: dict, carry: dict | None) -> None:
+        self._raw_spec = raw_spec
+        try:  # for the update validators only; run() fails the run on a bad spec (parse_spec)
+            self._spec: RunSpec | None = RunSpec.from_dict(raw_spec)
+        except BadConfig:
+            self._spec = None
+        self._carry = RunCarry.from_json(carry)  # also reads the keys older code wrote
+        # continued as new while held: held from the first task on, before run() gets there
+        self._stage = self._carry.hold.held["stage"] if self._carry.hold.held else "starting"
+        self._running: tuple[int, int] | None = None  # [lo, hi) of the running segment
+        self._resume_note: str | None = None
+        self._resume_who = ""
+        self._updates = 0  # updates accepted by this workflow run (Temporal limits them per run)
+        self._headline = Headline()  # memo + current details (workflows/headline.py)
 
-    # ---- operator commands (workflows/operator.py; `mainspring run pause|resume|...`) ------
-    # Each takes its JSON input as sent (contracts.CommandInput); the validator reads it
+    # ---- operator commands (workflows/operator_queue.py; `mainspring run pause|...`) -------
+    # Each takes its JSON input as sent (common/commands.py:CommandInput); the validator reads it
     # strictly, what it admitted is read again (Command.from_json, not strict) where used.
     @workflow.update
     async def pause(self, args: CommandInput = None) -> dict:
@@ -73,7 +79,7 @@ class OperatorCommands:
         self._resume_note = cmd.note or "resumed by operator"
         self._resume_who = cmd.who
         return {"run_id": self._spec.run_id if self._spec else "", "step": self._carry.next_step,
-                "reason_was": self._carry.held["reason"] if self._carry.held else ""}
+                "reason_was": self._carry.hold.held["reason"] if self._carry.hold.held else ""}
 
     @workflow.update
     async def rollback(self, args: CommandInput = None) -> dict:
@@ -134,7 +140,7 @@ class OperatorCommands:
         self._updates += kind is not Abort  # abort is a signal
         entry = enqueue(c, kind, args, pin)
         when = ("at the running segment's next step" if self._running
-                else "now" if c.held else "when training starts")
+                else "now" if c.hold.held else "when training starts")
         return {"run_id": self._spec.run_id if self._spec else "", "accepted": kind.name,
                 "id": entry["id"], "step": c.next_step, "applies": when}
 
@@ -143,7 +149,7 @@ class OperatorCommands:
     async def _apply_operator(self) -> None:
         s, c = self._spec, self._carry
         assert s is not None
-        while c.operator_queue:
+        while c.operator.queue:
             entry, cmd, why_not = next_command(c)  # an abort first
             await self._event("operator", f"operator/{entry['id']}",
                               **operator_event(entry, cmd, why_not))
@@ -157,7 +163,7 @@ class OperatorCommands:
             elif isinstance(cmd, Rollback):
                 apply_rollback(c, cmd, f"{s.run_id}/{entry['id']}", entry.get("pin", ""))
             elif isinstance(cmd, SetLrScale):
-                c.lr_windows.append(lr_window(cmd, c.next_step, s.train.total_steps))
+                c.escalation.lr_windows.append(lr_window(cmd, c.next_step, s.train.total_steps))
                 bound(c, s.spikes)
             elif isinstance(cmd, Abort):
                 await self._abort(cmd.note or "aborted by operator", cmd.who)
@@ -179,29 +185,30 @@ class OperatorCommands:
         continues as new (history and Temporal's per-run update limit stay bounded): the
         new run finds RunCarry.held and comes straight back here."""
         c = self._carry
-        new = c.held is None  # else carried over continue-as-new, and announced already
+        new = c.hold.held is None  # else carried over continue-as-new, and announced already
         if new:
-            c.pauses += 1
-            c.held = {"stage": stage, "reason": reason, "who": str(payload.get("who") or "")}
+            c.hold.pauses += 1
+            c.hold.held = {"stage": stage, "reason": reason, "who": str(payload.get("who") or "")}
             self._resume_note = None
         self._stage = stage
         show_stage(stage)
         self._show()
         if new:
-            await self._event(stage, f"{stage}/{c.next_step}/{c.pauses}", reason=reason,
+            await self._event(stage, f"{stage}/{c.next_step}/{c.hold.pauses}", reason=reason,
                               **payload)
         while True:
             await workflow.wait_condition(
-                lambda: self._resume_note is not None or bool(c.operator_queue))
+                lambda: self._resume_note is not None or bool(c.operator.queue))
             if self._resume_note is not None:
                 break
             await self._apply_operator()
             if self._resume_note is None and self._history_full():
                 await self._continue_as_new()  # returns when a resume came in meanwhile
-        c.held, c.budget_from = None, c.next_step  # the operator has looked: budget afresh
+        # the operator has looked: the rollback budget starts afresh
+        c.hold.held, c.escalation.budget_from = None, c.next_step
         assert self._spec is not None
         bound(c, self._spec.spikes)
-        await self._event("run_resumed", f"run_resumed/{c.next_step}/{c.pauses}",
+        await self._event("run_resumed", f"run_resumed/{c.next_step}/{c.hold.pauses}",
                           note=self._resume_note, who=self._resume_who, paused_for=reason)
         self._stage = "train"
         show_stage("train")
@@ -215,10 +222,11 @@ class OperatorCommands:
         in the carry). Returns instead when a `resume` was accepted meanwhile, for the hold
         to end in this run."""
         await workflow.wait_condition(workflow.all_handlers_finished)
-        if self._carry.held and self._resume_note is not None:
+        if self._carry.hold.held and self._resume_note is not None:
             return
         self._carry.runs += 1  # carry only what is done
-        workflow.continue_as_new(args=[self._raw_spec, self._carry],
+        # the carry's flat JSON object, the shape every earlier carry had (workflows/carry.py)
+        workflow.continue_as_new(args=[self._raw_spec, self._carry.to_json()],
                                  memo=self._headline.carried())
 
     # ---- the headline and the event log, for the run and its commands ---------------
