@@ -4,7 +4,7 @@
 Whoever sees a fault first writes its `fault` event, under a stable id: the failure of
 attempt N of a segment is `fault/<lo>-<hi>/<execution>/<N>`.
 - The supervisor of attempt N, for a child that exits by a signal or non-zero code, hangs,
-  or loses a rank (`FaultRecorder`, fed by supervise's ChildFailure), and for an error of
+  or loses a rank (`FaultRecorder`, fed by the supervisor's ChildFailure), and for an error of
   its own; it also leaves the fault's id and times in its last heartbeat's details.
 - Attempt N+1, when attempt N's worker vanished (heartbeat timeout): nobody else saw it,
   so it writes a `worker_lost` fault for attempt N from the heartbeat details (last
@@ -28,8 +28,9 @@ from typing import Any
 import structlog
 from temporalio import activity
 
+from activities.child_exit import ChildFailure
 from activities.contracts import TrainSegmentInput
-from activities.supervise import ChildFailure, ProgressTail
+from activities.supervise import ProgressTail
 from common.errors import (
     MainspringError,
     OutOfMemory,

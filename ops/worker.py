@@ -60,11 +60,12 @@ def build_workers(client, roles: set[str], trainer_slots: int = 1,
                   drain_timeout_s: float = 300.0, node: NodeInfo | None = None) -> list[Worker]:
     """The role's workers; a trainer that is a node (`--node`) polls its own queue too."""
     from activities.data import prepare_data, promote
+    from activities.evaluate import evaluate
     from activities.events import pin_rollback, record_event
     from activities.runs import claim_run
     from activities.scrub import scrub_checkpoints
     from activities.suggest import suggest_trials
-    from activities.training import evaluate, train_segment
+    from activities.training import train_segment
     from workflows.nodes import NodeRegistry
     from workflows.sweep import Sweep
     from workflows.training_run import TrainingRun

@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 PROBE = """
 import sys
 import activities.data, activities.events, activities.runs, activities.suggest
-import activities.training, ops.worker
+import activities.evaluate, activities.training, ops.worker
 import workflows.training_run, workflows.sweep
 heavy = sorted(m for m in ("torch", "deepspeed", "numpy.linalg") if m in sys.modules)
 print(",".join(heavy))

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from activities.child_exit import ChildFailure
 from activities.hang import (
     HangLimits,
     HangWatch,
@@ -18,7 +19,7 @@ from activities.hang import (
     p99,
     startup_deadline,
 )
-from activities.supervise import ChildFailure, child_env, supervise
+from activities.supervise import child_env, supervise
 from common.errors import HardwareFault
 from common.protocol import CommitLine, EvalLine, StartLine, StepLine
 from spec import preset

@@ -4,9 +4,9 @@ recovers."""
 
 from __future__ import annotations
 
+from activities.child_exit import ChildFailure
 from activities.contracts import TrainSegmentInput
 from activities.recovery import FaultRecorder, Recovery
-from activities.supervise import ChildFailure
 from common.protocol import StartLine, StepLine
 from ops.goodput import fault_summary
 from storage.events import EventLog, read_events
