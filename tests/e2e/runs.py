@@ -155,7 +155,7 @@ def assert_recovered_from(spec: RunSpec, fault: dict, resume_from: int,
 
 def assert_restarted_in_place(spec: RunSpec, events: list[dict], fault: dict) -> dict:
     """The fault was answered by the same attempt launching again in place from the
-    worker's warm standby (issue 16): no Temporal retry, no heartbeat wait. Returns the
+    worker's warm standby (no cold start): no Temporal retry, no heartbeat wait. Returns the
     `recovered` payload."""
     p = fault["payload"]
     [recovered] = [e for e in events if e["kind"] == "recovered"]

@@ -1,4 +1,4 @@
-"""`train.checkpoint_every: "auto"` end to end (issue 16): the workflow chooses each
+"""`train.checkpoint_every: "auto"` end to end: the workflow chooses each
 segment's checkpoint interval by Young-Daly from the run's measured checkpoint stall and
 step time and the faults it has seen, records it, and the trainer checkpoints at it. Real
 Temporal dev server, real workers (one SIGKILLed by an injected fault), real DeepSpeed."""
@@ -8,10 +8,12 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from temporalio.client import WorkflowExecutionStatus
 
+from ops.client import connect
 from storage.checkpoints import CheckpointStore
 from storage.events import read_events
-from tests.e2e.runs import run_to_end, tiny_spec
+from tests.e2e.runs import cli_status, run_to_end, tiny_spec
 from workflows.interval import young_daly_steps
 
 pytestmark = pytest.mark.e2e
@@ -32,12 +34,19 @@ SEGMENTS = ([0, 60], [60, 120], [120, 180])
 
 
 def test_auto_checkpoint_interval_shrinks_after_an_observed_fault_and_commits_follow_it(
-        temporal_server, fleet_factory, tmp_path):
+        temporal_server, fleet_factory, tmp_path, capsys):
     spec = tiny_spec("e2e-auto-ckpt", str(tmp_path / "store"), str(tmp_path / "fast"), **AUTO)
     fleet = fleet_factory(restart=True)
     result = asyncio.run(run_to_end(temporal_server.address, spec))
     assert result["status"] == "completed" and result["workflow_runs"] == 3
     assert fleet.restarts == {"trainer": 1}  # the injected fault really happened
+    # one workflow run per segment: two continued as new, the last completed; and
+    # `mainspring run status` reports the finished run through the workflow's query
+    assert asyncio.run(run_statuses(temporal_server.address, spec.run_id)) == sorted(
+        [WorkflowExecutionStatus.CONTINUED_AS_NEW] * 2 + [WorkflowExecutionStatus.COMPLETED])
+    status = cli_status(capsys, spec.run_id, temporal_server.address)
+    assert status["workflow_status"] == "COMPLETED" and status["stage"] == "completed"
+    assert status["step"] == spec.train.total_steps
 
     events = read_events(spec.storage.durable, spec.run_id)
     chosen = [e["payload"] for e in events if e["kind"] == "checkpoint_interval"]
@@ -65,3 +74,9 @@ def test_auto_checkpoint_interval_shrinks_after_an_observed_fault_and_commits_fo
     for (lo, hi), every in zip(SEGMENTS, (first, calm, after)):
         expected |= {s for s in range(lo + 1, hi + 1) if s % every == 0} | {hi}
     assert committed == sorted(expected)
+
+
+async def run_statuses(address: str, run_id: str) -> list[WorkflowExecutionStatus]:
+    """The statuses of every workflow run of the workflow id `run_id`, sorted."""
+    client = await connect(address)
+    return sorted([r.status async for r in client.list_workflows(f"WorkflowId = '{run_id}'")])

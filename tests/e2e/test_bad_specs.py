@@ -1,4 +1,5 @@
-"""Bad specs and reused run ids end the workflow at once (issue 11 items 8 and 11).
+"""Bad specs and reused run ids end the workflow at once, instead of leaving it Running
+forever or letting a second spec write into another run's record.
 
 Each run is started with the Temporal Python client, without the CLI's validation, so the
 workflow itself gets the bad input. Only an orchestrator worker runs: everything here is

@@ -1,5 +1,6 @@
 """A trainer worker drained with SIGTERM — a pod eviction, a spot preemption notice — hands
-its segment to another worker at once (issue 14): the segment commits at its current step,
+its segment to another worker at once, not after a heartbeat timeout: the segment commits
+at its current step,
 the activity fails with a retryable Preempted, the other worker resumes from that commit
 without waiting for a heartbeat timeout, and the drained worker exits."""
 
@@ -15,6 +16,7 @@ from ops.chaos import Chaos
 from storage.checkpoints import CheckpointStore
 from storage.events import read_events
 from tests.e2e.runs import run_to_end, strike, tiny_spec, wait_for
+from tests.e2e.test_trace import fault_span_events
 
 pytestmark = pytest.mark.e2e
 
@@ -67,3 +69,4 @@ def test_sigterm_to_the_trainer_worker_moves_the_segment_to_another_worker_withi
     committed = CheckpointStore(spec.storage.durable, spec.run_id).list_committed()
     assert stopped_at in committed_at_drain and committed[-1] == 100
     assert set(committed_at_drain) <= set(committed)  # nothing committed was lost
+    fault_span_events(spec, "preempted")  # a span event where it was seen, in the store

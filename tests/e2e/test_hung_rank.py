@@ -1,7 +1,8 @@
-"""A hung rank (issue 14): one rank of a world-size-2 segment is SIGSTOPped mid-segment; the
+"""A hung rank: one rank of a world-size-2 segment is SIGSTOPped mid-segment; the
 supervisor's AUTO hang timeout — max(hang_floor_s, hang_step_factor x the p99 step time
 measured in the segment) — fires, the fault is recorded, and the retry resumes from the last
-commit — restarted in place by the same worker (issue 16), from its warm standby. Real
+commit — restarted in place by the same worker, from its warm standby (no Temporal retry,
+no cold start). Real
 Temporal dev server, real workers, real DeepSpeed children on CPU/gloo."""
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from tests.e2e.runs import (
     strike,
     tiny_spec,
 )
+from tests.e2e.test_trace import fault_span_events
 
 pytestmark = pytest.mark.e2e
 
@@ -88,5 +90,6 @@ def test_a_sigstopped_rank_of_two_is_detected_within_the_auto_timeout_plus_5s_an
 
     events = assert_recovered_from(spec, fault, resume_from, committed_at_fault)
     assert_restarted_in_place(spec, events, fault)
+    fault_span_events(spec, "hang")  # a span event where it was seen, in the store
     print(f"\nhung-rank e2e: {time.monotonic() - t0:.1f}s; timeout {p['timeout_s']}s "
           f"({p['timeout_how']}), detected {fault['ts'] - stopped['ts']:.1f}s after the stop")

@@ -1,6 +1,6 @@
-"""Failures that need a decision, through the real workflow, workers and torchrun children
-(issue 14): an out-of-memory under a real memory limit adapts the micro-batch and completes
-with the same global batch; a crash at a fixed step stops after ops.repeat_failure_limit
+"""Failures that need a decision, not a blind retry, through the real workflow, workers and
+torchrun children: an out-of-memory under a real memory limit adapts the micro-batch and
+completes with the same global batch; a crash at a fixed step stops after ops.repeat_failure_limit
 attempts in needs_attention, and `mainspring run resume` after the fix completes the run."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Multi-node segments on one machine (issue 15), loopback variant: two trainer workers,
+"""Multi-node segments on one machine, loopback variant: two trainer workers,
 each a node of its own (`--node`, its own queue, fast tier and rendezvous port), under a
 real Temporal dev server; the workflow gang-schedules one train_segment per node and each
 launches torchrun for its node (static rendezvous on node 0's address). The namespace
@@ -239,6 +239,13 @@ def assert_set_aside_and_finished_on_one_node(spec, bad_node: str) -> None:
     assert faults <= answered, (faults, recovered)
 
 
+# Soak: the parts, each in the default suite: tests/workflows/test_gang.py (a node that
+# fails node_failure_limit launches in a row is set aside with its evidence; an elastic run
+# shrinks to the nodes left after the wait), tests/trainer/test_elastic.py (the global
+# batch and data cursor at the new world size), tests/trainer/test_safe_load.py (a real
+# ZeRO checkpoint reshards), and the two-node segment run of the bitwise test (in
+# test_netns_run.py where namespaces can be made, else in test_multinode.py).
+@pytest.mark.soak
 @loopback_only
 def test_multinode_a_node_that_keeps_failing_is_set_aside_and_the_run_finishes_on_one_node_from_the_resharded_zero2_checkpoint(
         temporal_server, fleet_factory, tmp_path):

@@ -1,4 +1,4 @@
-"""Multi-node runs across hosts (issue 15): each "host" a Linux network namespace with its
+"""Multi-node runs across hosts: each "host" a Linux network namespace with its
 own network stack (tests/e2e/netns.py), joined by veth pairs to a bridge; the Temporal dev
 server listens on the bridge address; each host runs its own trainer worker (`--node`,
 `--node-address` its veth address, its own fast tier); gloo and the rendezvous store talk
@@ -122,6 +122,13 @@ def test_multinode_killing_one_hosts_worker_stops_the_other_host_within_the_hear
           f"the kill (heartbeat timeout {spec.ops.heartbeat_timeout_s}s)")
 
 
+# Soak: the parts, each in the default suite: tests/workflows/test_gang.py (a node that
+# fails node_failure_limit launches in a row is set aside with its evidence; an elastic run
+# shrinks to the nodes left after the wait), tests/trainer/test_elastic.py (the global
+# batch and data cursor at the new world size), tests/trainer/test_safe_load.py (a real
+# ZeRO checkpoint reshards), and the two-node segment run of the bitwise test (in
+# test_netns_run.py where namespaces can be made, else in test_multinode.py).
+@pytest.mark.soak
 def test_multinode_a_host_that_keeps_failing_is_set_aside_and_the_run_finishes_on_the_other_from_the_resharded_zero2_checkpoint(
         cluster_fleet, tmp_path):
     server, _ = cluster_fleet

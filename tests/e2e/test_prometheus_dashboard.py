@@ -1,4 +1,5 @@
-"""The Grafana dashboard proven on a real Prometheus (issue 17, acceptance 2).
+"""The Grafana dashboard proven on a real Prometheus: no panel of it may be empty or
+show an impossible value on a real run.
 
 A real `prometheus` server (Debian's package) scrapes a real trainer worker's endpoint
 every second while a real two-rank segment trains through the real Temporal dev server,

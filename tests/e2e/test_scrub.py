@@ -12,7 +12,12 @@ from storage.checkpoints import CheckpointStore
 from storage.events import read_events
 from tests.e2e.runs import run_in_background, tiny_spec, wait_for
 
-pytestmark = pytest.mark.e2e
+# Soak: the same claim in two faster parts, both in the default suite:
+# tests/activities/test_scrub.py (the data worker's scrub activity, run by a real worker on
+# the real dev server against a real file:// store, finds a flipped byte, records
+# checkpoint_corrupt and uncommits the step) and tests/workflows/test_scrub_wiring.py (the
+# workflow schedules that scrub beside every segment after the first, and replays).
+pytestmark = [pytest.mark.e2e, pytest.mark.soak]
 
 VICTIM = "mp_rank_00_model_states.pt"
 

@@ -1,4 +1,4 @@
-"""A faulted run records no secret anywhere (issue 11 item 7): not in its event log, span
+"""A faulted run records no secret anywhere: not in its event log, span
 files, report, Temporal history or worker logs, whatever its workers hold and its trainer
 printed."""
 
@@ -102,8 +102,8 @@ def test_faulted_run_leaves_no_secret_in_events_spans_report_history_or_logs(
                "report": Path(report["html"]).read_text(encoding="utf-8"),
                "worker logs": _files_text(tmp_path / "logs", "*.log")}
     # Not vacuous: the crash's log tail is in the fault event, scrubbed. (The worker
-    # restarts a crashed launch in place, issue 16, so it no longer reaches the history or
-    # an activity span's error; both are still searched for every secret below.)
+    # restarts a crashed launch in place, from its warm standby, so it no longer reaches the
+    # history or an activity span's error; both are still searched for every secret below.)
     assert "Authorization: Bearer ***" in records["events"]
     assert '"in_place": true' in records["events"]
     assert "recovered" in records["events"] and spec.run_id in records["report"]

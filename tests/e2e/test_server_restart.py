@@ -1,4 +1,4 @@
-"""A Temporal server restart mid-segment (issue 14, part 6): the dev server is stopped while
+"""A Temporal server restart mid-segment: the dev server is stopped while
 a segment trains and started again on the same database 20 s later. The trainer trains on
 through the outage, the workers reconnect by themselves, the attempt that was running
 completes the segment (no retry, no step trained twice, nothing committed lost), and the

@@ -15,7 +15,11 @@ import pytest
 from tests.activities.grpc_frontends import Frontend
 from tests.e2e.runs import assert_completed_five_stages, run_to_end, tiny_spec
 
-pytestmark = pytest.mark.e2e
+# Soak: tests/activities/test_server_watch_frontends.py makes the same claims against the
+# same kind of frontend (the real dev server behind a gRPC proxy without grpc.health.v1):
+# the watch probes with a real RPC, records no outage and holds no segment result; an
+# upstream that is really gone is still an outage.
+pytestmark = [pytest.mark.e2e, pytest.mark.soak]
 
 
 @pytest.fixture

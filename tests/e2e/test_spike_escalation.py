@@ -1,4 +1,4 @@
-"""Spike escalation through the real workflow (issue 6, acceptance 4): repeated spikes spend
+"""Spike escalation through the real workflow: repeated spikes spend
 the rollback budget -> the LR is lowered -> the run pauses in needs_attention ->
 `mainspring run resume` continues it to the end."""
 

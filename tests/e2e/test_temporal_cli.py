@@ -1,12 +1,13 @@
-"""A run driven only by the real `temporal` CLI, as the README shows (issue 17, item 1).
+"""A run driven only by the real `temporal` CLI, as the README shows: an operator without
+our CLI can start, watch and operate a run.
 
 The commands are README's own ("From the Temporal CLI / UI"): the test reads that block and
 runs each line in order against the session's dev server and real workers, with the run id
 in place of `my-run` and the input file written from docs/runspec.md's JSON example (run id,
 steps and faults changed, nothing else). The example's storage paths are relative: the
 orchestrator anchors them at its `--spec-root`, so data prep, the sweep's trials and the
-training segments all use one store (before issue 17 the first trial failed with
-`dataset manifest not found`). What the Web UI shows is read back through
+training segments all use one store (when they were resolved apart, the first trial failed
+with `dataset manifest not found`). What the Web UI shows is read back through
 `temporal workflow describe` and `metadata`: the memo, the current details, the static
 summary of a run `mainspring run start` started, and each activity's summary.
 """
@@ -114,7 +115,7 @@ def test_a_run_started_and_operated_with_the_temporal_cli_as_the_readme_shows(
     store = f"file://{root}/.mainspring/store"  # anchored at the orchestrator's --spec-root
     wait_for(lambda: status().get("durable") == store, 30, "the spec's paths anchored")
 
-    # the sweep ran on the data prep's dataset (before issue 17 its first trial failed)
+    # the sweep ran on the data prep's dataset (with paths resolved apart, its first trial failed)
     wait_for(lambda: status().get("segment_running"), 240, "the first training segment")
     events = read_events(store, RUN_ID)
     assert [e["payload"]["trial_run_id"] for e in events if e["kind"] == "sweep_trial"] == \

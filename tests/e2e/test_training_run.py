@@ -20,6 +20,13 @@ from tests.e2e.runs import assert_completed_five_stages, run_to_end, tiny_spec, 
 pytestmark = pytest.mark.e2e
 
 
+# Soak: a shorter version of the demo's run (tests/e2e/test_demo.py: five stages, a sweep
+# of two trials, the trainer worker SIGKILLed by an injected kill_worker and resumed from
+# the last commit, continue-as-new between two segments, `mainspring trace` naming the
+# fault, no checkpoint left on the fast tier), whose test checks these claims on the demo's
+# record; `run status` of a finished run and the workflow runs' statuses are checked by
+# tests/e2e/test_auto_checkpoint.py.
+@pytest.mark.soak
 def test_five_stage_run_survives_injected_kill_and_continues_as_new(temporal_server,
                                                                      fleet_factory, tmp_path,
                                                                      capsys):
@@ -64,7 +71,7 @@ def test_five_stage_run_survives_injected_kill_and_continues_as_new(temporal_ser
     best = min(trials, key=lambda e: e["payload"]["result"])["payload"]["params"]
     assert result["best_params"] == best
     # The fast tier is a cache: no checkpoint of a finished run (or its trials) is left on
-    # the trainer's local disk (issue 11: every segment's checkpoints used to stay forever);
+    # the trainer's local disk (every segment's checkpoints once stayed there forever);
     # the segments' small records stay until the machine's next collection.
     left = [d for d, _, _ in os.walk(tmp_path / "fast") if os.path.basename(d).startswith("step-")]
     assert left == [] and not (tmp_path / "fast" / spec.run_id / "ckpt").exists()
@@ -75,6 +82,11 @@ def _trainer_child_pids(worker_pid: int) -> list[int]:
     return [p.pid for p in psutil.Process(worker_pid).children(recursive=True)]
 
 
+# Soak: the same fault as test_five_stage_run_survives_injected_kill_and_continues_as_new
+# (its injected kill_worker is a SIGKILL of the trainer worker, trainer/faults.py), which
+# asserts the resume from the last commit, the lost steps within one interval and no commit
+# lost; on S3 (SeaweedFS) the worker kill of test_trace.py's faulted run covers it.
+@pytest.mark.soak
 def test_sigkilled_trainer_worker_is_replaced_and_resumes_from_last_commit(
         temporal_server, fleet_factory, tmp_path, s3_env):
     # On S3 (SeaweedFS) too: checkpoints and events live on the real S3 gateway.
