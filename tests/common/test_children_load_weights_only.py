@@ -27,6 +27,7 @@ from common.procs import FORCED_CHILD_ENV, worker_env
 from common.protocol import LaunchRequest
 from storage.checkpoints import CheckpointStore
 from storage.tiered import TierPolicy, start_writer
+from tests.common.proc_environ import environ_of
 from tests.trainer.helpers import REPO
 from trainer.elastic import conversion_command, conversion_env
 
@@ -131,12 +132,10 @@ def test_the_checkpoint_writer_runs_with_weights_only_loading_forced(payload, tm
     fast = CheckpointStore(str(tmp_path / "fast"), "r")
     proc = start_writer(durable, fast, TierPolicy())
     try:
-        with open(f"/proc/{proc.pid}/environ", "rb") as f:
-            raw = f.read()
+        env = environ_of(proc.pid)
     finally:
         proc.kill()
         proc.wait()
-    env = dict(item.split("=", 1) for item in raw.decode().split("\0") if "=" in item)
     assert {k: env.get(k) for k in FORCED_CHILD_ENV} == FORCED_CHILD_ENV
     out = tmp_path / "out.json"
     assert_refused(probed([sys.executable, "-m", PROBE, str(path), str(out)], env, out), marker)

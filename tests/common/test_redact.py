@@ -22,6 +22,7 @@ from ops.client import tls_config
 from storage.checkpoints import CheckpointStore
 from storage.events import EventLog, read_events
 from storage.tiered import TieredCheckpointer, TierPolicy
+from tests.common.proc_environ import environ_of
 
 JWT = "eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.SflKxwRJSMeKKF2QT4fw"
 AWS_ID, AWS_SECRET = "AKIAIOSFODNN7EXAMPLE", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
@@ -256,8 +257,7 @@ def test_checkpoint_writer_process_gets_the_allow_listed_environment(tmp_path, m
     ckpt = TieredCheckpointer(CheckpointStore(f"file://{tmp_path}/store", "r"),
                               CheckpointStore(str(tmp_path / "fast"), "r"), TierPolicy())
     try:
-        with open(f"/proc/{ckpt.writer_pid}/environ", "rb") as f:
-            names = {item.split(b"=", 1)[0].decode() for item in f.read().split(b"\0") if item}
+        names = set(environ_of(ckpt.writer_pid))
     finally:
         ckpt.close()
     assert not set(WORKER_SECRETS) & names

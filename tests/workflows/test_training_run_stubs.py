@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import uuid
 
 import pytest
@@ -369,12 +370,19 @@ async def test_auto_checkpoints_choose_each_segments_interval_and_shrink_it_afte
     assert result["status"] == "completed" and result["workflow_runs"] == 2
 
     chosen = h.stubs.payloads("checkpoint_interval")
-    # nothing measured: the lower bound; then sqrt(2 x 0.125 s x 3600 s) = 30 s = 6 steps;
-    # after the retried attempt the run's own MTBF (seconds) takes the prior's place
+    # nothing measured: the lower bound; then sqrt(2 x 0.125 s x 3600 s) = 30 s = 6 steps
+    # (the prior MTBF, raised by the first segment's fault-free wall time: a fraction of a
+    # second here, more on a loaded machine); after the retried attempt the run's own MTBF
+    # (seconds) takes the prior's place
     assert [c["steps"] for c in chosen] == [2, 6, 2]
     assert [c["faults"] for c in chosen] == [0, 0, 1]
     assert [c["mtbf_source"] for c in chosen] == ["prior", "prior", "observed"]
-    assert chosen[1]["young_daly_s"] == 30.0 and chosen[2]["steps_at_prior"] == 6
+    second = chosen[1]
+    assert second["mtbf_s"] == pytest.approx(3600.0 + second["train_wall_s"], abs=1e-3)
+    assert second["young_daly_s"] == pytest.approx(math.sqrt(2 * 0.125 * second["mtbf_s"]),
+                                                   abs=1e-3)
+    assert second["young_daly_s"] == pytest.approx(30.0, abs=0.1)
+    assert chosen[2]["steps_at_prior"] == 6
     assert chosen[2]["mtbf_s"] < 10.0 and chosen[2]["previous_steps"] == 6
     # each segment's trainer got the interval chosen for it, every attempt alike
     assert [(s.from_step, s.checkpoint_every) for s in h.stubs.segments] == \
