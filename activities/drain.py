@@ -2,7 +2,7 @@
 spot preemption notice — asks each running segment to stop at a committed step; the
 activity then fails at once with a retryable `Preempted` error, so the retry starts on
 another worker without waiting for a heartbeat timeout. ops/worker.py begins the drain;
-activities/supervise.py and activities/training.py read it."""
+activities/launch.py (through the supervisor) and activities/training.py read it."""
 
 from __future__ import annotations
 

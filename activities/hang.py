@@ -153,7 +153,7 @@ class HangWatch:
     def __init__(self, limits: HangLimits, started: float,
                  times: deque[float] | None = None) -> None:
         """`times`: the step times of the attempt's earlier launches (a restart in place:
-        activities/training.py), carried on. A launch's first step (its warm-up:
+        activities/launch.py), carried on. A launch's first step (its warm-up:
         allocations, the first collective) counts only while there is nothing else to
         measure by, and leaves the window when the launch's second step comes: with a few
         dozen steps measured the p99 is their largest, and one warm-up step three times

@@ -117,7 +117,7 @@ class FaultRecorder:
         self.execution, self.restart = execution, 0
 
     def restarted(self) -> None:
-        """The attempt's child is started again in place (activities/training.py): the next
+        """The attempt's child is started again in place (activities/launch.py): the next
         failure is a fault of its own; the run of identical failures goes on."""
         self.restart += 1
         self.event_id = fault_id(self.inp, self.execution, self.attempt, self.restart)

@@ -12,7 +12,7 @@
 - **All or nothing.** One activity per node on that node's queue, none retried by Temporal
   (maximum_attempts 1): when any member fails, times out or is cancelled, the others are
   cancelled and awaited (a member whose peers are gone is killed, not left in a
-  collective: activities/supervise.py stop_quiet_s), and the workflow launches the whole
+  collective: activities/supervise.py Supervision.stop_quiet_s), and the workflow launches the whole
   segment again from the last durable commit, preferring the nodes that did not fail.
 - **Blame.** Of the members that failed, the node at fault is the one whose worker was lost
   (a timeout), else one that failed on its own (not by losing a peer). It gets a failure

@@ -1,5 +1,6 @@
-"""Operator commands, with literal inputs: their typed inputs (activities/contracts.py) and
-admission, the rollback record and LR windows (workflows/operator.py)."""
+"""Operator commands, with literal inputs: their typed inputs (common/commands.py),
+admission and the rollback record (workflows/operator_queue.py) and LR windows
+(workflows/lr_windows.py)."""
 
 from __future__ import annotations
 
