@@ -127,13 +127,14 @@ class RunCarry:
     interval: IntervalInputs = field(default_factory=IntervalInputs)
 
     def to_json(self) -> dict[str, Any]:
-        """The flat JSON object continue-as-new carries: every key of WIRE_KEYS."""
+        """The flat JSON object continue-as-new carries: the keys of WIRE_KEYS, each
+        record's fields side by side with the progress fields."""
         flat = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                 if f.name not in self.RECORDS}
         for name in self.RECORDS:
             record = getattr(self, name)
             flat |= {_key(f): getattr(record, f.name) for f in dataclasses.fields(record)}
-        return dataclasses.asdict(_Flat({k: flat[k] for k in WIRE_KEYS}))["values"]
+        return dataclasses.asdict(_Flat(flat))["values"]
 
     @classmethod
     def from_json(cls, raw: dict[str, Any] | None) -> RunCarry:
@@ -168,7 +169,8 @@ class _Flat:
     values: dict[str, Any]
 
 
-# Every flat key: the carry's fields before the records, each still one key on the wire.
+# Every flat key: the carry's fields before the records, each still one key on the wire
+# (tests/workflows/test_carry.py holds to_json to them).
 WIRE_KEYS = (
     "dataset_uri", "best_params", "next_step", "train_loss", "segments_total", "runs",
     "stages_done", "rollback_steps", "lowered_at", "rollbacks_total", "lr_windows",
