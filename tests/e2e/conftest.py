@@ -9,6 +9,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from common.procs import WorkerFleet
 from ops.client import connect
+from tests.e2e import runs
 
 
 async def terminate_running(address: str, reason: str) -> list[str]:
@@ -25,6 +26,14 @@ async def terminate_running(address: str, reason: str) -> list[str]:
             if err.status != RPCStatusCode.NOT_FOUND:
                 raise
     return ended
+
+
+@pytest.fixture(scope="session", autouse=True)
+def prepared_datasets(tmp_path_factory):
+    """One data prep per session for the tiny runs' data config (tests/e2e/runs.py)."""
+    runs.PREPARED_ROOT = str(tmp_path_factory.mktemp("prepared-datasets"))
+    yield
+    runs.PREPARED_ROOT = None
 
 
 @pytest.fixture

@@ -7,6 +7,9 @@ import glob
 import json
 import os
 import pathlib
+import shutil
+import subprocess
+import sys
 import threading
 import time
 
@@ -19,9 +22,18 @@ from storage import fast_tier
 from storage.checkpoints import CheckpointStore
 from storage.events import read_events
 
+# Where the session's prepared datasets live (tests/e2e/conftest.py sets it per session).
+PREPARED_ROOT: str | None = None
+_prepared: dict[str, str] = {}  # a data config (JSON) -> its dataset directory, prepared once
+
 
 def tiny_spec(run_id: str, durable: str, fast: str, **overrides) -> RunSpec:
-    """The demo preset shrunk to finish in about a minute on 2 CPU cores."""
+    """The demo preset shrunk to finish in about a minute on 2 CPU cores.
+
+    A local durable store gets the session's prepared dataset for the tiny data config (one
+    data prep per session instead of one per run: its prepare_data stage is a cache hit).
+    A test that changes the data config, a store on S3 and the demo prepare their own; data
+    prep itself is tests/dataprep/'s, and the demo's and the temporal CLI run's end to end."""
     base = {"run_id": run_id, "storage.durable": durable, "storage.fast": fast,
             "data.max_documents": 60, "data.tokenizer.vocab_size": 512,
             "model.d_model": 64, "model.n_layers": 2, "model.n_heads": 4, "model.n_kv_heads": 2,
@@ -31,7 +43,33 @@ def tiny_spec(run_id: str, durable: str, fast: str, **overrides) -> RunSpec:
             "sweep.trials": 2, "sweep.trial_steps": 8,
             "sweep.space": {"lr": {"low": 3e-3, "high": 1e-2, "log": True}},
             "faults": [], "ops.heartbeat_timeout_s": 8.0}
-    return localize(preset("demo", **{**base, **overrides}))
+    spec = localize(preset("demo", **{**base, **overrides}))
+    if PREPARED_ROOT and "://" not in durable and not any(k.startswith("data.")
+                                                           for k in overrides):
+        seed_dataset(spec, durable)
+    return spec
+
+
+def seed_dataset(spec: RunSpec, durable_dir: str) -> None:
+    """Copy the dataset of `spec.data`, prepared once this session (in a child process: no
+    fork of this process and its gRPC threads), into the store at `durable_dir`."""
+    key = json.dumps(spec.to_dict()["data"], sort_keys=True)
+    if key not in _prepared:
+        root = os.path.join(PREPARED_ROOT, str(len(_prepared)))
+        code = ("import json, sys\n"
+                "from dataprep.pipeline import prepare_dataset\n"
+                "from spec import RunSpec\n"
+                "spec = RunSpec.from_dict(json.loads(sys.argv[1]))\n"
+                "prepare_dataset(spec.data, sys.argv[2], spec.seed)\n")
+        repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        subprocess.run([sys.executable, "-c", code, json.dumps(spec.to_dict()), root],
+                       cwd=repo, check=True, capture_output=True, timeout=300)
+        [made] = glob.glob(os.path.join(root, "datasets", "*", "MANIFEST.json"))
+        _prepared[key] = os.path.dirname(made)
+    source = _prepared[key]
+    target = os.path.join(durable_dir, "datasets", os.path.basename(source))
+    if not os.path.exists(target):
+        shutil.copytree(source, target)
 
 
 async def run_to_end(address: str, spec: RunSpec, timeout_s: float = 600.0) -> dict:
