@@ -10,6 +10,9 @@ Files in DIR (typed in common/protocol.py): `progress.jsonl` (rank 0; a `start` 
 online evaluation), `result.json` on success, `error.json` on a classified failure.
 Exit codes: 0 done; 3 BadConfig/BadData/Diverged (non-retryable, error.json); 4
 StorageUnavailable (retryable, error.json); anything else is a crash (retryable).
+
+This module sets a segment up and reports its result: where it starts is trainer/start.py,
+the step loop trainer/loop.py, its checkpoints trainer/checkpoint_manager.py.
 """
 
 from __future__ import annotations
@@ -70,7 +73,7 @@ from trainer.online_eval import OnlineEval
 from trainer.schedule import LRSchedule
 from trainer.start import finished_manifest, start_state
 from trainer.step_metrics import StepProbe
-from trainer.stopping import Stopper, StopRules
+from trainer.stopping import ROLLBACK_REFUSED, Stopper, StopRules
 from trainer.throughput import DTYPES, Meter, flops_per_token, matmul_params, peak_flops
 
 log = structlog.get_logger(__name__)
@@ -175,27 +178,14 @@ def run_segment(args: SegmentArgs, rank: int, world: int) -> None:
         checkpoints.save(state)  # step 0: the fresh run's rollback base
 
     first, outcome = state.step, SegmentOutcome()
-    # Fault injection is wired here, once: the batch source, the LR windows, a model hook.
-    faults = FaultInjector(spec.faults, batches_per_step=spec.train.grad_accum,
-                           vocab_size=manifest.vocab_size, seed=spec.seed,
-                           attempt=args.attempt, events=ctx.events)
-    faults.attach(engine.module)
-    guard = SpikeGuard(ctx, engine, outcome, checkpoints)
-    trainer = Trainer(
-        ctx=ctx, engine=engine, batches=faults.batches(source), meter=meter,
-        lr=LRSchedule(spec.train, args.lr_windows, one_shot=faults.lr_windows()),
-        probe=StepProbe(ctx, engine), guard=guard, checkpoints=checkpoints, faults=faults,
-        evaluator=OnlineEval(ctx, engine, make_val(spec, args.dataset, args.cache("dataset")),
-                             guard, outcome),
-        stopper=Stopper(StopRules(target=ctx.target, max_rollbacks=args.max_rollbacks,
-                                  early_stop_on_overfit=spec.train.early_stop_on_overfit),
-                        outcome))
+    trainer = build_trainer(ctx, engine, vocab_size=manifest.vocab_size, source=source,
+                            meter=meter, checkpoints=checkpoints, outcome=outcome)
     state = trainer.train(state)
     ctx.windows.close()
     checkpoints.finish()  # every checkpoint durable before the segment reports success
     if ctx.events is not None:
         ctx.events.flush()  # decisions after the last checkpoint (evaluations) too
-    loss = guard.recent_loss()
+    loss = trainer.guard.recent_loss()
     if rank == 0:
         last = checkpoints.last_commit
         write_result(ctx, SegmentResult(
@@ -209,6 +199,27 @@ def run_segment(args: SegmentArgs, rank: int, world: int) -> None:
              stopped=outcome.stopped, rollbacks=len(outcome.rollbacks))
 
 
+def build_trainer(ctx: SegmentContext, engine, *, vocab_size: int, source, meter: Meter,
+                  checkpoints: CheckpointManager, outcome: SegmentOutcome) -> Trainer:
+    """The step loop's owners for this segment. Fault injection is wired here, once: the
+    batch source, the LR windows, a model hook (trainer/faults.py)."""
+    spec, args = ctx.spec, ctx.args
+    faults = FaultInjector(spec.faults, batches_per_step=spec.train.grad_accum,
+                           vocab_size=vocab_size, seed=spec.seed, attempt=args.attempt,
+                           events=ctx.events)
+    faults.attach(engine.module)
+    guard = SpikeGuard(ctx, engine, outcome, checkpoints)
+    return Trainer(
+        ctx=ctx, engine=engine, batches=faults.batches(source), meter=meter,
+        lr=LRSchedule(spec.train, args.lr_windows, one_shot=faults.lr_windows()),
+        probe=StepProbe(ctx, engine), guard=guard, checkpoints=checkpoints, faults=faults,
+        evaluator=OnlineEval(ctx, engine, make_val(spec, args.dataset, args.cache("dataset")),
+                             guard, outcome),
+        stopper=Stopper(StopRules(target=ctx.target, max_rollbacks=args.max_rollbacks,
+                                  early_stop_on_overfit=spec.train.early_stop_on_overfit),
+                        outcome))
+
+
 def end_at_newest(ctx: SegmentContext) -> None:
     """Report the run's real position (its newest commit) without training: the workflow
     moved its step back to a rollback target that turned out to be gone."""
@@ -219,7 +230,7 @@ def end_at_newest(ctx: SegmentContext) -> None:
     write_result(ctx, SegmentResult(
         final_step=newest, last_committed_step=newest, last_committed_uri=ctx.store.uri(newest),
         train_loss=None, tokens_seen=man.tokens_seen, steps_run=0, resumed_from=newest,
-        outcome=SegmentOutcome(stopped="rollback_refused")))
+        outcome=SegmentOutcome(stopped=ROLLBACK_REFUSED)))
 
 
 def write_result(ctx: SegmentContext, result: SegmentResult) -> None:

@@ -12,6 +12,9 @@ evaluation found; the answer is the first reason that applies:
   and `train.early_stop_on_overfit` is set;
 - `target` — the segment's last step is done: a normal end, not reported as a stop.
 
+A segment that never reaches the loop reports `rollback_refused` (ROLLBACK_REFUSED): an
+operator's rollback whose target retention removed meanwhile (trainer/segment.py).
+
 A spike that cannot be rolled back at all (no checkpoint before its onset) is no stop but a
 failure: the rollback raises Diverged (trainer/guard.py), which the segment's classified
 exit reports (exit 3). Only this module sets `SegmentOutcome.stopped` during the loop.
@@ -29,6 +32,7 @@ log = structlog.get_logger(__name__)
 
 TARGET = "target"  # the segment reached its target step: not an early stop
 EARLY = ("rollback_budget", "interrupted", "overfitting")  # what outcome.stopped records
+ROLLBACK_REFUSED = "rollback_refused"  # the operator's rollback target is gone: no training
 
 
 @dataclass(frozen=True, kw_only=True)
