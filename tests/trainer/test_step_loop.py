@@ -232,8 +232,9 @@ def test_a_skipped_batch_makes_no_update_and_its_step_line_says_skip(tmp_path):
 # ---- the rollback ------------------------------------------------------------------------
 def test_a_sustained_spike_rolls_back_before_its_onset_and_replays_past_its_data(tmp_path):
     batches = Batches({6: SPIKE, 7: SPIKE})  # steps 7 and 8: two outliers = patience
-    trainer, engine, checkpoints, outcome = segment(tmp_path, to_step=10, every=2,
-                                                    batches=batches)
+    val = [(torch.zeros(ROWS), torch.zeros(ROWS, dtype=torch.long))]
+    trainer, engine, checkpoints, outcome = segment(tmp_path, to_step=10, every=2, val=val,
+                                                    batches=batches, **{"train.eval_every": 2})
     state = trainer.train(fresh(trainer))
     (rb,) = outcome.rollbacks
     assert (rb["at_step"], rb["onset"], rb["to_step"]) == (8, 7, 4)  # before onset - 1
@@ -246,6 +247,9 @@ def test_a_sustained_spike_rolls_back_before_its_onset_and_replays_past_its_data
     assert engine.weights[6] == engine.weights[7] == engine.weights[5]  # 7, 8 vetoed
     assert engine.weights[8] == engine.weights[4]  # step 5 replayed from step 4's state
     assert checkpoints.commits == [0, 2, 4, 6, 6, 8, 10]  # 6 again after the rollback
+    # the owners after the rollback step: no fault injection, no evaluation of step 4 again
+    assert trainer.faults.steps == [*range(1, 8), *range(5, 11)]
+    assert [e[0] for e in outcome.evals] == [2, 4, 6, 6, 8, 10]
     assert [e["payload"]["to_step"] for e in events(trainer, "rollback")] == [4]
 
 
