@@ -18,8 +18,9 @@ Every collective and host sync of a step sits on a line of its own, named in a c
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -36,6 +37,18 @@ from trainer.state import TrainState
 from trainer.step_metrics import StepProbe
 from trainer.stopping import Stopper
 from trainer.throughput import Meter, peak_memory_bytes
+
+
+class BatchSource(Protocol):
+    """trainer/faults.py FaultyBatches: the micro-batch at a data cursor, read for a step."""
+
+    def get(self, cursor: int, step: int) -> tuple[torch.Tensor, ...]: ...
+
+
+class FaultHook(Protocol):
+    """trainer/faults.py FaultInjector's one touch after a step (kill_worker faults)."""
+
+    def after_step(self, step: int, last_committed: int | None) -> None: ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,13 +90,13 @@ class Trainer:
 
     ctx: SegmentContext
     engine: Any  # DeepSpeed's engine (a small fake in tests/trainer/test_step_loop.py)
-    batches: Any  # `get(cursor, step)`: trainer/faults.py FaultyBatches
-    lr: Any  # `lr(step)`: trainer/schedule.py LRSchedule
+    batches: BatchSource
+    lr: Callable[[int], float]  # the LR of a step: trainer/schedule.py LRSchedule
     meter: Meter
     probe: StepProbe
     guard: SpikeGuard
     checkpoints: CheckpointManager
-    faults: Any  # `after_step(step, last_committed)`: trainer/faults.py FaultInjector
+    faults: FaultHook
     evaluator: OnlineEval
     stopper: Stopper
 
@@ -93,12 +106,15 @@ class Trainer:
         ctx, checkpoints = self.ctx, self.checkpoints
         reason = self.stopper.should_stop(state.step)  # resumed at the target: no step to run
         while not reason:
-            result = self.train_step(state)
+            result = self.train_step(state)  # its syncs are named inside
             self.report(result)
-            state = self.guard.resolve(result.verdict, state)  # a rollback: the restored state
+            # a rollback: the restored state (collectives: the restore's broadcasts)
+            state = self.guard.resolve(result.verdict, state)
+            # collectives when due: a barrier, then an all-reduce of any rank's write failure
             checkpoints.maybe_save(state, last=state.step == ctx.target)
             if ctx.rank == 0 and not result.rolled_back:  # faults fire after a step trained
                 self.faults.after_step(state.step, checkpoints.last_committed_step)
+            # collective when due: the validation loss all-reduced
             evaluation = self.evaluator.maybe_evaluate(state, result.rolled_back)
             reason = self.stopper.should_stop(
                 state.step, rolled_back=result.rolled_back, signal=result.stop,
@@ -147,8 +163,8 @@ class Trainer:
         self.ctx.progress.write(line)
 
 
-def forward_backward(engine, batches, state: TrainState, step: int, micro_batches: int,
-                     split: int = 1) -> torch.Tensor:
+def forward_backward(engine, batches: BatchSource, state: TrainState, step: int,
+                     micro_batches: int, split: int = 1) -> torch.Tensor:
     """Forward and backward every micro-batch of `step`, each as `split` equal chunks (an
     OOM-adapted run: the same sequences, the same global batch), advancing the data cursor
     past skipped ranges; the summed loss stays on the device (no host sync here). DeepSpeed
