@@ -47,7 +47,7 @@ class _Json:
 
 def launch_tag(attempt: int, restart: int = 0) -> str:
     """Pure: a segment launch in event ids — the activity attempt `N`, then `N.k` for the
-    k-th restart in place of that attempt (activities/training.py)."""
+    k-th restart in place of that attempt (activities/launch.py)."""
     return f"{attempt}.{restart}" if restart else str(attempt)
 
 
