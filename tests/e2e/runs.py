@@ -27,13 +27,15 @@ PREPARED_ROOT: str | None = None
 _prepared: dict[str, str] = {}  # a data config (JSON) -> its dataset directory, prepared once
 
 
-def tiny_spec(run_id: str, durable: str, fast: str, **overrides) -> RunSpec:
+def tiny_spec(run_id: str, durable: str, fast: str, *, prepared: bool = True,
+              **overrides) -> RunSpec:
     """The demo preset shrunk to finish in about a minute on 2 CPU cores.
 
     A local durable store gets the session's prepared dataset for the tiny data config (one
-    data prep per session instead of one per run: its prepare_data stage is a cache hit).
-    A test that changes the data config, a store on S3 and the demo prepare their own; data
-    prep itself is tests/dataprep/'s, and the demo's and the temporal CLI run's end to end."""
+    data prep per session instead of one per run: its prepare_data stage is a cache hit),
+    unless `prepared` is False (a test of what a refused run leaves in its store). A test
+    that changes the data config, a store on S3 and the demo prepare their own; data prep
+    itself is tests/dataprep/'s, and the demo's and the temporal CLI run's end to end."""
     base = {"run_id": run_id, "storage.durable": durable, "storage.fast": fast,
             "data.max_documents": 60, "data.tokenizer.vocab_size": 512,
             "model.d_model": 64, "model.n_layers": 2, "model.n_heads": 4, "model.n_kv_heads": 2,
@@ -44,8 +46,8 @@ def tiny_spec(run_id: str, durable: str, fast: str, **overrides) -> RunSpec:
             "sweep.space": {"lr": {"low": 3e-3, "high": 1e-2, "log": True}},
             "faults": [], "ops.heartbeat_timeout_s": 8.0}
     spec = localize(preset("demo", **{**base, **overrides}))
-    if PREPARED_ROOT and "://" not in durable and not any(k.startswith("data.")
-                                                           for k in overrides):
+    if prepared and PREPARED_ROOT and "://" not in durable and not any(
+            k.startswith("data.") for k in overrides):
         seed_dataset(spec, durable)
     return spec
 

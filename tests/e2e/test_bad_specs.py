@@ -56,7 +56,8 @@ def _listing(root: str) -> list[tuple[str, int]]:
 
 def test_absurd_numbers_and_bad_run_ids_fail_the_run_at_once_naming_the_field(
         temporal_server, orchestrator, tmp_path):
-    good = tiny_spec("e2e-badspec", str(tmp_path / "store"), str(tmp_path / "fast")).to_dict()
+    good = tiny_spec("e2e-badspec", str(tmp_path / "store"), str(tmp_path / "fast"),
+                     prepared=False).to_dict()
 
     def bad(**changes) -> dict:
         raw = {**good, "ops": dict(good["ops"]), "sweep": dict(good["sweep"]),
@@ -94,7 +95,8 @@ def test_a_bug_in_workflow_code_fails_the_run_instead_of_retrying_its_task(
     # A carry (continue-as-new state) whose best LR warmup is infinite: int(inf) raises
     # OverflowError in workflows/policy.py:with_params — a bug-like exception, not a
     # Temporal failure, which used to retry the workflow task forever.
-    spec = tiny_spec("e2e-bug", str(tmp_path / "store"), str(tmp_path / "fast")).to_dict()
+    spec = tiny_spec("e2e-bug", str(tmp_path / "store"), str(tmp_path / "fast"),
+                     prepared=False).to_dict()
     carry = {"stages_done": ["prepare_data", "warmup_sweep"], "dataset_uri": "memory://none",
              "best_params": {"warmup_steps": math.inf}}
 
@@ -110,7 +112,8 @@ def test_a_run_id_another_spec_owns_fails_the_run_and_touches_nothing(
         temporal_server, orchestrator, tmp_path):
     from storage.runs import claim_run
 
-    spec = tiny_spec("e2e-reused", str(tmp_path / "store"), str(tmp_path / "fast"))
+    spec = tiny_spec("e2e-reused", str(tmp_path / "store"), str(tmp_path / "fast"),
+                     prepared=False)
     run_dir = tmp_path / "store" / "runs" / spec.run_id
     # an earlier run of this id, with another spec, left a claim and a checkpoint
     claim_run(spec.storage.durable, spec.run_id, "0123456789abcdef", {"run_id": spec.run_id})
