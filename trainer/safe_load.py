@@ -1,7 +1,7 @@
 """Load checkpoint files without running code from them (DESIGN §3: the bucket is data).
 
 `torch.load` unpickles, and a pickle can call any importable function — a crafted
-`mp_rank_00_model_states.pt` ran a shell command on restore (issue 11). Every checkpoint
+`mp_rank_00_model_states.pt` ran a shell command on restore. Every checkpoint
 file is read here with `weights_only=True`: torch's restricted unpickler builds tensors
 and plain containers only, plus the few DeepSpeed classes named in `allowed_globals`.
 Anything else is refused before it runs, as `UnsafeCheckpointFile`.

@@ -1,4 +1,4 @@
-"""`python -m trainer.standby`: a trainer launcher that is ready before it is needed (issue 16).
+"""`python -m trainer.standby`: a trainer launcher that is ready before it is needed.
 
 A cold segment start pays torchrun's interpreter and torch import, then each rank's torch,
 DeepSpeed and trainer imports and the first optimizer's import of torch._dynamo: 5-8 s of
@@ -58,7 +58,7 @@ def warm_imports() -> None:
 def warm_cpu_comm() -> None:
     """What `deepspeed.init_distributed` does first on CPU, done once here: probe which of
     DeepSpeed's ops build on this machine (a C compiler run, setuptools imported) and load
-    its shared-memory allreduce op — 0.4 s of each rank's start-up (issue 16). Both are
+    its shared-memory allreduce op — 0.4 s of each rank's start-up, paid again on every restart. Both are
     cached in the process (`deepspeed.ops.__compatible_ops__`, the op builders' loaded
     ops), so every fork reuses them; the op is initialised per rank, later. Its "built
     successfully" goes to stderr: stdout carries only the READY line."""

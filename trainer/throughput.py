@@ -74,7 +74,7 @@ def peak_flops(configured_tflops: float, device: torch.device, dtype: torch.dtyp
 
     With `cache_dir` (the run's local cache on this machine) a probe is taken once per
     device and dtype and reused by every later launch: a restart does not spend 0.3 s of
-    each rank's start-up measuring the same matmul again (issue 16), and the run's MFU is
+    each rank's start-up measuring the same matmul again, and the run's MFU is
     measured against one ceiling."""
     if configured_tflops > 0:
         return configured_tflops * 1e12, "config:train.peak_tflops"

@@ -1,4 +1,4 @@
-"""One classification path for every trainer child (issue 12 item 4): a MainspringError in
+"""One classification path for every trainer child: a MainspringError in
 the child becomes error.json naming its kind and retryability, and the supervisor turns it
 into a Temporal failure that is retried only when the error says it may be. Real child
 processes under the real supervisor."""
@@ -59,7 +59,7 @@ sys.exit(run_classified("segment", workdir, allocate))
     ("shape mismatch in the trainer's own code", "crash")])
 def test_any_exception_leaves_its_type_and_frame_and_is_classified_from_its_message(
         tmp_path, message, kind):
-    # Before issue 14 an exception outside the MainspringError classes left no error.json:
+    # An exception outside the MainspringError classes once left no error.json:
     # a CPU allocation failure was a `crash` retried as it was, and two crashes could not
     # be told apart for the repeated-failure budget.
     seen = []

@@ -1,5 +1,5 @@
-"""The LR windows reach the trainer through a file, not argv (issue 11, item 12: one argv
-string of ~7,000 windows failed with E2BIG)."""
+"""The LR windows reach the trainer through a file, not argv (one argv string of ~7,000
+windows failed with E2BIG)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def test_ten_thousand_lr_windows_reach_the_trainer_through_the_file(tmp_path):
 
 
 def test_the_trainer_gives_composed_windows_the_factors_of_the_raw_ones():
-    from workflows.operator import compose_windows
+    from workflows.lr_windows import compose_windows
 
     raw = [[0, 100, 0.5], [30, 50, 2.0], [40, 45, 0.8], [60, 200, 1.25], [150, 160, 0.5]]
     composed = compose_windows(raw)

@@ -1,5 +1,6 @@
-"""Nothing committed is lost and nothing in the bucket runs (issue 11 items 1, 3, 5), in real
-`python -m trainer.segment` processes (DeepSpeed on CPU, gloo) over a real file store."""
+"""Nothing committed is lost and nothing in the bucket runs (a rollback, a resume, a crafted
+checkpoint file), in real `python -m trainer.segment` processes (DeepSpeed on CPU, gloo) over
+a real file store."""
 
 from __future__ import annotations
 

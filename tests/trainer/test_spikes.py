@@ -1,4 +1,4 @@
-"""The spike detector driven by literal loss sequences (issue 6, acceptance 1)."""
+"""The spike detector driven by literal loss sequences: each verdict checked by hand."""
 
 import math
 
