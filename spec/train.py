@@ -1,6 +1,6 @@
 """RunSpec's `train` section: steps and segments, batch, optimizer and LR schedule, precision,
 ZeRO, checkpoint cadence and online evaluation. Read by the trainer (trainer/engine.py builds
-the DeepSpeed config and the LR schedule from it, trainer/segment.py runs the loop) and by
+the DeepSpeed config and the LR schedule from it, trainer/loop.py runs the loop) and by
 the workflow (segments, continue-as-new). Stdlib only; re-exported by spec."""
 
 from __future__ import annotations

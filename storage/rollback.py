@@ -7,7 +7,7 @@ and only then was a checkpoint at or before the target looked for — with `keep
 spike just after a commit deleted the only checkpoint, and an operator rollback to a step
 retention had already removed wiped every newer one and restarted the run from step 0.
 
-`roll_back` is the one procedure both rollbacks use (trainer/checkpointing.py): `load`
+`roll_back` is the one procedure both rollbacks use (trainer/checkpoint_manager.py): `load`
 restores a candidate into the live engine (and raises `CorruptCheckpoint` when a file
 does not verify or refuses to load safely: the next older one is tried); only when one
 has loaded are the newer checkpoints — the abandoned trajectory — uncommitted, newest

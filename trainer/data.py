@@ -67,7 +67,7 @@ def skip_past(cursor: int, skip_ranges: Iterable[Sequence[int]]) -> int:
 
 def cursor_after(cursor: int, batches: int, skip_ranges: Iterable[Sequence[int]]) -> int:
     """Where the cursor is after the step loop reads `batches` batches from `cursor`
-    (each read first steps over the skip ranges, as trainer/segment.py does)."""
+    (each read first steps over the skip ranges, as trainer/loop.py does)."""
     ranges = [tuple(r) for r in skip_ranges]
     for _ in range(batches):
         cursor = skip_past(cursor, ranges) + 1

@@ -1,5 +1,5 @@
-"""No checkpoint file runs code when loaded (issue 11 item 5): real DeepSpeed checkpoints
-(ZeRO 0 and 2, world size 1) load bitwise through the weights-only loader that every engine
+"""No checkpoint file runs code when loaded (a crafted pickle once ran a shell command): real
+DeepSpeed checkpoints (ZeRO 0 and 2, world size 1) load bitwise through the weights-only loader that every engine
 gets, and a pickle that calls `os.system` — in the model file, in a ZeRO optimizer shard, in
 a TrainState file, or in what `trainer.evaluate` reads — is refused before it runs.
 

@@ -330,7 +330,7 @@ def test_fp16_on_cpu_fails_fast_as_bad_config(tmp_path, dataset_uri):
 
 
 def test_a_micro_split_run_trains_the_same_global_batch_to_the_same_weights(tmp_path, dataset_uri):
-    # After an OOM the workflow runs each micro-batch as two halves (issue 14): DeepSpeed
+    # After an OOM the workflow runs each micro-batch as two halves: DeepSpeed
     # sees half the micro-batch and twice the accumulation, the data cursor and order are
     # untouched — so the weights match the unsplit run up to float reassociation, and a
     # checkpoint of one resumes under the other.
