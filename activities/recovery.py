@@ -14,7 +14,10 @@ attempt N of a segment is `fault/<lo>-<hi>/<execution>/<N>`.
 Attempt N+1 then writes `recovered`, naming the fault it answers, once its first step is
 done: the step it resumed from, the steps lost, and the time split into detection (fault
 -> seen), restart (seen -> the new child starts restoring) and restore, and mttr_s (fault
--> the end of the first new step).
+-> the end of the first new step). One `recovered` per fault: its id is the fault's
+(common/faults.py `recovered_id`), and of two closers of one fault (a Temporal outage past
+the heartbeat timeout: the server watch when the server answers, this retry at its first
+step) the second finds it written and writes nothing, so the fault has one MTTR.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from common.errors import (
     StorageUnavailable,
 )
 from common.fault_kinds import TRANSIENT_KINDS
+from common.faults import recovered_id
 from common.protocol import StartLine, StepLine, launch_tag
 from common.threads import in_context
 from storage.events import EventLog, read_events
@@ -180,6 +184,19 @@ class FaultRecorder:
         return None
 
 
+def already_recovered(events: EventLog, fault_event_id: str,
+                      cache_dir: str | None = None) -> bool:
+    """Whether another closer already wrote the fault's one `recovered` (common/faults.py);
+    False when the log cannot be read (a second copy is then dropped on read)."""
+    try:
+        return any(e["event_id"] == recovered_id(fault_event_id)
+                   for e in read_events(events.url, events.run_id, kinds=("recovered",),
+                                        cache_dir=cache_dir))
+    except StorageUnavailable as exc:
+        log.warning("recovered_unread", error=exc.cause[:200])
+        return False
+
+
 def server_outage(events: EventLog, inp: TrainSegmentInput, execution: str,
                   attempt: int, cache_dir: str | None = None) -> dict[str, Any] | None:
     """The Temporal outage the server watch recorded for `attempt` (activities/
@@ -218,6 +235,9 @@ class Recovery:
         self.execution, self.restart = execution, in_place.restart + 1 if in_place else 0
         self.start: StartLine | None = None
         self._settling: threading.Thread | None = None
+        self.cache_dir = cache_dir
+        # the fault has another closer (the server watch that recorded it): the first wins
+        self.shared = False
         if in_place is not None:
             f = in_place.fault
             self.beat_step, self.fault_event_id = None, in_place.event_id
@@ -254,6 +274,7 @@ class Recovery:
             except Exception as exc:  # noqa: BLE001 — no answer is a lost worker's answer
                 log.warning("server_outage_unread", error=repr(exc)[:300])
                 outage = None
+            self.shared = outage is not None
             try:
                 settle(outage or {})
             except StorageUnavailable as exc:  # the fault event stays buffered: next flush
@@ -311,10 +332,13 @@ class Recovery:
         start = self.start
         restore_s = start.restore_s if start else 0.0
         restore_began = (start.ts - restore_s) if start else None
+        mttr_s = round_s((first_step_ts or time.time()) - self.fault_ts)
+        if self.shared and already_recovered(self.events, self.fault_event_id, self.cache_dir):
+            log.info("fault_already_recovered", fault_event_id=self.fault_event_id,
+                     attempt=self.attempt, resumed_step=resumed, mttr_s_here=mttr_s)
+            return
         self.events.emit(
-            "recovered", step=resumed,
-            event_id=f"recovered/{self.inp.from_step}-{self.inp.to_step}/{self.execution}/"
-                     f"{launch_tag(self.attempt, self.restart)}",
+            "recovered", step=resumed, event_id=recovered_id(self.fault_event_id),
             fault_event_id=self.fault_event_id, resumed_step=resumed,
             **({"also_answers": self.also} if self.also else {}),
             heartbeat_step=self.beat_step, last_step_seen=self.last_step,
@@ -324,5 +348,5 @@ class Recovery:
             detection_s=round_s(self.detected_ts - self.fault_ts),
             restart_s=round_s(restore_began - self.detected_ts) if restore_began else None,
             restore_s=round_s(restore_s),
-            mttr_s=round_s((first_step_ts or time.time()) - self.fault_ts))
+            mttr_s=mttr_s)
         self.events.flush()

@@ -46,8 +46,10 @@ from temporalio.api.workflowservice.v1 import GetSystemInfoRequest
 from temporalio.service import ConnectConfig, RPCError, RPCStatusCode, ServiceClient
 
 from activities.contracts import TrainSegmentInput
+from activities.recovery import already_recovered
 from activities.supervise import ProgressTail
 from common.errors import StorageUnavailable
+from common.faults import recovered_id
 from common.protocol import StartLine, StepLine
 from common.threads import in_context
 from spec import RunSpec
@@ -197,11 +199,15 @@ class ServerWatch:
     def _recovered(self, now: float) -> None:
         o, self.outage = self.outage, None
         assert o is not None
+        if already_recovered(self.events, o["event_id"]):  # the retried attempt closed it
+            log.info("fault_already_recovered", fault_event_id=o["event_id"],
+                     outage_s_here=round(now - o["fault_ts"], 3))
+            return
         trained = None if o["step"] is None or self.last_step is None \
             else self.last_step - o["step"]
         self.events.emit(
             "recovered", step=self.last_step,
-            event_id=f"recovered/{KIND}/{self.id_base}/{self.outages}",
+            event_id=recovered_id(o["event_id"]),
             fault_event_id=o["event_id"], fault_kind=KIND, attempt=self.events.attempt,
             resumed_step=self.last_step, steps_during_outage=trained,
             # the child trained on: nothing was lost unless it restarted meanwhile (then
