@@ -1,5 +1,5 @@
 """How a trainer child ended, for the supervisor (activities/supervise.py): the failure it
-saw (ChildFailure, the fault event's evidence), the exit code classified (0 = done; an
+saw (a common/faults.py Fault, created here where it is seen), the exit code classified (0 = done; an
 error.json written by the child names the class, BadConfig/BadData non-retryable,
 StorageUnavailable retryable; anything else is a retryable HardwareFault), a hang's fault,
 which rank died or is stopped, and the child's last log lines, scrubbed.
@@ -11,7 +11,6 @@ import json
 import os
 import time
 from collections import deque
-from dataclasses import dataclass
 from typing import Callable
 
 import structlog
@@ -20,40 +19,11 @@ from temporalio.exceptions import ApplicationError
 from activities.hang import Timeout
 from common.errors import NON_RETRYABLE, HardwareFault
 from common.fault_kinds import classify, signal_name, torchrun_root_cause
+from common.faults import Fault
 from common.protocol import ErrorReport
 from common.redact import redact, redact_value
 
 log = structlog.get_logger(__name__)
-
-
-@dataclass(frozen=True)
-class ChildFailure:
-    """What the supervisor saw of a child that failed (a retryable failure: bad input and
-    divergence are decisions, not faults): the fault kind (common/fault_kinds.py) and its
-    evidence — the failed rank and its exit code (torchrun's root cause), the signal, the
-    type error.json named, the last log lines (scrubbed), when it happened and when seen."""
-
-    kind: str
-    evidence: str
-    exit_code: int | None = None
-    signal: str | None = None
-    rank: int | None = None
-    error_type: str = ""
-    frame: str = ""  # where the exception was raised (error.json), for the repeat signature
-    log_tail: tuple[str, ...] = ()
-    fault_ts: float = 0.0
-    detected_ts: float = 0.0
-    # a hang's timeout: which fired, its value, how it came about, the measured p99 step
-    timeout: dict | None = None
-
-    def payload(self) -> dict:
-        return {**(self.timeout or {}), "kind": self.kind, "injected": False,
-                "evidence": self.evidence, "exit_code": self.exit_code, "signal": self.signal,
-                "rank": self.rank,
-                "error_type": self.error_type, "frame": self.frame,
-                "log_tail": list(self.log_tail),
-                "fault_ts": round(self.fault_ts, 3), "detected_ts": round(self.detected_ts, 3),
-                "detection_s": round(max(0.0, self.detected_ts - self.fault_ts), 3)}
 
 
 class LauncherLog:
@@ -87,15 +57,15 @@ class LauncherLog:
 
 
 def hung(timeout: Timeout, waited_s: float, workdir: str, log_path: str, last_ts: float,
-          on_failure: Callable[[ChildFailure], None]) -> HardwareFault:
+          on_failure: Callable[[Fault], None]) -> HardwareFault:
     """The fault of a child that went quiet past `timeout`: described, then to be raised."""
     why = timeout.evidence(waited_s)
     rank = stopped_rank(workdir)
     if rank is not None:  # SIGSTOP (ops/chaos.py `hang`), or a debugger holding it
         why += f"; rank {rank} is stopped"
-    on_failure(ChildFailure("hang", why, rank=rank, log_tail=tuple(last_lines(log_path)),
-                            fault_ts=last_ts, detected_ts=time.time(),
-                            timeout=timeout.payload(waited_s)))
+    on_failure(Fault("hang", why, rank=rank, log_tail=tuple(last_lines(log_path)),
+                     fault_ts=last_ts, detected_ts=time.time(),
+                     facts=timeout.payload(waited_s)))
     log.warning("trainer_hung", timeout=timeout.name, timeout_s=round(timeout.limit_s, 1),
                 waited_s=round(waited_s, 1), p99_step_s=timeout.p99_step_s, rank=rank)
     return HardwareFault(why)
@@ -145,7 +115,7 @@ def dead_rank(workdir: str) -> int | None:
 
 
 def classify_exit(rc: int, workdir: str, log_path: str,
-                   on_failure: Callable[[ChildFailure], None] = lambda _: None,
+                   on_failure: Callable[[Fault], None] = lambda _: None,
                    oom_kills: int = 0, lost_rank: int | None = None) -> None:
     if rc == 0:
         return
@@ -165,10 +135,10 @@ def classify_exit(rc: int, workdir: str, log_path: str,
         retryable = err.type not in NON_RETRYABLE and err.retryable
         if retryable:
             kind = classify(code, err.type, lines, oom_kills=oom_kills, message=err.message)
-            on_failure(ChildFailure(kind, err.message[:500], exit_code=code,
-                                    signal=signal_name(code), rank=rank, error_type=err.type,
-                                    frame=err.frame, log_tail=tuple(lines[-8:]),
-                                    fault_ts=seen, detected_ts=seen))
+            on_failure(Fault(kind, err.message[:500], exit_code=code,
+                             signal=signal_name(code), rank=rank, error_type=err.type,
+                             frame=err.frame, log_tail=tuple(lines[-8:]),
+                             fault_ts=seen, detected_ts=seen))
         raise ApplicationError(err.message, err.to_dict(), type=err.type,
                                non_retryable=not retryable)
     name = signal_name(code)
@@ -177,10 +147,9 @@ def classify_exit(rc: int, workdir: str, log_path: str,
     last = " | ".join(line[:300] for line in lines[-6:])
     if oom_kills:
         how += f" (the kernel's OOM killer killed {oom_kills} process(es) in this cgroup)"
-    on_failure(ChildFailure(classify(code, "", lines, oom_kills=oom_kills), f"{who} {how}",
-                            exit_code=code,
-                            signal=name, rank=rank, log_tail=tuple(lines[-8:]), fault_ts=seen,
-                            detected_ts=seen))
+    on_failure(Fault(classify(code, "", lines, oom_kills=oom_kills), f"{who} {how}",
+                     exit_code=code, signal=name, rank=rank, log_tail=tuple(lines[-8:]),
+                     fault_ts=seen, detected_ts=seen))
     raise HardwareFault(f"{who} {how}; last output: {last}", exit_code=code)
 
 

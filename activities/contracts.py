@@ -110,8 +110,9 @@ class TrainSegmentInput:
     # each micro-batch as this many chunks: the run's answer to an out-of-memory
     # (workflows/adapt.py; the same global batch and data order)
     micro_split: int = 1
-    # the fault a decision answered ({event_id, fault_ts, detected_ts, last_step}): this
-    # segment's first attempt records the `recovered` naming it (activities/recovery.py)
+    # the fault a decision answered, as its JSON object (common/faults.py Fault.to_json;
+    # older code wrote {event_id, fault_ts, detected_ts, last_step, also}): this segment's
+    # first attempt records the `recovered` naming it (activities/recovery.py)
     after_fault: dict[str, Any] | None = None
     # a multi-node segment: this node's share (None: one node, the shared trainer queue)
     gang: GangMember | None = None

@@ -17,19 +17,32 @@ import structlog
 from temporalio.exceptions import ApplicationError, TemporalError
 
 from common.errors import NON_RETRYABLE, MainspringError
+from common.faults import Fault
 from common.redact import redact, redact_value
 
 log = structlog.get_logger(__name__)
 
 F = TypeVar("F", bound=Callable[..., Any])
+E = TypeVar("E", bound=MainspringError)
 
-__all__ = ["NON_RETRYABLE", "classified", "to_application_error"]
+__all__ = ["NON_RETRYABLE", "classified", "to_application_error", "with_fault"]
+
+
+def with_fault(exc: E, fault: Fault) -> E:
+    """`exc`, carrying the fault it is about to the workflow's decision: its
+    ApplicationError details hold the record (`fault`, Fault.to_json) beside the error's own
+    fields (which older workflow code reads)."""
+    exc.fault = fault  # type: ignore[attr-defined]
+    return exc
 
 
 def to_application_error(exc: MainspringError) -> ApplicationError:
     """The failure Temporal records (and keeps in the run's history): message and details
     scrubbed of secrets — a child's log tail or a storage URL can quote one."""
     details = {k: v for k, v in vars(exc).items() if isinstance(v, (str, int, float, type(None)))}
+    fault = vars(exc).get("fault")
+    if isinstance(fault, Fault):
+        details["fault"] = fault.to_json()
     return ApplicationError(redact(str(exc)), redact_value(details), type=exc.kind,
                             non_retryable=not exc.retryable)
 

@@ -4,10 +4,14 @@ blame."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from activities.contracts import TrainSegmentInput, TrainSegmentResult
+from activities.errors import with_fault
 from activities.recovery import FaultRecorder
 from common.errors import NodeFailed
-from common.fault_kinds import TRANSIENT_KINDS, lost_a_peer
+from common.fault_kinds import lost_a_peer
+from common.faults import Fault
 from storage.checkpoints import CheckpointStore
 
 
@@ -30,12 +34,12 @@ def follower_result(store: CheckpointStore, inp: TrainSegmentInput,
 def node_failed(node: str, faults: FaultRecorder) -> NodeFailed:
     """This node's failure for the gang's blame (workflows/gang.py): a rank that lost its
     peer (a connection closed, a collective broken) without a signal of its own failed
-    because another node did."""
-    f = faults.fault
-    peer = lost_a_peer(f["kind"], f.get("signal"),
-                       " ".join([str(f.get("evidence", "")), *f.get("log_tail", [])]))
-    return NodeFailed(node, f["kind"], str(f.get("evidence", ""))[:500],
-                      fault_event_id=faults.event_id, fault_ts=f.get("fault_ts"),
-                      detected_ts=f.get("detected_ts"), last_step=faults.last_step,
-                      fingerprint=str(f.get("fingerprint", "")), peer=peer,
-                      transient=f["kind"] in TRANSIENT_KINDS)
+    because another node did. The error carries the node's fault record (with the node
+    and that blame) to the workflow."""
+    f = faults.fault or Fault("crash")
+    peer = lost_a_peer(f.kind, f.signal, " ".join([f.evidence, *f.log_tail]))
+    fault = dataclasses.replace(f, node=node, peer=peer)
+    return with_fault(NodeFailed(node, f.kind, f.evidence[:500], fault_event_id=f.event_id,
+                                 fault_ts=f.fault_ts, detected_ts=f.detected_ts,
+                                 last_step=f.last_step, fingerprint=f.fingerprint, peer=peer,
+                                 transient=f.transient), fault)

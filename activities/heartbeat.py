@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable
 
 from temporalio import activity
 
+from common.faults import Fault, Repeat
 from common.protocol import CommitLine, ProgressLine
 from common.threads import in_context
 
@@ -18,29 +21,55 @@ HEARTBEAT_EVERY_S = 1.0  # the heartbeat thread's beat (the worker sends at most
 # second, ops/worker.py: a 5 s heartbeat timeout keeps 4 s of slack)
 
 
+@dataclass(frozen=True)
+class Beat:
+    """One heartbeat's details, as the next attempt reads them: the last committed step and
+    its uri, when the beat was sent, the attempt's fault once recorded and the run of
+    identical failures so far. On the wire one JSON object (`to_json` / `from_details`)."""
+
+    step: int | None = None
+    uri: str = ""
+    ts: float | None = None
+    fault: Fault | None = None
+    repeat: Repeat = Repeat()
+
+    def to_json(self) -> dict[str, Any]:
+        beat: dict[str, Any] = {"step": self.step, "uri": self.uri, "ts": self.ts}
+        if self.repeat.fingerprint:
+            beat["repeat"] = self.repeat.to_json()
+        return {**beat, "fault": self.fault.to_json()} if self.fault else beat
+
+    @classmethod
+    def from_details(cls, details: Sequence[Any] | None) -> Beat:
+        """The last attempt's heartbeat (activity.info().heartbeat_details); empty: none."""
+        raw = details[0] if details and isinstance(details[0], Mapping) else {}
+        fault = raw.get("fault")
+        return cls(step=raw.get("step"), uri=str(raw.get("uri") or ""), ts=raw.get("ts"),
+                   fault=Fault.from_json(fault) if isinstance(fault, Mapping) else None,
+                   repeat=Repeat.from_json(raw.get("repeat")))
+
+
 class DurableCommit:
     """The last committed checkpoint, as the child reports it: the heartbeat's content (and
     when it was sent, so a retry can tell when this attempt was last alive)."""
 
-    def __init__(self, step: int | None, uri: str, repeat: dict | None = None) -> None:
+    def __init__(self, step: int | None, uri: str, repeat: Repeat | None = None) -> None:
         self.step, self.uri = step, uri
-        self.fault: dict | None = None  # this attempt's fault, once recorded (recovery.py)
-        self.repeat = repeat or {}  # the run of identical failures so far (recovery.py)
+        self.fault: Fault | None = None  # this attempt's fault, once recorded (recovery.py)
+        self.repeat = repeat or Repeat()  # the run of identical failures so far (recovery.py)
 
-    def details(self) -> dict:
-        beat = {"step": self.step, "uri": self.uri, "ts": round(time.time(), 3)}
-        if self.repeat:
-            beat["repeat"] = self.repeat
-        return {**beat, "fault": self.fault} if self.fault else beat
+    def details(self) -> dict[str, Any]:
+        return Beat(self.step, self.uri, round(time.time(), 3), self.fault,
+                    self.repeat).to_json()
 
     def on_progress(self, line: ProgressLine) -> None:
         if isinstance(line, CommitLine):
             self.step, self.uri = line.step, line.uri
             activity.heartbeat(self.details())
 
-    def on_fault(self, details: dict) -> None:
+    def on_fault(self, fault: Fault, repeat: Repeat) -> None:
         """The attempt's fault was recorded (activities/recovery.py): beat it now."""
-        self.fault, self.repeat = details["fault"], details["repeat"]
+        self.fault, self.repeat = fault, repeat
         activity.heartbeat(self.details())
 
 

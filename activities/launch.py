@@ -147,8 +147,8 @@ class Launch:
     def again_in_place(self, exc: BaseException) -> bool:
         """Whether the failure just recorded is answered by launching again here."""
         f, spec = self.faults.fault, self.spec
-        return bool(f) and self.inp.gang is None and retryable(exc) \
-            and f["kind"] in IN_PLACE_KINDS and self.faults.restart < IN_PLACE_RESTARTS \
+        return f is not None and self.inp.gang is None and retryable(exc) \
+            and f.kind in IN_PLACE_KINDS and self.faults.restart < IN_PLACE_RESTARTS \
             and not activity.is_cancelled() and not drain.draining() \
             and self.faults.decision(spec.run_id, spec.ops.repeat_failure_limit,
                                      self.inp.micro_split) is None

@@ -4,7 +4,7 @@
 Whoever sees a fault first writes its `fault` event, under a stable id: the failure of
 attempt N of a segment is `fault/<lo>-<hi>/<execution>/<N>`.
 - The supervisor of attempt N, for a child that exits by a signal or non-zero code, hangs,
-  or loses a rank (`FaultRecorder`, fed by the supervisor's ChildFailure), and for an error of
+  or loses a rank (`FaultRecorder`, fed by the detectors' Fault records), and for an error of
   its own; it also leaves the fault's id and times in its last heartbeat's details.
 - Attempt N+1, when attempt N's worker vanished (heartbeat timeout): nobody else saw it,
   so it writes a `worker_lost` fault for attempt N from the heartbeat details (last
@@ -22,17 +22,19 @@ step) the second finds it written and writes nothing, so the fault has one MTTR.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import structlog
 from temporalio import activity
 
-from activities.child_exit import ChildFailure
 from activities.contracts import TrainSegmentInput
+from activities.errors import with_fault
+from activities.heartbeat import Beat
 from activities.supervise import ProgressTail
 from common.errors import (
     MainspringError,
@@ -40,8 +42,7 @@ from common.errors import (
     RepeatedFailure,
     StorageUnavailable,
 )
-from common.fault_kinds import TRANSIENT_KINDS
-from common.faults import recovered_id
+from common.faults import NEXT_ATTEMPT, SUPERVISOR, Fault, Repeat, record_fault, recovered_id
 from common.protocol import StartLine, StepLine, launch_tag
 from common.threads import in_context
 from storage.events import EventLog, read_events
@@ -64,28 +65,16 @@ def round_s(x: float | None) -> float | None:
 
 
 # ---- the repeated-failure budget (ops.repeat_failure_limit) ------------------------------
-def fingerprint(fault: dict[str, Any]) -> str:
+def fingerprint(fault: Fault) -> str:
     """Pure: what makes two failures "the same" — kind, step, exception type (or signal)
     and the innermost frame."""
-    what = fault.get("error_type") or fault.get("signal") or ""
-    return f"{fault['kind']} at step {fault.get('last_step')} {what} {fault.get('frame') or ''}".strip()
+    what = fault.error_type or fault.signal or ""
+    return f"{fault.kind} at step {fault.last_step} {what} {fault.frame}".strip()
 
 
-def count_repeat(prior: dict[str, Any], kind: str, sig: str) -> dict[str, Any]:
-    """Pure: the run of identical failures after this one. A transient kind (the worker
-    lost, storage away, a preemption) neither counts nor breaks the run of them."""
-    if kind in TRANSIENT_KINDS:
-        return dict(prior)
-    if prior.get("fingerprint") == sig:
-        return {"fingerprint": sig, "repeats": int(prior.get("repeats", 0)) + 1}
-    return {"fingerprint": sig, "repeats": 1}
-
-
-def prior_repeat(heartbeat_details: Any) -> dict[str, Any]:
-    """The run of identical failures the last attempt left in its heartbeat ({} if none)."""
-    beat = heartbeat_details[0] if heartbeat_details and isinstance(
-        heartbeat_details[0], dict) else {}
-    return dict(beat.get("repeat") or {})
+def prior_repeat(heartbeat_details: Any) -> Repeat:
+    """The run of identical failures the last attempt left in its heartbeat (none: empty)."""
+    return Beat.from_details(heartbeat_details).repeat
 
 
 # what a human does about a failure that repeats, by kind (docs/faults.md)
@@ -108,16 +97,17 @@ def fix_for(kind: str, run_id: str) -> str:
 
 class FaultRecorder:
     """Attempt N's own faults: one `fault` event at most, flushed at once (the process may
-    be about to die with the segment); its id and times also go into the heartbeat."""
+    be about to die with the segment); the record also goes into the heartbeat."""
 
     def __init__(self, events: EventLog, inp: TrainSegmentInput, attempt: int,
-                 execution: str, heartbeat: Any, repeat: dict[str, Any] | None = None) -> None:
+                 execution: str, heartbeat: Callable[[Fault, Repeat], None],
+                 repeat: Repeat | None = None) -> None:
         self.events, self.inp, self.attempt, self.heartbeat = events, inp, attempt, heartbeat
         self.event_id = fault_id(inp, execution, attempt)
         self.recorded = False
         self.last_step: int | None = None
-        self.repeat = dict(repeat or {})  # the run of identical failures, this one included
-        self.fault: dict[str, Any] = {}  # this attempt's fault payload, once recorded
+        self.repeat = repeat or Repeat()  # the run of identical failures, this one included
+        self.fault: Fault | None = None  # this attempt's fault, once recorded
         self.execution, self.restart = execution, 0
 
     def restarted(self) -> None:
@@ -125,14 +115,15 @@ class FaultRecorder:
         failure is a fault of its own; the run of identical failures goes on."""
         self.restart += 1
         self.event_id = fault_id(self.inp, self.execution, self.attempt, self.restart)
-        self.recorded, self.fault = False, {}
+        self.recorded, self.fault = False, None
 
     def on_progress(self, line: object) -> None:
         if isinstance(line, StepLine):
             self.last_step = line.step
 
-    def on_failure(self, failure: ChildFailure) -> None:
-        self._record(failure.payload())
+    def on_failure(self, seen: Fault) -> None:
+        """A detector's fault (activities/child_exit.py, supervise.py, training.py)."""
+        self._record(seen)
 
     def on_error(self, exc: BaseException) -> None:
         """An error of the activity itself (not its child's): recorded unless it is a
@@ -141,46 +132,45 @@ class FaultRecorder:
             return
         now = time.time()
         kind = "storage_outage" if isinstance(exc, StorageUnavailable) else "crash"
-        self._record({"kind": kind, "injected": False, "evidence": f"{type(exc).__name__}: "
-                      f"{str(exc)[:400]}", "error_type": type(exc).__name__, "fault_ts": now,
-                      "detected_ts": now, "detection_s": 0.0})
+        self._record(Fault(kind, f"{type(exc).__name__}: {str(exc)[:400]}",
+                           error_type=type(exc).__name__, fault_ts=now, detected_ts=now))
 
-    def _record(self, payload: dict[str, Any]) -> None:
+    def _record(self, seen: Fault) -> None:
+        """The detector's fault, with where it struck (this attempt, its last step) and its
+        identity: recorded, and beaten into the heartbeat."""
         if self.recorded:
             return
         self.recorded = True
-        payload = {**payload, "attempt": self.attempt, "last_step": self.last_step,
-                   **({"restart": self.restart} if self.restart else {}),
-                   "segment": f"{self.inp.from_step}-{self.inp.to_step}",
-                   "detected_by": "supervisor"}
-        self.repeat = count_repeat(self.repeat, payload["kind"], fingerprint(payload))
-        payload.update(fingerprint=fingerprint(payload), repeats=self.repeat.get("repeats", 0))
-        self.fault = payload
-        self.events.emit("fault", step=self.last_step, event_id=self.event_id, **payload)
+        fault = dataclasses.replace(
+            seen, event_id=self.event_id, attempt=self.attempt, last_step=self.last_step,
+            restart=self.restart, segment=f"{self.inp.from_step}-{self.inp.to_step}",
+            detected_by=SUPERVISOR)
+        fault = dataclasses.replace(fault, fingerprint=fingerprint(fault))
+        self.repeat = self.repeat.after(fault)
+        self.fault = dataclasses.replace(fault, repeats=self.repeat.repeats)
+        record_fault(self.events, self.fault)
         try:
             self.events.flush()
         except StorageUnavailable as exc:  # the next attempt records a worker_lost instead
             log.warning("fault_event_not_stored", error=exc.cause[:200])
-        self.heartbeat({"fault": {"event_id": self.event_id, "kind": payload["kind"],
-                                  "fault_ts": payload.get("fault_ts"),
-                                  "detected_ts": payload.get("detected_ts"),
-                                  "last_step": self.last_step}, "repeat": self.repeat})
+        self.heartbeat(self.fault, self.repeat)
 
     def decision(self, run_id: str, limit: int, micro_split: int) -> MainspringError | None:
         """What this attempt's failure needs instead of a plain retry: an out-of-memory
         goes back to the workflow to adapt the micro-batch; the same failure `limit` times
-        in a row stops the retrying. None: retry as usual."""
+        in a row stops the retrying. None: retry as usual. The error carries the fault
+        (activities/errors.py `with_fault`) to the workflow's decision."""
         f = self.fault
-        if not f:
+        if f is None:
             return None
-        which = {"fault_event_id": self.event_id, "fault_ts": f.get("fault_ts"),
-                 "last_step": self.last_step}
-        if f["kind"] == "oom":
-            return OutOfMemory(f"{f.get('evidence', '')}"[:500], micro_split, **which)
-        if self.repeat.get("repeats", 0) >= limit and f["kind"] not in TRANSIENT_KINDS:
-            return RepeatedFailure(self.repeat["fingerprint"], self.repeat["repeats"],
-                                   f"{f.get('evidence', '')}"[:500], fix_for(f["kind"], run_id),
-                                   **which)
+        which = {"fault_event_id": f.event_id, "fault_ts": f.fault_ts,
+                 "last_step": f.last_step}
+        if f.kind == "oom":
+            return with_fault(OutOfMemory(f.evidence[:500], micro_split, **which), f)
+        if self.repeat.repeats >= limit and not f.transient:
+            return with_fault(RepeatedFailure(self.repeat.fingerprint, self.repeat.repeats,
+                                              f.evidence[:500], fix_for(f.kind, run_id),
+                                              **which), f)
         return None
 
 
@@ -198,7 +188,7 @@ def already_recovered(events: EventLog, fault_event_id: str,
 
 
 def server_outage(events: EventLog, inp: TrainSegmentInput, execution: str,
-                  attempt: int, cache_dir: str | None = None) -> dict[str, Any] | None:
+                  attempt: int, cache_dir: str | None = None) -> Fault | None:
     """The Temporal outage the server watch recorded for `attempt` (activities/
     server_watch.py), as a fault to answer: with a heartbeat timeout shorter than the
     outage the server retries the attempt when it is back, although its worker was never
@@ -212,9 +202,8 @@ def server_outage(events: EventLog, inp: TrainSegmentInput, execution: str,
         return None
     if not seen:
         return None
-    p = seen[-1]["payload"]
-    return {"event_id": seen[-1]["event_id"], "fault_ts": p.get("fault_ts"),
-            "detected_ts": p.get("detected_ts"), "last_step": p.get("last_step")}
+    return dataclasses.replace(Fault.from_json(seen[-1]["payload"]),
+                               event_id=seen[-1]["event_id"])
 
 
 class Recovery:
@@ -239,19 +228,18 @@ class Recovery:
         # the fault has another closer (the server watch that recorded it): the first wins
         self.shared = False
         if in_place is not None:
-            f = in_place.fault
+            f = in_place.fault or Fault("crash")
             self.beat_step, self.fault_event_id = None, in_place.event_id
             self.also = [unanswered.settled().fault_event_id, *unanswered.also] \
                 if unanswered is not None and not unanswered.reported else []
-            self.fault_ts = f.get("fault_ts") or time.time()
-            self.detected_ts = f.get("detected_ts") or self.fault_ts
+            self.fault_ts = f.fault_ts or time.time()
+            self.detected_ts = f.detected_ts or self.fault_ts
             self.last_step = in_place.last_step if in_place.last_step is not None \
                 else inp.from_step
             return
         info = activity.info()
-        beat = info.heartbeat_details[0] if info.heartbeat_details and isinstance(
-            info.heartbeat_details[0], dict) else {}
-        self.beat_step, beat_ts = beat.get("step"), beat.get("ts")
+        beat = Beat.from_details(info.heartbeat_details)
+        self.beat_step = beat.step
         seen = [p for p in ProgressTail(os.path.join(workdir, "progress.jsonl"),
                                         from_start=True).read() if isinstance(p, StepLine)]
         local_step = seen[-1].step if seen else None
@@ -259,11 +247,12 @@ class Recovery:
         # this attempt was scheduled when Temporal gave up on the last one (the timeout)
         scheduled = info.current_attempt_scheduled_time.timestamp() \
             if info.current_attempt_scheduled_time else time.time()
-        fault = (beat.get("fault") if attempt > 1 else None) or inp.after_fault
-        settle = functools.partial(self._settle, beat_ts=beat_ts, local_step=local_step,
+        decided = Fault.from_json(inp.after_fault) if inp.after_fault else None
+        fault = (beat.fault if attempt > 1 else None) or decided
+        settle = functools.partial(self._settle, beat_ts=beat.ts, local_step=local_step,
                                    local_ts=local_ts, scheduled=scheduled)
         if fault or attempt == 1:
-            settle(fault or {})
+            settle(fault)
             return
         # The previous attempt left no fault in its heartbeat: its worker was lost, unless
         # the server watch recorded a Temporal outage for it (a read of the event log). The
@@ -276,7 +265,7 @@ class Recovery:
                 outage = None
             self.shared = outage is not None
             try:
-                settle(outage or {})
+                settle(outage)
             except StorageUnavailable as exc:  # the fault event stays buffered: next flush
                 log.warning("worker_lost_not_stored", error=exc.cause[:200])
         # in the activity's context: the fault is an event of the attempt's span too
@@ -289,33 +278,34 @@ class Recovery:
             self._settling = None
         return self
 
-    def _settle(self, fault: dict[str, Any], *, beat_ts: float | None, local_step: int | None,
+    def _settle(self, fault: Fault | None, *, beat_ts: float | None, local_step: int | None,
                 local_ts: float | None, scheduled: float) -> None:
+        """The fault this attempt answers: the one its predecessor or a decision recorded,
+        else (None) a worker_lost of its own making, from the heartbeat and progress file."""
         inp, execution, attempt = self.inp, self.execution, self.attempt
-        self.fault_event_id = fault.get("event_id") or fault_id(inp, execution, attempt - 1)
+        seen = fault or Fault("worker_lost")
+        self.fault_event_id = seen.event_id or fault_id(inp, execution, attempt - 1)
         # a multi-node launch's other faults (its peers' broken collectives): answered too
-        self.also = [str(x) for x in fault.get("also") or []]
+        self.also = list(seen.also)
         known = [t for t in (beat_ts, local_ts) if t is not None]
-        self.fault_ts = fault.get("fault_ts") or (max(known) if known else scheduled)
-        self.detected_ts = fault.get("detected_ts") or scheduled
-        candidates = [s for s in (fault.get("last_step"), local_step, self.beat_step)
+        self.fault_ts = seen.fault_ts or (max(known) if known else scheduled)
+        self.detected_ts = seen.detected_ts or scheduled
+        candidates = [s for s in (seen.last_step, local_step, self.beat_step)
                       if s is not None]
         self.last_step = max(candidates) if candidates else inp.from_step
-        if not fault:
+        if fault is None:
             self._worker_lost(beat_ts, local_step)
 
     def _worker_lost(self, beat_ts: float | None, local_step: int | None) -> None:
         ago = f"{self.detected_ts - self.fault_ts:.1f}s before this retry was scheduled"
-        self.events.emit(
-            "fault", step=self.last_step, event_id=self.fault_event_id, kind="worker_lost",
-            injected=False, detected_by="next_attempt", attempt=self.attempt - 1,
-            segment=f"{self.inp.from_step}-{self.inp.to_step}",
-            evidence=f"attempt {self.attempt - 1}'s worker stopped heartbeating; last sign of "
-                     f"life {ago} (heartbeat: committed step {self.beat_step})",
-            heartbeat_step=self.beat_step, heartbeat_ts=beat_ts, last_step=self.last_step,
-            local_step=local_step, fault_ts=round(self.fault_ts, 3),
-            detected_ts=round(self.detected_ts, 3),
-            detection_s=round_s(self.detected_ts - self.fault_ts))
+        record_fault(self.events, Fault(
+            "worker_lost", f"attempt {self.attempt - 1}'s worker stopped heartbeating; last "
+                           f"sign of life {ago} (heartbeat: committed step {self.beat_step})",
+            event_id=self.fault_event_id, detected_by=NEXT_ATTEMPT, attempt=self.attempt - 1,
+            segment=f"{self.inp.from_step}-{self.inp.to_step}", last_step=self.last_step,
+            fault_ts=self.fault_ts, detected_ts=self.detected_ts,
+            facts={"heartbeat_step": self.beat_step, "heartbeat_ts": beat_ts,
+                   "local_step": local_step}))
         self.events.flush()
 
     def on_progress(self, line: object) -> None:

@@ -49,7 +49,7 @@ from activities.contracts import TrainSegmentInput
 from activities.recovery import already_recovered
 from activities.supervise import ProgressTail
 from common.errors import StorageUnavailable
-from common.faults import recovered_id
+from common.faults import SERVER_WATCH, Fault, record_fault, recovered_id
 from common.protocol import StartLine, StepLine
 from common.threads import in_context
 from spec import RunSpec
@@ -151,7 +151,7 @@ class ServerWatch:
         self.last_ok = time.time()  # the server answered when the attempt was handed out
         self.failed = 0  # probes failed in a row
         self.outages = 0
-        self.outage: dict | None = None  # the open one: its fault event's facts
+        self.outage: Fault | None = None  # the open one
         self.last_step: int | None = None
         self.restarted = False  # a child (re)started during the open outage
         self._stop = threading.Event()
@@ -184,38 +184,33 @@ class ServerWatch:
     def _fault(self, error: str, now: float) -> None:
         self.outages += 1
         self.restarted = False
-        event_id = f"fault/{KIND}/{self.id_base}/{self.outages}"
-        self.outage = {"event_id": event_id, "fault_ts": self.last_ok, "detected_ts": now,
-                       "step": self.last_step}
-        self.events.emit(
-            "fault", step=self.last_step, event_id=event_id, kind=KIND, injected=False,
-            detected_by="server_watch", attempt=self.events.attempt, segment=self.segment,
-            evidence=f"{self.failed} health checks of the Temporal frontend {self.address} "
-                     f"failed in a row; the last: {error}",
-            address=self.address, last_step=self.last_step, fault_ts=round(self.last_ok, 3),
-            detected_ts=round(now, 3), detection_s=round(now - self.last_ok, 3))
+        self.outage = Fault(
+            KIND, f"{self.failed} health checks of the Temporal frontend {self.address} "
+                  f"failed in a row; the last: {error}",
+            event_id=f"fault/{KIND}/{self.id_base}/{self.outages}", detected_by=SERVER_WATCH,
+            attempt=self.events.attempt, segment=self.segment, last_step=self.last_step,
+            fault_ts=self.last_ok, detected_ts=now, facts={"address": self.address})
+        record_fault(self.events, self.outage)
         self._flush()
 
     def _recovered(self, now: float) -> None:
         o, self.outage = self.outage, None
-        assert o is not None
-        if already_recovered(self.events, o["event_id"]):  # the retried attempt closed it
-            log.info("fault_already_recovered", fault_event_id=o["event_id"],
-                     outage_s_here=round(now - o["fault_ts"], 3))
+        assert o is not None and o.fault_ts is not None
+        if already_recovered(self.events, o.event_id):  # the retried attempt closed it
+            log.info("fault_already_recovered", fault_event_id=o.event_id,
+                     outage_s_here=round(now - o.fault_ts, 3))
             return
-        trained = None if o["step"] is None or self.last_step is None \
-            else self.last_step - o["step"]
+        trained = None if o.last_step is None or self.last_step is None \
+            else self.last_step - o.last_step
         self.events.emit(
-            "recovered", step=self.last_step,
-            event_id=recovered_id(o["event_id"]),
-            fault_event_id=o["event_id"], fault_kind=KIND, attempt=self.events.attempt,
+            "recovered", step=self.last_step, event_id=recovered_id(o.event_id),
+            fault_event_id=o.event_id, fault_kind=KIND, attempt=self.events.attempt,
             resumed_step=self.last_step, steps_during_outage=trained,
             # the child trained on: nothing was lost unless it restarted meanwhile (then
             # the new attempt's own `recovered` counts what it redid)
             lost_steps=None if self.restarted else 0, child_restarted=self.restarted,
-            detection_s=round(o["detected_ts"] - o["fault_ts"], 3),
-            outage_s=round(now - o["fault_ts"], 3), restart_s=0.0, restore_s=0.0,
-            mttr_s=round(now - o["fault_ts"], 3))
+            detection_s=o.detection_s, outage_s=round(now - o.fault_ts, 3), restart_s=0.0,
+            restore_s=0.0, mttr_s=round(now - o.fault_ts, 3))
         self._flush()
 
     def _flush(self) -> None:

@@ -24,7 +24,6 @@ from temporalio.exceptions import CancelledError
 
 from activities import standby
 from activities.child_exit import (
-    ChildFailure,
     LauncherLog,
     classify_exit,
     first_failed_rank,
@@ -35,6 +34,7 @@ from activities.contracts import GangMember
 from activities.hang import HangLimits, HangWatch
 from common.cgroup import oom_kill_count, oom_kills_since
 from common.errors import HardwareFault
+from common.faults import Fault
 from common.procs import (
     STOP_FILE,
     allowed_env,
@@ -148,7 +148,7 @@ class Supervision:
     hang: the timeout a quiet progress file is hung after (activities/hang.py; a number:
         that many seconds, fixed); step_times (HangWatch) carries the step times it is
         measured by from an earlier launch of the attempt.
-    on_failure: a retryable failure is described to it (ChildFailure) before it is raised.
+    on_failure: a retryable failure is described to it (a Fault) before it is raised.
     warm: the same launch as the command, for a standby ready in this worker
         (activities/standby.py), which launches it without torchrun's and the ranks' imports.
     poll_s: how often the loop looks.
@@ -163,7 +163,7 @@ class Supervision:
     stop_quiet_s: float | None = None
     hang: HangLimits | float = 600.0
     step_times: deque[float] | None = None
-    on_failure: Callable[[ChildFailure], None] = _ignore
+    on_failure: Callable[[Fault], None] = _ignore
     warm: LaunchRequest | None = None
     poll_s: float = 1.0
 
@@ -298,9 +298,9 @@ class ChildLoop:
             return True
         why = (f"rank {rank} died" if rank is not None else "a rank died") + \
             "; torchrun was stopping the others"
-        self.how.on_failure(ChildFailure("rank_lost", why, rank=rank,
-                                         log_tail=tuple(last_lines(self.log_path)),
-                                         fault_ts=time.time(), detected_ts=time.time()))
+        self.how.on_failure(Fault("rank_lost", why, rank=rank,
+                                  log_tail=tuple(last_lines(self.log_path)),
+                                  fault_ts=time.time(), detected_ts=time.time()))
         raise HardwareFault(why)
 
 

@@ -22,7 +22,6 @@ from temporalio import activity
 from temporalio.exceptions import CancelledError
 
 from activities import drain, nodes
-from activities.child_exit import ChildFailure
 from activities.contracts import TRAIN_SEGMENT, TrainSegmentInput, TrainSegmentResult
 from activities.errors import classified
 from activities.gang_member import follower_result, is_follower, node_failed
@@ -33,6 +32,7 @@ from activities.metrics import MeteredEventLog, MetricsForwarder
 from activities.recovery import FaultRecorder, Recovery, execution_key, prior_repeat
 from activities.tracing import activity_span
 from common.errors import Preempted
+from common.faults import Fault
 from common.protocol import ProgressLine, SegmentResult
 from common.threads import concurrently, in_context
 from spec import RunSpec
@@ -194,9 +194,9 @@ def preempted(faults: FaultRecorder, committed: int | None) -> Preempted:
     """The worker drains: the segment stopped at a committed step; its fault is recorded
     (the next attempt's `recovered` names it) and the retry goes to another worker now."""
     now = time.time()
-    faults.on_failure(ChildFailure("preempted", f"{drain.reason()}; committed step {committed}",
-                                   signal="SIGTERM", fault_ts=drain.since() or now,
-                                   detected_ts=drain.since() or now))
+    faults.on_failure(Fault("preempted", f"{drain.reason()}; committed step {committed}",
+                            signal="SIGTERM", fault_ts=drain.since() or now,
+                            detected_ts=drain.since() or now))
     return Preempted(committed, drain.reason())
 
 

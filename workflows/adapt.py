@@ -11,6 +11,7 @@ from typing import Any
 from temporalio.exceptions import ActivityError, ApplicationError
 
 from common.errors import NEEDS_DECISION
+from common.faults import Fault
 from spec import RunSpec
 
 
@@ -66,32 +67,30 @@ class Decision:
     """What the workflow does about a failure that needs one: go on with `micro_split`
     (an `oom_adapted` event of `payload`), or hold in needs_attention for `reason`
     (`payload`: the fix and the evidence). `after_fault`: the fault the next segment's
-    `recovered` names."""
+    `recovered` names (the record the activity raised with, common/faults.py)."""
 
     micro_split: int = 0
     reason: str = ""
     payload: dict[str, Any] = field(default_factory=dict)
-    after_fault: dict[str, Any] | None = None
+    after_fault: Fault | None = None
 
 
 def decide(spec: RunSpec, split: int, failure: ApplicationError) -> Decision:
     """Pure: the decision on `failure` (needs_decision) at the run's current `split`."""
-    details = failure_details(failure)
-    after = None
-    if details.get("fault_event_id"):
-        after = {"event_id": details["fault_event_id"], "fault_ts": details.get("fault_ts"),
-                 # a child's exit is seen at once (activities/supervise.py)
-                 "detected_ts": details.get("fault_ts"), "last_step": details.get("last_step")}
-    evidence = details.get("evidence", failure.message)
+    fault = Fault.from_error_details(failure.details or (), error_type=failure.type or "")
+    after = fault if fault.event_id else None
     if failure.type == "OutOfMemory":
         new = next_split(micro_batch(spec), split)
         if new is not None:
-            return Decision(micro_split=new, after_fault=after,
-                            payload={"evidence": evidence, **oom_adaptation(spec, split, new)})
+            return Decision(micro_split=new, after_fault=after, payload={
+                "evidence": fault.evidence or failure.message,
+                **oom_adaptation(spec, split, new)})
         reason, fix = oom_floor_reason(spec, split)
-        return Decision(reason=reason, after_fault=after,
-                        payload={"fix": fix, "failure": failure.type, "evidence": evidence})
-    fix = details.get("fix") or f"fix the cause, then `mainspring run resume {spec.run_id}`"
+        return Decision(reason=reason, after_fault=after, payload={
+            "fix": fix, "failure": failure.type, "evidence": fault.evidence or failure.message})
+    # the error's own advice (RepeatedFailure's fix, DiskFull's), not the fault's
+    fix = failure_details(failure).get("fix") or \
+        f"fix the cause, then `mainspring run resume {spec.run_id}`"
     return Decision(reason=failure.message, after_fault=after, payload={
-        "fix": fix, "failure": failure.type, "fingerprint": details.get("fingerprint", ""),
-        "repeats": details.get("repeats"), "evidence": details.get("evidence", "")})
+        "fix": fix, "failure": failure.type, "fingerprint": fault.fingerprint,
+        "repeats": fault.repeats or None, "evidence": fault.evidence})

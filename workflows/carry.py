@@ -8,7 +8,8 @@ side under their flat keys and `from_json` reads them back (docs/decisions.md, r
 A carry written by older code reads the same, and so does one written by this code on a
 worker still running the older code (a rolling deploy): the shape never changed.
 
-Deterministic and I/O-free; stdlib only (with common/protocol.py): the sandbox imports it.
+Deterministic and I/O-free; stdlib only (with common/protocol.py and common/faults.py): the
+sandbox imports it.
 The pure views and updates of a carry are workflows/carry_updates.py.
 """
 
@@ -18,6 +19,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from common.faults import Fault
 from common.protocol import OperatorRollback
 
 # keys older code wrote, and their names now (the rollback has one name everywhere)
@@ -119,7 +121,10 @@ class RunCarry:
     # after out-of-memory failures: each micro-batch runs as this many chunks from then on
     # (workflows/adapt.py), with the oom_adapted events saying why
     micro_split: int = 1
-    after_fault: dict[str, Any] | None = None  # TrainSegmentInput.after_fault, until it ran
+    # the fault the next segment's `recovered` answers, until it ran (TrainSegmentInput
+    # .after_fault); on the wire its JSON object (common/faults.py, a superset of the
+    # {event_id, fault_ts, detected_ts, last_step, also} older code wrote and reads)
+    after_fault: Fault | None = None
     escalation: Escalation = field(default_factory=Escalation)
     operator: OperatorQueue = field(default_factory=OperatorQueue)
     hold: Hold = field(default_factory=Hold)
@@ -131,6 +136,7 @@ class RunCarry:
         record's fields side by side with the progress fields."""
         flat = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                 if f.name not in self.RECORDS}
+        flat["after_fault"] = self.after_fault.to_json() if self.after_fault else None
         for name in self.RECORDS:
             record = getattr(self, name)
             flat |= {_key(f): getattr(record, f.name) for f in dataclasses.fields(record)}
@@ -147,6 +153,8 @@ class RunCarry:
                 d.setdefault(new, d.pop(old))
         if d.get("pending_rollback") is not None:
             d["pending_rollback"] = OperatorRollback.from_json(d["pending_rollback"])
+        if d.get("after_fault") is not None:
+            d["after_fault"] = Fault.from_json(d["after_fault"])
         records = {name: _record(kind, d) for name, kind in cls.RECORDS.items()}
         own = {f.name for f in dataclasses.fields(cls)} - set(cls.RECORDS)
         return cls(**{k: v for k, v in d.items() if k in own}, **records)

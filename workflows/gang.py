@@ -26,6 +26,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -49,6 +50,7 @@ with workflow.unsafe.imports_passed_through():
         NodeInfo,
     )
     from common.errors import NEEDS_DECISION, NON_RETRYABLE
+    from common.faults import WORKFLOW, Fault, Repeat, fault_event
     from spec import RunSpec
     from spec.train import TrainConfig
     from workflows.carry import RunCarry
@@ -104,18 +106,12 @@ def waiting_reason(s: RunSpec, used: int, avail: list[NodeInfo], known: list[Nod
 
 @dataclass(frozen=True)
 class MemberFailure:
-    """What one failed member tells about its node."""
+    """What one failed member tells about its node: how surely it is at fault, and the
+    fault record the member raised with (common/faults.py) or, lost, the one made here."""
 
     node: str
     how: int  # LOST, OWN or PEER
-    kind: str
-    evidence: str
-    fault_event_id: str = ""
-    fault_ts: float | None = None
-    detected_ts: float | None = None
-    last_step: int | None = None
-    fingerprint: str = ""
-    transient: bool = False
+    fault: Fault
 
 
 def member_failure(node: str, err: BaseException) -> MemberFailure:
@@ -123,18 +119,13 @@ def member_failure(node: str, err: BaseException) -> MemberFailure:
     cause = err.cause if isinstance(err, ActivityError) else err
     if isinstance(cause, TimeoutError):
         which = getattr(cause.type, "name", cause.type)
-        return MemberFailure(node, LOST, "worker_lost", f"node {node}: its activity timed "
-                             f"out ({which}): the worker stopped answering", transient=True)
-    d: dict[str, Any] = {}
-    if isinstance(cause, ApplicationError) and cause.details and isinstance(cause.details[0], dict):
-        d = cause.details[0]
-    kind = str(d.get("fault_kind") or getattr(cause, "type", "") or "crash")
-    return MemberFailure(node, PEER if d.get("peer") else OWN, kind,
-                         str(d.get("evidence") or cause)[:500],
-                         fault_event_id=str(d.get("fault_event_id") or ""),
-                         fault_ts=d.get("fault_ts"), detected_ts=d.get("detected_ts"),
-                         last_step=d.get("last_step"), fingerprint=str(d.get("fingerprint") or ""),
-                         transient=bool(d.get("transient")))
+        return MemberFailure(node, LOST, Fault(
+            "worker_lost", f"node {node}: its activity timed out ({which}): the worker "
+                           f"stopped answering", node=node, detected_by=WORKFLOW))
+    fault = Fault.from_error_details(
+        cause.details if isinstance(cause, ApplicationError) else (),
+        error_type=str(getattr(cause, "type", "") or ""), message=str(cause))
+    return MemberFailure(node, PEER if fault.peer else OWN, dataclasses.replace(fault, node=node))
 
 
 def at_fault(failures: list[MemberFailure]) -> list[MemberFailure]:
@@ -242,9 +233,17 @@ class Blame:
     recovery answers, and a hold (needs_attention) when the same failure keeps coming."""
 
     events: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
-    after_fault: dict[str, Any] | None = None
+    after_fault: Fault | None = None
     hold: str = ""
     hold_payload: dict[str, Any] = field(default_factory=dict)
+
+
+def lost_fault(f: Fault, s: RunSpec, *, lo: int, hi: int, launch: int, now: float) -> Fault:
+    """Pure: a lost member's fault, as the workflow records it (nobody else saw it): it
+    struck a heartbeat timeout before `now`."""
+    return dataclasses.replace(
+        f, event_id=f"fault/{lo}-{hi}/gang{launch}/{f.node}", segment=f"{lo}-{hi}",
+        fault_ts=now - s.ops.heartbeat_timeout_s, detected_ts=now, facts={"launch": launch})
 
 
 def blame(c: RunCarry, s: RunSpec, failures: list[MemberFailure], *, lo: int, hi: int,
@@ -253,45 +252,39 @@ def blame(c: RunCarry, s: RunSpec, failures: list[MemberFailure], *, lo: int, hi
     aside at ops.node_failure_limit); a lost node's fault is recorded; the same failure
     ops.repeat_failure_limit launches in a row asks for a human."""
     out = Blame()
-    faults: list[dict[str, Any]] = []
+    faults: list[tuple[int, Fault]] = []
     for f in failures:
-        fid = f.fault_event_id
+        fault = f.fault
         if f.how == LOST:  # nobody else saw it: its worker is gone
-            fid = f"fault/{lo}-{hi}/gang{launch}/{f.node}"
-            out.events.append(("fault", fid, {
-                "kind": "worker_lost", "injected": False, "detected_by": "workflow",
-                "node": f.node, "segment": f"{lo}-{hi}", "launch": launch,
-                "evidence": f.evidence, "fault_ts": round(now - s.ops.heartbeat_timeout_s, 3),
-                "detected_ts": round(now, 3), "detection_s": s.ops.heartbeat_timeout_s}))
-            f = MemberFailure(**{**f.__dict__, "fault_event_id": fid,
-                                 "fault_ts": now - s.ops.heartbeat_timeout_s,
-                                 "detected_ts": now})
-        if fid:
-            faults.append({"event_id": fid, "node": f.node, "how": f.how, "fault_ts": f.fault_ts,
-                           "detected_ts": f.detected_ts, "last_step": f.last_step})
+            fault = lost_fault(fault, s, lo=lo, hi=hi, launch=launch, now=now)
+            out.events.append(fault_event(fault))
+        if fault.event_id:
+            faults.append((f.how, fault))
     culprits = at_fault(failures)
     for f in culprits:
-        if f.kind == "preempted":  # a drain: the node is leaving, not failing
+        fault = f.fault
+        if fault.kind == "preempted":  # a drain: the node is leaving, not failing
             continue
         c.gang.node_failures[f.node] = c.gang.node_failures.get(f.node, 0) + 1
         if (c.gang.node_failures[f.node] >= s.ops.node_failure_limit
                 and f.node not in c.gang.set_aside):
-            c.gang.set_aside[f.node] = f.evidence[:300]
+            c.gang.set_aside[f.node] = fault.evidence[:300]
             out.events.append(("node_set_aside", f"node_set_aside/{f.node}/{launch}", {
-                "node": f.node, "failures": c.gang.node_failures[f.node], "kind": f.kind,
-                "evidence": f.evidence[:500], "segment": f"{lo}-{hi}",
+                "node": f.node, "failures": c.gang.node_failures[f.node], "kind": fault.kind,
+                "evidence": fault.evidence[:500], "segment": f"{lo}-{hi}",
                 "fix": f"look at node {f.node} (its worker's log, dmesg, the fault events); "
                        "restart its worker under a new --node name once it is healthy"}))
     if faults:
-        primary = max(faults, key=lambda x: x["how"])
-        out.after_fault = {k: v for k, v in primary.items() if k not in ("node", "how")}
-        out.after_fault["also"] = [x["event_id"] for x in faults if x is not primary]
-    own = next((f for f in culprits if f.fingerprint and not f.transient), None)
+        primary = max(faults, key=lambda x: x[0])
+        out.after_fault = primary[1].answering(
+            *(x[1].event_id for x in faults if x is not primary))
+    own = next((f.fault for f in culprits if f.fault.fingerprint and not f.fault.transient),
+               None)
     if own is None:
         return out
-    prior = c.gang.repeat
-    repeats = int(prior.get("repeats", 0)) + 1 if prior.get("fingerprint") == own.fingerprint else 1
-    c.gang.repeat = {"fingerprint": own.fingerprint, "repeats": repeats}
+    prior = Repeat.from_json(c.gang.repeat)
+    repeats = prior.repeats + 1 if prior.fingerprint == own.fingerprint else 1
+    c.gang.repeat = Repeat(own.fingerprint, repeats).to_json()
     if repeats >= s.ops.repeat_failure_limit:
         out.hold = (f"the same failure {repeats} times in a row on node {own.node} "
                     f"({own.fingerprint}): {own.evidence[:300]}")

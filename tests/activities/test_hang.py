@@ -10,7 +10,6 @@ import time
 
 import pytest
 
-from activities.child_exit import ChildFailure
 from activities.hang import (
     HangLimits,
     HangWatch,
@@ -21,6 +20,7 @@ from activities.hang import (
 )
 from activities.supervise import child_env, supervise
 from common.errors import HardwareFault
+from common.faults import Fault
 from common.protocol import CommitLine, EvalLine, StartLine, StepLine
 from spec import preset
 
@@ -210,8 +210,8 @@ def test_limits_come_from_the_spec_auto_by_default_and_numbers_stay_fixed():
 def test_the_fault_payload_names_the_timeout_its_value_and_the_measured_p99():
     watch = fed(AUTO, [step(1, dt=0.25), step(2, dt=0.5)])
     timeout, waited = watch.overdue(70.0)
-    payload = ChildFailure("hang", timeout.evidence(waited), timeout=timeout.payload(waited),
-                           fault_ts=1.0, detected_ts=2.0).payload()
+    payload = Fault("hang", timeout.evidence(waited), facts=timeout.payload(waited),
+                    fault_ts=1.0, detected_ts=2.0).to_json()
     assert payload["kind"] == "hang" and payload["timeout"] == "hang_timeout_s"
     assert (payload["timeout_s"], payload["auto"], payload["p99_step_s"]) == (60.0, True, 0.5)
     assert payload["waited_s"] == 68.0 and payload["steps_measured"] == 1
@@ -239,14 +239,14 @@ time.sleep(60)
 
 def _run_quiet(tmp_path, steps: int, then: str, limits: HangLimits) -> tuple[dict, float]:
     progress = tmp_path / "progress.jsonl"
-    seen: list[ChildFailure] = []
+    seen: list[Fault] = []
     t0 = time.monotonic()
     with pytest.raises(HardwareFault):
         supervise([sys.executable, "-c", QUIET_CHILD, str(progress), str(steps), then],
                   workdir=str(tmp_path), env=child_env(), progress_file=str(progress),
                   hang=limits, poll_s=0.05, on_failure=seen.append)
     assert len(seen) == 1 and seen[0].kind == "hang"
-    return json.loads(json.dumps(seen[0].payload())), time.monotonic() - t0
+    return json.loads(json.dumps(seen[0].to_json())), time.monotonic() - t0
 
 
 def test_a_child_quiet_after_its_steps_is_hung_at_the_auto_timeout_from_its_last_line(tmp_path):

@@ -4,16 +4,16 @@ recovers."""
 
 from __future__ import annotations
 
-from activities.child_exit import ChildFailure
 from activities.contracts import TrainSegmentInput
 from activities.recovery import FaultRecorder, Recovery
+from common.faults import Fault
 from common.protocol import StartLine, StepLine
 from ops.goodput import fault_summary
 from storage.events import EventLog, read_events
 
 
-def crash(why: str) -> ChildFailure:
-    return ChildFailure("crash", why, exit_code=1, rank=0, fault_ts=100.0, detected_ts=100.5)
+def crash(why: str) -> Fault:
+    return Fault("crash", why, exit_code=1, rank=0, fault_ts=100.0, detected_ts=100.5)
 
 
 def test_a_launch_that_died_before_its_first_step_is_answered_by_the_restart_that_recovers(
@@ -21,7 +21,7 @@ def test_a_launch_that_died_before_its_first_step_is_answered_by_the_restart_tha
     durable = str(tmp_path / "durable")
     events = EventLog(durable, "r", "supervisor", attempt=2)
     inp = TrainSegmentInput(spec={}, dataset_uri="", from_step=0, to_step=300)
-    faults = FaultRecorder(events, inp, 2, "ex", heartbeat=lambda _: None)
+    faults = FaultRecorder(events, inp, 2, "ex", heartbeat=lambda *_: None)
     faults.on_failure(crash("rank 0 exit code 1"))  # the attempt's first launch
     first = Recovery(events, str(tmp_path), inp, 2, "ex", in_place=faults)
     faults.restarted()
@@ -46,7 +46,7 @@ def test_a_restart_after_a_launch_that_recovered_answers_only_its_own_fault(tmp_
     durable = str(tmp_path / "durable")
     events = EventLog(durable, "r", "supervisor", attempt=1)
     inp = TrainSegmentInput(spec={}, dataset_uri="", from_step=0, to_step=300)
-    faults = FaultRecorder(events, inp, 1, "ex", heartbeat=lambda _: None)
+    faults = FaultRecorder(events, inp, 1, "ex", heartbeat=lambda *_: None)
     faults.on_failure(crash("rank 0 exit code 1"))
     first = Recovery(events, str(tmp_path), inp, 1, "ex", in_place=faults)
     faults.restarted()

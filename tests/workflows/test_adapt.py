@@ -63,8 +63,8 @@ def test_a_decision_names_the_fault_the_next_segment_answers():
                            type="OutOfMemory")
     d = decide(spec(), 1, oom)
     assert d.micro_split == 2 and d.payload["micro_batch"] == {"from": 8, "to": 4}
-    assert d.after_fault == {"event_id": "fault/0-10/x/1", "fault_ts": 5.0, "detected_ts": 5.0,
-                             "last_step": 3}
+    a = d.after_fault
+    assert (a.event_id, a.fault_ts, a.detected_ts, a.last_step) == ("fault/0-10/x/1", 5.0, 5.0, 3)
     floor = decide(spec(), 8, oom)
     assert floor.micro_split == 0 and "cannot be halved" in floor.reason
     assert floor.payload["failure"] == "OutOfMemory"
@@ -72,3 +72,15 @@ def test_a_decision_names_the_fault_the_next_segment_answers():
                                                   type="RepeatedFailure"))
     assert (repeated.micro_split, repeated.reason, repeated.payload["fix"]) == (0, "3 times", "do x")
     assert repeated.after_fault is None
+
+
+def test_a_decision_carries_the_fault_record_the_activity_raised_with_unchanged():
+    from common.faults import Fault
+    from workflows.adapt import decide
+
+    fault = Fault("oom", "CUDA out of memory", event_id="fault/0-10/x/1", fault_ts=5.0,
+                  detected_ts=5.5, last_step=3, rank=1, detected_by="supervisor")
+    oom = ApplicationError("out of memory", {"evidence": "CUDA out of memory",
+                                             "fault": fault.to_json()}, type="OutOfMemory")
+    d = decide(spec(), 1, oom)
+    assert d.after_fault == fault and d.payload["evidence"] == "CUDA out of memory"

@@ -101,3 +101,19 @@ def test_a_returned_segment_moves_the_run_and_counts_its_rollbacks():
     assert (carry.next_step, carry.train_loss, carry.segments_total) == (20, 2.5, 1)
     assert (carry.escalation.rollback_steps, carry.escalation.rollbacks_total) == ([4, 14, 17], 3)
     assert (carry.oldest_step, carry.early_stopped) == (10, "overfitting")
+
+
+def test_the_after_fault_is_the_fault_record_in_code_and_its_json_object_on_the_wire():
+    from common.faults import Fault
+
+    fault = Fault("oom", "CUDA out of memory", event_id="fault/0-10/x/1", fault_ts=5.0,
+                  detected_ts=5.5, last_step=3, also=("fault/h0",))
+    wire = RunCarry(after_fault=fault).to_json()["after_fault"]
+    # what older code reads of it is there, under the keys it always had
+    assert {k: wire[k] for k in ("event_id", "fault_ts", "detected_ts", "last_step", "also")} \
+        == {"event_id": "fault/0-10/x/1", "fault_ts": 5.0, "detected_ts": 5.5, "last_step": 3,
+            "also": ["fault/h0"]}
+    assert RunCarry.from_json({"after_fault": wire}).after_fault == fault
+    older = {"event_id": "fault/0-10/x/1", "fault_ts": 5.0, "detected_ts": 5.0, "last_step": 3}
+    assert RunCarry.from_json({"after_fault": older}).after_fault == Fault(
+        "", event_id="fault/0-10/x/1", fault_ts=5.0, detected_ts=5.0, last_step=3)

@@ -9,6 +9,7 @@ from temporalio.exceptions import (
 )
 
 from activities.contracts import NodeInfo
+from common.faults import Fault
 from spec import RunSpec
 from tests.workflows.test_adapt import activity_error
 from workflows.carry import RunCarry
@@ -81,17 +82,17 @@ def test_a_timed_out_member_is_blamed_before_one_that_failed_on_its_own_before_a
     own = member_failure("h2", node_failed("crash"))
     peer = member_failure("h0", node_failed("rank_lost", peer=True))
     assert (lost.how, own.how, peer.how) == (LOST, OWN, PEER)
-    assert lost.kind == "worker_lost" and "HEARTBEAT" in lost.evidence
-    assert own.kind == "crash" and own.last_step == 14
+    assert lost.fault.kind == "worker_lost" and "HEARTBEAT" in lost.fault.evidence
+    assert own.fault.kind == "crash" and own.fault.last_step == 14 and own.fault.node == "h2"
     assert at_fault([peer, own]) == [own]
     assert at_fault([peer, own, lost]) == [lost]
 
 
 def failure(node_name: str, how: int, kind: str = "crash", fp: str = "crash at step 14",
             fid: str = "") -> MemberFailure:
-    return MemberFailure(node=node_name, how=how, kind=kind, evidence=f"{kind} on {node_name}",
-                         fault_event_id=fid or f"fault/{node_name}", fingerprint=fp,
-                         last_step=14)
+    return MemberFailure(node=node_name, how=how, fault=Fault(
+        kind, f"{kind} on {node_name}", event_id=fid or f"fault/{node_name}", fingerprint=fp,
+        last_step=14, node=node_name))
 
 
 def test_a_lost_node_gets_a_worker_lost_fault_and_the_next_launch_answers_it_and_the_peers_fault():
@@ -101,8 +102,10 @@ def test_a_lost_node_gets_a_worker_lost_fault_and_the_next_launch_answers_it_and
     [(kind, event_id, payload)] = verdict.events
     assert (kind, event_id, payload["kind"], payload["node"]) == (
         "fault", "fault/0-40/gang0/h1", "worker_lost", "h1")
-    assert verdict.after_fault["event_id"] == "fault/0-40/gang0/h1"
-    assert verdict.after_fault["also"] == ["fault/h0"]
+    assert verdict.after_fault.event_id == "fault/0-40/gang0/h1"
+    assert verdict.after_fault.also == ("fault/h0",)
+    assert verdict.after_fault.detected_ts - verdict.after_fault.fault_ts == \
+        spec().ops.heartbeat_timeout_s
     assert c.gang.node_failures == {"h1": 1} and not c.gang.set_aside and not verdict.hold
 
 
@@ -129,7 +132,7 @@ def test_the_same_failure_repeat_failure_limit_launches_in_a_row_holds_the_run_f
 
 def test_a_lost_worker_is_transient_and_never_counts_towards_the_repeat_hold():
     c, s = RunCarry(), spec(ops={"node_failure_limit": 100, "repeat_failure_limit": 1})
-    lost = MemberFailure(node="h1", how=LOST, kind="worker_lost", evidence="gone", transient=True)
+    lost = MemberFailure(node="h1", how=LOST, fault=Fault("worker_lost", "gone", node="h1"))
     assert not blame(c, s, [lost], lo=0, hi=40, launch=0, now=NOW).hold
     assert c.gang.repeat == {}
 
@@ -144,3 +147,14 @@ def test_the_waiting_reason_counts_why_nodes_are_not_available_and_says_what_to_
     assert why.startswith("1 of 4 nodes available (ok); 4 registered: 1 silent, 1 busy")
     assert "1 with fewer than 8 procs, 1 set aside" in why
     assert "--procs 8` on 3 more node(s)" in why and "goes on with fewer" in why
+
+
+def test_a_member_failure_reads_the_fault_record_its_activity_raised_with():
+    fault = Fault("nccl", "Watchdog caught collective operation timeout", event_id="fault/n",
+                  fault_ts=10.0, detected_ts=11.0, last_step=14, rank=1, peer=True,
+                  fingerprint="nccl at step 14", detected_by="supervisor")
+    err = activity_error(ApplicationError("node failed", {"node": "h0", "fault_kind": "nccl",
+                                                          "fault": fault.to_json()},
+                                          type="NodeFailed"))
+    got = member_failure("h0", err)
+    assert got.how == PEER and got.fault == Fault(**{**fault.__dict__, "node": "h0"})
