@@ -13,15 +13,20 @@ a typed `StepResult`, then one call per owner of what follows a step.
 A rollback is a step outcome like any other: every owner is called after it and handles it
 (the restored step is committed already; it is neither injected nor evaluated again).
 Every collective and host sync of a step sits on a line of its own, named in a comment.
+Every hand-over from one owner to the next is a lap of the `OwnerClock`
+(trainer/step_metrics.py): where each step's wall time went, written to the workdir's
+`step_owners.json` when the segment's loop ends.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import structlog
 import torch
 
 from common.protocol import StepLine
@@ -34,9 +39,11 @@ from trainer.model import IGNORE
 from trainer.online_eval import OnlineEval
 from trainer.spikes import Verdict
 from trainer.state import TrainState
-from trainer.step_metrics import StepProbe
+from trainer.step_metrics import OwnerClock, StepProbe, write_owner_times
 from trainer.stopping import Stopper
-from trainer.throughput import Meter, peak_memory_bytes
+from trainer.throughput import Meter
+
+log = structlog.get_logger(__name__)
 
 
 class BatchSource(Protocol):
@@ -99,62 +106,95 @@ class Trainer:
     faults: FaultHook
     evaluator: OnlineEval
     stopper: Stopper
+    clock: OwnerClock = field(default_factory=OwnerClock)  # where each step's time went
 
     def train(self, state: TrainState) -> TrainState:
         """Optimizer steps from `state` until the stopper names a reason; returns the final
         state (the restored one when the segment ends on a rollback)."""
-        ctx, checkpoints = self.ctx, self.checkpoints
+        ctx, checkpoints, lap = self.ctx, self.checkpoints, self.clock.lap
         reason = self.stopper.should_stop(state.step)  # resumed at the target: no step to run
+        self.clock.start()
         while not reason:
             result = self.train_step(state)  # its syncs are named inside
             self.report(result)
+            lap("report")
             # a rollback: the restored state (collectives: the restore's broadcasts)
             state = self.guard.resolve(result.verdict, state)
+            lap("resolve")
             # collectives when due: a barrier, then an all-reduce of any rank's write failure
             checkpoints.maybe_save(state, last=state.step == ctx.target)
+            lap("checkpoints")
             if ctx.rank == 0 and not result.rolled_back:  # faults fire after a step trained
                 self.faults.after_step(state.step, checkpoints.last_committed_step)
+            lap("faults")
             # collective when due: the validation loss all-reduced
             evaluation = self.evaluator.maybe_evaluate(state, result.rolled_back)
+            lap("evaluator")
             reason = self.stopper.should_stop(
                 state.step, rolled_back=result.rolled_back, signal=result.stop,
                 overfitting=evaluation is not None and evaluation.overfitting)
+            lap("stopper")
+            self.clock.end_step()
         checkpoints.maybe_save(state, last=True)  # an early stop ends on a committed step
+        self.write_owner_times()
         return state
+
+    def write_owner_times(self) -> None:
+        """Rank 0: the segment's per-owner step times, once (`step_owners.json`)."""
+        if self.ctx.rank != 0 or not self.clock.steps:
+            return
+        summary = self.clock.summary()
+        write_owner_times(os.path.join(self.ctx.workdir, "step_owners.json"), summary)
+        log.info("step_owners", steps=summary["steps"], period_ms=summary["period_ms"],
+                 mean_ms=summary["mean_ms"])
 
     def train_step(self, state: TrainState) -> StepResult:
         """One optimizer step: its micro-batches forward and backward, the verdict on its
         loss, the update (vetoed unless the verdict is ok), the fp16 check after it, and
         what it measured. Advances `state` past the step."""
         ctx, engine, accum = self.ctx, self.engine, self.ctx.spec.train.grad_accum
+        probe, guard, lap = self.probe, self.guard, self.clock.lap
         t0 = time.perf_counter()
         step = state.step + 1  # the step being run, 1-based
-        self.probe.begin(step)
+        probe.begin(step)
+        lap("probe")
         set_lr(engine, lr := self.lr(step))
         first_cursor = skip_past(state.data_cursor, state.skip_ranges)
         split = ctx.args.micro_split
+        lap("other")
         loss_sum = forward_backward(engine, self.batches, state, step, accum, split)
+        lap("forward_backward")
         # collective + host sync: the mean loss over ranks and any rank's stop request
         loss, stop = ctx.loss_and_stop(loss_sum / (accum * split))
-        verdict = self.guard.judge(state, step, loss, first_cursor)
+        lap("loss_and_stop")
+        verdict = guard.judge(state, step, loss, first_cursor)
+        lap("judge")
         if verdict.action != "ok":  # skip | rollback: this batch's update is vetoed
             veto_next_update(engine)
-        self.probe.before_update(engine)
+        lap("other")
+        probe.before_update(engine)
+        lap("probe")
         engine.step()  # the update (a no-op when vetoed; DeepSpeed's bookkeeping still runs)
-        verdict = self.guard.after_step(step, loss, verdict)  # fp16: overflow at the min scale
+        lap("update")
+        verdict = guard.after_step(step, loss, verdict)  # fp16: overflow at the min scale
+        lap("judge")
         tokens = tokens_per_step(ctx.spec)
         state.step, state.tokens_seen = step, state.tokens_seen + tokens
+        lap("other")
         # host sync (GPU): the gradient norm, once the update has run
-        grad_norm = self.probe.grad_norm(engine)
+        grad_norm = probe.grad_norm(engine)
         seconds = time.perf_counter() - t0
         # device synchronize (GPU), on a profiled step only: its exposed communication
-        overlap = self.probe.overlap(step)
+        overlap = probe.overlap(step)
         # collective every ops.metrics_every steps: an all-gather of each rank's memory
-        memory = self.probe.memory(step)
-        return StepResult(step=step, loss=loss, lr=lr, verdict=verdict, tokens=tokens,
-                          stop=stop, **self.meter.add(tokens, seconds),
-                          peak_mem_bytes=peak_memory_bytes(torch.device(engine.device)),
-                          grad_norm=grad_norm, mem_by_rank=memory, **overlap)
+        memory = probe.memory(step)
+        peak = probe.peak_memory()
+        lap("probe")
+        result = StepResult(step=step, loss=loss, lr=lr, verdict=verdict, tokens=tokens,
+                            stop=stop, **self.meter.add(tokens, seconds), peak_mem_bytes=peak,
+                            grad_norm=grad_norm, mem_by_rank=memory, **overlap)
+        lap("other")
+        return result
 
     def report(self, result: StepResult) -> None:
         """The step's progress line (a node leader's file) and its `steps a-b` span."""

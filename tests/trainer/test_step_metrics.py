@@ -1,6 +1,7 @@
 """The step loop's measurements for the Prometheus series (trainer/step_metrics.py), from a
 real two-rank DeepSpeed segment on CPU/gloo run as the supervisor runs it: every step a real
-gradient norm (DeepSpeed keeps none at ZeRO 0 in fp32), memory of both ranks every
+gradient norm (at ZeRO 0 in fp32 the one DeepSpeed's clipping computed, trainer/engine.py
+keeps it), memory of both ranks every
 ops.metrics_every steps, the profiled steps' exposed communication, and each commit's
 stall and upload lag."""
 
@@ -52,7 +53,7 @@ def test_a_two_rank_segment_reports_grad_norm_memory_overlap_and_checkpoint_timi
 
 def test_the_norm_computed_at_zero_0_is_the_one_deepspeed_keeps_at_zero_2(dataset_uri, tmp_path):
     norms = {}
-    for stage in (0, 2):  # ZeRO 0 in fp32: ours; ZeRO 2: engine.get_global_grad_norm()
+    for stage in (0, 2):  # ZeRO 0 in fp32: its clipping's, kept; ZeRO 2: DeepSpeed's own
         spec = tiny_spec(tmp_path / f"store{stage}", **{"train.zero_stage": stage})
         res = run_segment(write_spec(spec, tmp_path / f"spec{stage}.json"), dataset_uri, 2,
                           tmp_path / f"work{stage}")

@@ -1,0 +1,87 @@
+"""What trainer/engine.py takes out of DeepSpeed's plain fp32 step (ZeRO 0): the gradient
+all-reduce over a data-parallel group of one, and the second gradient norm (DeepSpeed's
+clipping keeps the norm it computed). Same gradients, same updates, bit for bit, as the
+engine DeepSpeed builds; run in a child process (DeepSpeed on CPU, world size 1)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.trainer.helpers import REPO, tiny_spec
+from trainer.model import GPT
+
+VOCAB = 64
+
+
+def child() -> dict:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO),
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1",
+           "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "tests.trainer.test_engine_trim"], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=240, check=False)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def test_the_trimmed_engine_updates_bitwise_as_deepspeeds_and_keeps_the_clip_norm():
+    out = child()
+    assert out["allreduce"] == [False, True]  # trimmed, as DeepSpeed built it
+    assert out["weights_equal"], out
+    # the kept norm is the pre-clip norm the probe measured before (clipping is active)
+    assert all(n > 0.05 for n in out["expected_norms"])
+    assert out["kept_norms"] == pytest.approx(out["expected_norms"], rel=1e-5)
+    assert out["untrimmed_norm"] is None  # DeepSpeed alone keeps none at ZeRO 0 in fp32
+
+
+# ---- the child process ------------------------------------------------------------------------
+def _engines():
+    from trainer.engine import build_engine
+
+    spec = tiny_spec(Path("/tmp"), **{"train.grad_clip": 0.05})
+    trimmed = build_engine(spec, GPT(spec.model, VOCAB, seed=0))
+    plain = build_engine(spec, GPT(spec.model, VOCAB, seed=0))
+    plain.enable_backward_allreduce = True  # undo the trim: DeepSpeed's own step
+    del plain.clip_fp32_gradients
+    return trimmed, plain
+
+
+def _main() -> dict:
+    import deepspeed
+
+    from trainer.step_metrics import grad_norm
+
+    deepspeed.init_distributed(dist_backend="gloo")
+    trimmed, plain = _engines()
+    g = torch.Generator().manual_seed(7)
+    kept, expected = [], []
+    for _ in range(3):
+        x = torch.randint(0, VOCAB, (4, 32), generator=g)
+        for engine in (trimmed, plain):
+            _, loss = engine(x, x)
+            engine.backward(loss)
+            if engine is plain:
+                expected.append(float(grad_norm(engine.module.parameters())))
+            engine.step()
+        kept.append(float(trimmed.get_global_grad_norm()))
+    same = all(torch.equal(a, b) for a, b in zip(trimmed.module.parameters(),
+                                                 plain.module.parameters()))
+    return {"allreduce": [trimmed.enable_backward_allreduce, plain.enable_backward_allreduce],
+            "weights_equal": same, "kept_norms": kept,
+            "expected_norms": expected,
+            "untrimmed_norm": plain.get_global_grad_norm()}
+
+
+if __name__ == "__main__":
+    print("RESULT " + json.dumps(_main()))
