@@ -215,7 +215,7 @@ def forward_backward(engine, batches: BatchSource, state: TrainState, step: int,
     for _ in range(micro_batches):
         state.data_cursor = skip_past(state.data_cursor, state.skip_ranges)
         tensors = [t.to(engine.device) for t in batches.get(state.data_cursor, step)]
-        chunks = list(zip(*(t.chunk(split) for t in tensors)))
+        chunks = [tensors] if split == 1 else list(zip(*(t.chunk(split) for t in tensors)))
         weights = chunk_weights([c[1] for c in chunks])
         for (x, y, *packed), weight in zip(chunks, weights):
             if passes:

@@ -42,6 +42,7 @@ def test_the_trimmed_engine_updates_bitwise_as_deepspeeds_and_keeps_the_clip_nor
     # the kept norm is the pre-clip norm the probe measured before (clipping is active)
     assert all(n > 0.05 for n in out["expected_norms"])
     assert out["kept_norms"] == pytest.approx(out["expected_norms"], rel=1e-5)
+    assert out["kept_norms"] == out["deepspeed_norms"]  # its own arithmetic, bit for bit
     assert out["untrimmed_norm"] is None  # DeepSpeed alone keeps none at ZeRO 0 in fp32
 
 
@@ -59,13 +60,14 @@ def _engines():
 
 def _main() -> dict:
     import deepspeed
+    from deepspeed.runtime.utils import clip_grad_norm_
 
     from trainer.step_metrics import grad_norm
 
     deepspeed.init_distributed(dist_backend="gloo")
     trimmed, plain = _engines()
     g = torch.Generator().manual_seed(7)
-    kept, expected = [], []
+    kept, expected, theirs = [], [], []
     for _ in range(3):
         x = torch.randint(0, VOCAB, (4, 32), generator=g)
         for engine in (trimmed, plain):
@@ -73,13 +75,15 @@ def _main() -> dict:
             engine.backward(loss)
             if engine is plain:
                 expected.append(float(grad_norm(engine.module.parameters())))
+                # DeepSpeed's own function (scales by min(1, 1e9 / norm) = 1: unchanged)
+                theirs.append(float(clip_grad_norm_(engine.module.parameters(), 1e9)))
             engine.step()
         kept.append(float(trimmed.get_global_grad_norm()))
     same = all(torch.equal(a, b) for a, b in zip(trimmed.module.parameters(),
                                                  plain.module.parameters()))
     return {"allreduce": [trimmed.enable_backward_allreduce, plain.enable_backward_allreduce],
             "weights_equal": same, "kept_norms": kept,
-            "expected_norms": expected,
+            "expected_norms": expected, "deepspeed_norms": theirs,
             "untrimmed_norm": plain.get_global_grad_norm()}
 
 
