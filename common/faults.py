@@ -65,6 +65,13 @@ class Fault:
     also: tuple[str, ...] = ()  # the other faults answered with it (a gang's peers')
     facts: Mapping[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # to the millisecond, as the event log keeps them: the same record on both sides
+        for name in ("fault_ts", "detected_ts"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, round(value, 3))
+
     @property
     def transient(self) -> bool:
         """A kind whose cause is outside the run: it never counts towards the repeat budget."""
@@ -86,9 +93,6 @@ class Fault:
             if f.name == "facts" or (f.name in _OMITTED_EMPTY and not value):
                 continue
             out[f.name] = list(value) if isinstance(value, tuple) else value
-        for name in ("fault_ts", "detected_ts"):
-            if out[name] is not None:
-                out[name] = round(out[name], 3)
         out["detection_s"] = self.detection_s
         return out
 
