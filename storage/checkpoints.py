@@ -32,6 +32,7 @@ from typing import Any
 import structlog
 
 from common.errors import BadData, StorageUnavailable
+from common.faults import Fault, record_fault
 from storage.fs import (
     commit_lock,
     copy_durable,
@@ -476,10 +477,12 @@ def emit_corrupt(events, exc: CorruptCheckpoint, detected_by: str = "trainer") -
     events.emit("checkpoint_corrupt", step=exc.step, file=exc.file,
                 event_id=f"checkpoint_corrupt/{exc.step}/{exc.file}",
                 expected=exc.expected, actual=exc.actual)
-    events.emit("fault", step=exc.step, event_id=corrupt_fault_id(exc.step),
-                kind="checkpoint_corrupt", injected=False, detected_by=detected_by,
-                evidence=f"{exc.file}: expected {exc.expected}, found {exc.actual}",
-                detection_s=0.0)
+    now = time.time()  # found when read: the damage's own time is unknown
+    record_fault(events, Fault(kind="checkpoint_corrupt", event_id=corrupt_fault_id(exc.step),
+                               detected_by=detected_by, fault_ts=now, detected_ts=now,
+                               last_step=exc.step,
+                               evidence=f"{exc.file}: expected {exc.expected}, "
+                                        f"found {exc.actual}"))
 
 
 def _report(exc: CorruptCheckpoint, on_corrupt: Callable[[CorruptCheckpoint], None] | None,

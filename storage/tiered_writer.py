@@ -39,6 +39,7 @@ from typing import IO, Any, TypeVar
 import structlog
 
 from common.errors import MainspringError, StorageUnavailable
+from common.faults import Fault, fault_event
 from storage.checkpoints import (
     MANIFEST,
     CheckpointManifest,
@@ -175,6 +176,12 @@ class Writer:
              **payload: Any) -> None:
         self.send(op="event", kind=kind, step=step, event_id=event_id, flush=flush,
                   payload=payload)
+
+    def fault(self, fault: Fault) -> None:
+        """A `fault` event, the shape every detector writes (common/faults.py)."""
+        kind, event_id, payload = fault_event(fault)
+        self.send(op="event", kind=kind, step=fault.last_step, event_id=event_id or None,
+                  flush=False, payload=payload)
 
     def handle(self, msg: dict[str, Any]) -> None:
         with self._cond:
@@ -389,10 +396,12 @@ class Writer:
             self._outage_since, self._outage_ts = time.monotonic(), time.time()
             self.emit("durable_unavailable", step=step, uri=self.durable.url,
                       error=exc.cause[:300], retry_in_s=retry_in)
-            self.emit("fault", step=step, event_id=outage_fault_id(step, self._outage_ts),
-                      kind="storage_outage", injected=False, detected_by="checkpoint_writer",
-                      evidence=f"durable store unavailable uploading step {step}: "
-                               f"{exc.cause[:300]}", detection_s=0.0)
+            self.fault(Fault(kind="storage_outage",
+                             event_id=outage_fault_id(step, self._outage_ts),
+                             detected_by="checkpoint_writer", fault_ts=self._outage_ts,
+                             detected_ts=self._outage_ts, last_step=step,
+                             evidence=f"durable store unavailable uploading step {step}: "
+                                      f"{exc.cause[:300]}"))
         log.warning("checkpoint_upload_retry", step=step, error=exc.cause[:200],
                     retry_in_s=retry_in)
 

@@ -20,11 +20,13 @@ from __future__ import annotations
 import os
 import resource
 import signal
+import time
 from collections.abc import Iterable
 
 import structlog
 import torch
 
+from common.faults import Fault, record_fault
 from common.procs import NODE_ENV, WORKER_PID_ENV
 from spec import FaultSpec
 
@@ -84,9 +86,11 @@ class FaultInjector:
         self.fired.add(key)
         log.warning("injecting_fault", kind=fault.kind, step=step, **evidence)
         if self.events is not None:
-            self.events.emit("fault", step=step, event_id=f"fault/{fault.kind}/{fault.at_step}",
-                             kind=fault.kind, injected=True, at_step=fault.at_step,
-                             steps=fault.steps, **evidence)
+            now = time.time()
+            record_fault(self.events, Fault(
+                kind=fault.kind, event_id=f"fault/{fault.kind}/{fault.at_step}", injected=True,
+                detected_by="fault_injector", fault_ts=now, detected_ts=now, last_step=step,
+                facts={"at_step": fault.at_step, "steps": fault.steps, **evidence}))
 
     # ---- the batch source ----------------------------------------------------------------
     def batches(self, source) -> FaultyBatches:
@@ -190,10 +194,12 @@ def kill_worker(fault: FaultSpec, events, step: int, last_committed: int | None)
     if pid <= 1:
         log.warning("fault_skipped", kind=fault.kind, reason=f"{WORKER_PID_ENV} not set")
         return
-    events.emit("fault", step=step, event_id=f"fault/kill_worker/{fault.at_step}/{fault.attempt}",
-                kind="kill_worker", injected=True,
-                evidence=f"SIGKILL to trainer worker pid {pid} after step {step}; "
-                         f"last committed step {last_committed}")
+    now = time.time()
+    record_fault(events, Fault(
+        kind="kill_worker", event_id=f"fault/kill_worker/{fault.at_step}/{fault.attempt}",
+        injected=True, detected_by="fault_injector", fault_ts=now, detected_ts=now,
+        last_step=step, evidence=f"SIGKILL to trainer worker pid {pid} after step {step}; "
+                                 f"last committed step {last_committed}"))
     events.flush()
     log.warning("injecting_fault", kind=fault.kind, step=step, worker_pid=pid)
     os.kill(pid, signal.SIGKILL)
