@@ -6,33 +6,20 @@ engine DeepSpeed builds; run in a child process (DeepSpeed on CPU, world size 1)
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.trainer.helpers import REPO, tiny_spec
+from tests.trainer.helpers import run_rank_module, tiny_spec
 from trainer.model import GPT
 
 VOCAB = 64
 
 
 def child() -> dict:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO),
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1",
-           "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
-    proc = subprocess.run([sys.executable, "-m", "tests.trainer.test_engine_trim"], cwd=REPO,
-                          env=env, capture_output=True, text=True, timeout=240, check=False)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return json.loads(lines[-1][len("RESULT "):])
+    """Run this module's __main__ as one DeepSpeed rank on CPU; its RESULT line."""
+    return run_rank_module("tests.trainer.test_engine_trim")
 
 
 def test_the_trimmed_engine_updates_bitwise_as_deepspeeds_and_keeps_the_clip_norm():

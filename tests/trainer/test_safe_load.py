@@ -12,7 +12,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +21,7 @@ import torch
 
 from storage.checkpoints import CheckpointStore, step_dir
 from storage.events import read_events
-from tests.trainer.helpers import REPO, VOCAB, tiny_spec, write_spec
+from tests.trainer.helpers import VOCAB, run_rank_module, tiny_spec, write_spec
 from trainer.evaluate import run_evaluate
 from trainer.model import GPT
 from trainer.safe_load import UnsafeCheckpointFile, safe_torch_load
@@ -47,19 +46,8 @@ def plant(path: Path, marker: Path, key: str) -> None:
 
 
 def child(*args: str) -> dict:
-    """Run this module's __main__ with DeepSpeed on CPU, world size 1; its RESULT line."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO),
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1",
-           "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
-    proc = subprocess.run([sys.executable, "-m", "tests.trainer.test_safe_load", *args],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=240,
-                          check=False)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return json.loads(lines[-1][len("RESULT "):])
+    """Run this module's __main__ as one DeepSpeed rank on CPU; its RESULT line."""
+    return run_rank_module("tests.trainer.test_safe_load", *args)
 
 
 @pytest.fixture(scope="module", params=[0, 2], ids=["zero0", "zero2"])
