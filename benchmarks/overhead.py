@@ -131,10 +131,18 @@ def bare_loop(spec: RunSpec, dataset: str, out: str) -> None:
         loss.item()  # a real loop looks at its loss; the trainer all-reduces and judges it
         times.append(time.perf_counter() - t0)
     if rank == 0:
-        Path(out).write_text(json.dumps({"launched": launched, "first_step_start": first,
-                                         "last_step_end": time.time(), "step_times": times,
-                                         "threads": torch.get_num_threads(),
-                                         "loss": loss.item()}))
+        write_reference(out, launched, first, times, loss.item())
+
+
+def write_reference(out: str, launched: float, first: float, times: list[float],
+                    loss: float) -> None:
+    """A reference loop's timings (bare DeepSpeed or plain PyTorch), as run_reference reads
+    them (torch is imported where the loops run, under torchrun, not by the benchmark)."""
+    import torch
+
+    Path(out).write_text(json.dumps({"launched": launched, "first_step_start": first,
+                                     "last_step_end": time.time(), "step_times": times,
+                                     "threads": torch.get_num_threads(), "loss": loss}))
 
 
 # ---- the plain loop (runs under torchrun): no DeepSpeed, no orchestration -----------------
@@ -180,10 +188,7 @@ def plain_loop(spec: RunSpec, dataset: str, out: str) -> None:
         loss.item()  # a real loop looks at its loss
         times.append(time.perf_counter() - t0)
     if rank == 0:
-        Path(out).write_text(json.dumps({"launched": launched, "first_step_start": first,
-                                         "last_step_end": time.time(), "step_times": times,
-                                         "threads": torch.get_num_threads(),
-                                         "loss": loss.item()}))
+        write_reference(out, launched, first, times, loss.item())
 
 
 def run_reference(mode: str, spec: RunSpec, dataset: str, scratch: Path, name: str,
