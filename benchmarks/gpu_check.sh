@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU acceptance checks for the trainer (issue 18), on one CUDA machine, in one prepared run:
+# GPU acceptance checks for the trainer, on one CUDA machine, in one prepared run:
 #   1. packed attention: SDPA (fp32, bf16) and flash-attn varlen (if importable) — each
 #      document of a packed row matches the document run alone; then the 1B model's
 #      attention shapes through each SDPA variant the model can call, with the fused
@@ -10,11 +10,12 @@
 #   3. throughput, step time, peak memory and MFU of the ~1B-parameter model in bf16, against
 #      the datasheet dense bf16 peak (H200: 989 TFLOP/s) and a measured 8192² matmul
 #      ceiling, one document per row (SDPA's flash kernel);
-#   4. the checkpoint stall ratio with a 4 GiB state on the GPU (the trainer's hand-over: a
+#   4. the same 1B throughput with packed rows (training's block-causal attention), eager
+#      and with each block compiled (model.compile);
+#   5. the checkpoint stall ratio with a 4 GiB state on the GPU (the trainer's hand-over: a
 #      save to local disk, then the writer process hashes and commits to the durable tier);
-#   5. the same 1B throughput with packed rows (training's block-causal attention);
-#   6. if the time budget still allows: the causal 1B run under torch.compile, and the stall
-#      with the in-memory hand-over.
+#   6. if the time budget still allows: the stall with the in-memory hand-over, and the
+#      causal 1B run compiled.
 # Prints one JSON line per figure on stdout (progress on stderr). A failed check prints a
 # line with "failed" and the next check still runs (one device run yields every figure it
 # can); the exit status is 1 if any failed, 2 without CUDA. GPU_CHECK_CPU_DRYRUN=1 runs the
@@ -90,24 +91,25 @@ check gpu_kill_resume "$PY" benchmarks/gpu/parts.py kill-resume
 part "3. throughput of the ~1B model, one document per row (SDPA flash)"
 check throughput "$PY" benchmarks/throughput.py "${SIZE[@]}" --rows causal
 
-part "4. checkpoint stall, state on the device, saved to local disk as the trainer does"
+part "4. throughput of the ~1B model, packed rows (training's attention), eager and compiled"
+check throughput "$PY" benchmarks/throughput.py "${SIZE[@]}" --rows packed
+check throughput "$PY" benchmarks/throughput.py "${SIZE[@]}" --rows packed --compile
+
+part "5. checkpoint stall, state on the device, saved to local disk as the trainer does"
 check checkpoint_stall_ratio "$PY" benchmarks/checkpoint_stall.py "${STALL[@]}" --snapshot disk \
   --durable "file://$DURABLE/disk"
 
-part "5. throughput of the ~1B model, packed rows (training's attention)"
-check throughput "$PY" benchmarks/throughput.py "${SIZE[@]}" --rows packed
-
 part "6. optional, by the budget left ($BUDGET s in all)"
-if left 150; then
-  check throughput "$PY" benchmarks/throughput.py "${SIZE[@]}" --rows causal --compile
-else
-  echo '{"figure": "throughput", "compiled": true, "skipped": "time budget"}'
-fi
 if left 60; then
   check checkpoint_stall_ratio "$PY" benchmarks/checkpoint_stall.py "${STALL[@]}" \
     --snapshot memory --durable "file://$DURABLE/memory"
 else
   echo '{"figure": "checkpoint_stall_ratio", "snapshot": "memory", "skipped": "time budget"}'
+fi
+if left 30; then
+  check throughput "$PY" benchmarks/throughput.py "${SIZE[@]}" --rows causal --compile
+else
+  echo '{"figure": "throughput", "rows": "causal", "compiled": true, "skipped": "time budget"}'
 fi
 if (( ${#FAILED[@]} )); then
   echo "gpu_check: FAILED after $((SECONDS - START)) s: ${FAILED[*]}" >&2

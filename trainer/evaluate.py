@@ -140,8 +140,10 @@ def run_evaluate(args: argparse.Namespace) -> dict:
     tokens, _ = read_split(args.dataset, "val")
     batches = val_batches(tokens, seq_len=spec.model.seq_len, batch_size=micro_batch_size(spec),
                           k=spec.train.eval_batches, source=args.dataset)
-    # Evaluation runs here on CPU; the kernel choice does not change the weights.
-    model_cfg = dataclasses.replace(spec.model, attention="auto", activation_checkpointing=False)
+    # Evaluation runs here on CPU; the kernel choice does not change the weights, and a few
+    # forward passes would not repay a compile.
+    model_cfg = dataclasses.replace(spec.model, attention="auto", activation_checkpointing=False,
+                                    compile=False)
     model = GPT(model_cfg, load_manifest(args.dataset).vocab_size, seed=spec.seed)
     results: dict[int, dict] = {}
     fallbacks = []

@@ -122,11 +122,14 @@ def cu_seqlens(doc_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
     return cu, int((cu[1:] - cu[:-1]).max())
 
 
+@torch.compiler.disable
 def segment_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor,
                       gqa: bool) -> torch.Tensor:
     """Causal SDPA over each segment of flattened (N, H, D) tensors: varlen attention
     without flash-attn. Costs sum(len²) instead of T² per row, and each call can use the
-    fused causal kernel, which a dense boolean mask cannot (about 2x slower on CPU)."""
+    fused causal kernel, which a dense boolean mask cannot (about 2x slower on CPU).
+    Left eager in a compiled block: its shapes change with every batch's documents, and
+    tracing them would recompile on every step."""
     out = []
     for s, e in zip(cu[:-1].tolist(), cu[1:].tolist()):
         # (1, H, L, D): the fused CPU kernel wants 4-D inputs (3-D falls back, ~2x slower).
@@ -234,6 +237,8 @@ class GPT(nn.Module):
         # would cost a kernel launch each. "auto" picks by device.
         self.packed_sdpa = "auto"
         self.reset_parameters(seed)
+        if cfg.compile:
+            compile_blocks(self)
 
     @torch.no_grad()
     def reset_parameters(self, seed: int) -> None:
@@ -269,6 +274,11 @@ class GPT(nn.Module):
                 mask = block_causal_mask(doc_ids)
             else:  # flash varlen, or SDPA per segment
                 cu, max_len = cu_seqlens(doc_ids)
+                # With model.compile, a batch's segment count and longest segment must not
+                # be guarded on, or each new value recompiles: the count is a dynamic size,
+                # and only flash varlen reads the longest segment.
+                torch._dynamo.maybe_mark_dynamic(cu, 0)
+                max_len = max_len if mode == "flash_varlen" else 0
         for block in self.blocks:
             if self.cfg.activation_checkpointing and self.training and torch.is_grad_enabled():
                 x = checkpoint(block, x, cos, sin, mask, cu, max_len, use_reentrant=False)
@@ -280,6 +290,16 @@ class GPT(nn.Module):
         loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1),
                                ignore_index=IGNORE)
         return logits, loss
+
+
+def compile_blocks(model: GPT) -> None:
+    """torch.compile each transformer block in place, as torchtitan does: the blocks are
+    alike, so one compiled graph serves them all (one compile, not n_layers), and the loop
+    between them, activation checkpointing around a block, and DeepSpeed's hooks stay
+    eager. In place (`Module.compile`, no wrapper module), so parameter names and
+    checkpoints are the same compiled or not."""
+    for block in model.blocks:
+        block.compile()
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
