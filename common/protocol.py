@@ -147,7 +147,10 @@ class _Line(_Json):
     ts: float = field(default_factory=time.time)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"type": self.kind, **dataclasses.asdict(self)}
+        # Shallow: a line holds plain values only, and the step loop writes one a step
+        # (dataclasses.asdict's deep copy cost more than the JSON encoding).
+        return {"type": self.kind, **{f.name: getattr(self, f.name)
+                                      for f in dataclasses.fields(self)}}
 
 
 @dataclass(frozen=True, kw_only=True)
