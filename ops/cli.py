@@ -267,6 +267,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     register_report(sub)  # mainspring report RUN_ID [--durable URL] [--out DIR]
 
+    from ops.explain import register as register_explain
+
+    register_explain(sub)  # mainspring explain RUN_ID [--incident N] [--json]
+
     from ops.trace_view import register as register_trace
 
     register_trace(sub)  # mainspring trace RUN [--json | --perfetto FILE]; goodput RUN [--json]

@@ -1,0 +1,381 @@
+"""`mainspring explain RUN [--incident N] [--json]`: each incident of a run told in plain
+words, generated deterministically from its durable events.
+
+An incident is a fault that was detected (with the injected fault that caused it, if one
+did), a loss spike (its outlier steps, skipped updates and rollback, with an injected
+cause), an operator command, or a decision that needed no fault (a hold, an OOM
+adaptation, an LR change, a corrupt checkpoint). Each says what happened and when, the
+evidence, what was decided and why, and what it cost: steps trained again, wall time and
+accelerator-hours.
+
+Every figure in a sentence is a `Figure` naming the event and field it came from (or,
+for a derived one, the figures it was computed from), so a test can check each sentence
+against the record (tests/ops/test_explain.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from common.errors import BadConfig, StorageUnavailable
+from common.redact import redact_value
+from ops.report import exit_code, missing_run, ordered
+from ops.report_map import accelerators, stored_spec
+
+SPIKE_KINDS = ("loss_spike", "batch_skipped", "rollback")
+DECISIONS = ("needs_attention", "oom_adapted", "lr_adjusted", "checkpoint_corrupt",
+             "checkpoint_failed")
+# an injected fault and the fault the supervisor detected from it: at most this far apart
+CAUSE_S = 2.0
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One figure of a sentence: its text there and where it came from — `event_id` and
+    `field` (a payload key, or "ts" / "step" of the event), or `derived` from other
+    figures' names."""
+
+    name: str
+    value: Any
+    text: str
+    event_id: str = ""
+    field: str = ""
+    derived: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Incident:
+    number: int
+    kind: str  # fault | spike | operator | one of DECISIONS | injected
+    step: int
+    ts: float
+    text: str
+    figures: tuple[Figure, ...]
+    event_ids: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Sentence:
+    """Builds one incident's text; every figure goes through it, so none is unaccounted."""
+
+    parts: list[str] = field(default_factory=list)
+    figures: list[Figure] = field(default_factory=list)
+
+    def say(self, text: str) -> Sentence:
+        self.parts.append(text)
+        return self
+
+    def fig(self, name: str, value: Any, text: str, event: dict | None = None,
+            key: str = "", derived: tuple[str, ...] = ()) -> str:
+        self.figures.append(Figure(name, value, text, event["event_id"] if event else "",
+                                   key, derived))
+        return text
+
+    def payload(self, name: str, event: dict, key: str, spec: str = "") -> str:
+        value = event["payload"][key]
+        return self.fig(name, value, format(value, spec) if spec else str(value), event, key)
+
+    def step(self, name: str, event: dict) -> str:
+        return self.fig(name, event["step"], str(event["step"]), event, "step")
+
+    def when(self, event: dict, key: str = "ts") -> str:
+        """The moment `event` dates (its `ts`, or a payload time such as `fault_ts`)."""
+        at = event[key] if key == "ts" else event["payload"][key]
+        text = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(at))
+        return self.fig("time", at, text, event, key)
+
+    def text(self) -> str:
+        return "".join(self.parts)
+
+
+def step_seconds(events: list[dict], world: int, tokens_per_step: int | None) -> float | None:
+    """Pure: the run's typical step time, from its train_metrics windows (tokens/s over
+    the tokens of a step); None without either."""
+    rates = [e["payload"]["tokens_per_s"] for e in events if e["kind"] == "train_metrics"
+             and (e["payload"].get("tokens_per_s") or 0) > 0]
+    if not rates or not tokens_per_step:
+        return None
+    return tokens_per_step / statistics.median(rates)
+
+
+def accelerator_hours(seconds: float, accels: int) -> float:
+    return seconds * accels / 3600.0
+
+
+def incidents(events: Iterable[dict], spec: dict | None = None) -> list[Incident]:
+    """Pure: the run's incidents in order of time, numbered from 1."""
+    evs = ordered(events)
+    accels, _ = accelerators(spec, [])
+    train = (spec or {}).get("train") or {}
+    per_step = (int(train["micro_batch_tokens"]) * int(train.get("grad_accum", 1)) * accels
+                if train.get("micro_batch_tokens") else None)
+    cost = Cost(accels, step_seconds(evs, accels, per_step))
+    faults = [e for e in evs if e["kind"] == "fault"]
+    detected = [e for e in faults if not e["payload"].get("injected")]
+    injected = [e for e in faults if e["payload"].get("injected")]
+    causes = {f["event_id"]: cause_of(f, injected) for f in detected}
+    used = {c["event_id"] for c in causes.values() if c}
+    found: list[tuple[dict, Sentence, list[str], str]] = []
+    for f in detected:
+        rec = next((e for e in evs if e["kind"] == "recovered"
+                    and e["payload"].get("fault_event_id") == f["event_id"]), None)
+        s = fault_story(f, causes[f["event_id"]], rec, cost)
+        found.append((f, s, [f["event_id"]] + [e["event_id"] for e in (causes[f["event_id"]],
+                                                                       rec) if e], "fault"))
+    for group in spike_groups(evs):
+        cause = spike_cause(group, injected)
+        if cause:
+            used.add(cause["event_id"])
+        found.append((group[0], spike_story(group, cause, cost),
+                      [e["event_id"] for e in ([cause] if cause else []) + group], "spike"))
+    for e in evs:
+        if e["kind"] == "operator":
+            found.append((e, operator_story(e), [e["event_id"]], "operator"))
+        elif e["kind"] in DECISIONS:
+            found.append((e, decision_story(e), [e["event_id"]], e["kind"]))
+    for e in injected:
+        if e["event_id"] not in used:  # injected, and nothing was detected from it
+            found.append((e, injected_story(e), [e["event_id"]], "injected"))
+    found.sort(key=lambda x: (x[0]["ts"], x[0]["step"]))
+    out = []
+    for n, (first, s, ids, kind) in enumerate(found, 1):
+        text = f"Incident {n}: " + s.text()
+        out.append(Incident(n, kind, first["step"], first["ts"], text, tuple(s.figures),
+                            tuple(ids)))
+    return out
+
+
+@dataclass(frozen=True)
+class Cost:
+    accels: int
+    step_s: float | None
+
+
+def cause_of(fault: dict, injected: list[dict]) -> dict | None:
+    """Pure: the injected fault the supervisor detected as `fault` — the newest one at most
+    CAUSE_S before the moment the fault is dated from."""
+    at = fault["payload"].get("fault_ts") or fault["ts"]
+    near = [i for i in injected if at - CAUSE_S <= i["ts"] <= at + CAUSE_S]
+    return near[-1] if near else None
+
+
+def fault_story(f: dict, cause: dict | None, rec: dict | None, cost: Cost) -> Sentence:
+    p, s = f["payload"], Sentence()
+    at = s.when(f, "fault_ts" if p.get("fault_ts") else "ts")
+    s.say(f"fault at step {s.step('step', f)} ({at}): {s.payload('kind', f, 'kind')}")
+    if p.get("evidence"):
+        s.say(f" — {s.payload('evidence', f, 'evidence')}")
+    s.say(". ")
+    if cause:
+        s.say(f"Cause: an injected {s.payload('cause_kind', cause, 'kind')} fault")
+        if cause["payload"].get("evidence"):
+            s.say(f" ({s.payload('cause_evidence', cause, 'evidence')})")
+        s.say(". ")
+    if p.get("detected_by"):
+        s.say(f"Detected by {s.payload('detected_by', f, 'detected_by')}")
+        if p.get("detection_s") is not None:
+            s.say(f" after {s.payload('detection_s', f, 'detection_s', '.1f')} s")
+        s.say(". ")
+    if rec is None:
+        s.say("No recovery is recorded. ")
+        return s
+    r = rec["payload"]
+    s.say(f"Decided: retry; attempt {s.payload('attempt', rec, 'attempt')} resumed at step "
+          f"{s.payload('resumed_step', rec, 'resumed_step')}")
+    if r.get("tier"):
+        s.say(f" from the {s.payload('tier', rec, 'tier')} tier")
+    s.say(". ")
+    mttr, lost = r.get("mttr_s"), int(r.get("lost_steps") or 0)
+    tell_cost(s, cost, rec, "mttr_s", mttr, "lost_steps", lost)
+    return s
+
+
+def tell_cost(s: Sentence, cost: Cost, event: dict, wall_key: str, wall: float | None,
+              steps_key: str, steps: int, wall_what: str = "to recover") -> None:
+    """The cost clause with its wall time and steps read from `event`'s payload (a wall
+    time without a key: derived from the events' times)."""
+    s.say("Cost: ")
+    total, inputs = 0.0, []
+    if wall is not None:
+        source = {"event": event, "key": wall_key} if wall_key else {"derived": ("time",)}
+        s.say(f"{s.fig('wall_s', wall, f'{wall:.1f}', **source)} s {wall_what}")
+        total, inputs = wall, ["wall_s"]
+    if steps:
+        s.say(", " if inputs else "")
+        s.say(f"{s.fig('steps_again', steps, str(steps), event, steps_key)} steps trained again")
+        if cost.step_s:
+            again = steps * cost.step_s
+            step_s = s.fig("step_s", round(cost.step_s, 3), f"{cost.step_s:.3f}",
+                           derived=("train_metrics.tokens_per_s", "spec.train"))
+            s.say(f" (~{s.fig('again_s', again, f'{again:.1f}', derived=('steps_again', 'step_s'))}"
+                  f" s at {step_s} s a step)")
+            total, inputs = total + again, inputs + ["again_s"]
+    if not inputs:
+        s.say("nothing lost. ")
+        return
+    hours = accelerator_hours(total, cost.accels)
+    s.say(f"; {s.fig('accelerator_hours', hours, f'{hours:.4f}', derived=(*inputs, 'accelerators'))}"
+          f" accelerator-hours on {s.fig('accelerators', cost.accels, str(cost.accels), derived=('spec.train',))}"
+          " accelerators. ")
+
+
+def spike_groups(evs: list[dict]) -> list[list[dict]]:
+    """Pure: loss_spike / batch_skipped / rollback events in runs of steps: a group ends
+    with its rollback, or where the next spike event is more than one step past it."""
+    groups: list[list[dict]] = []
+    last = None
+    for e in evs:
+        if e["kind"] not in SPIKE_KINDS:
+            continue
+        fresh = not groups or groups[-1][-1]["kind"] == "rollback" or (
+            last is not None and e["step"] > last + 1)
+        if fresh:
+            groups.append([])
+        groups[-1].append(e)
+        last = e["step"]
+    return [g for g in groups if any(e["kind"] == "loss_spike" for e in g)]
+
+
+def spike_cause(group: list[dict], injected: list[dict]) -> dict | None:
+    """Pure: an injected data or LR fault whose steps cover the spike's first step."""
+    first = group[0]["step"]
+    for i in injected:
+        p = i["payload"]
+        start = int(p.get("at_step", i["step"]))
+        if start <= first < start + max(1, int(p.get("steps") or 1)) + 1:
+            return i
+    return None
+
+
+def spike_story(group: list[dict], cause: dict | None, cost: Cost) -> Sentence:
+    spikes = [e for e in group if e["kind"] == "loss_spike"]
+    skips = [e for e in group if e["kind"] == "batch_skipped"]
+    rollback = next((e for e in group if e["kind"] == "rollback"), None)
+    first, s = spikes[0], Sentence()
+    p = first["payload"]
+    z = (p["loss"] - p["baseline"]) / p["spread"] if p.get("spread") else None
+    s.say(f"loss spike at step {s.step('step', first)} ({s.when(first)}): loss "
+          f"{s.payload('baseline', first, 'baseline', '.3f')} → "
+          f"{s.payload('loss', first, 'loss', '.3f')}")
+    if z is not None:
+        s.say(f" (z {s.fig('z', round(z, 1), f'{z:.1f}', derived=('loss', 'baseline', 'spread'))}"
+              f" against a spread of {s.payload('spread', first, 'spread', '.3f')}; "
+              f"threshold {s.payload('threshold', first, 'threshold', '.3f')})")
+    s.say(". ")
+    if cause:
+        s.say(f"Cause: an injected {s.payload('cause_kind', cause, 'kind')} fault from step "
+              f"{s.step('cause_step', cause)}. ")
+    if skips:
+        steps = ", ".join(s.step(f"skipped_{i}", e) for i, e in enumerate(skips))
+        s.say(f"Decided: skipped the update of step{'s' if len(skips) > 1 else ''} {steps} "
+              "(an outlier's batch trains nothing). ")
+    if rollback is None:
+        s.say("The loss came back; training went on. ")
+        tell_cost(s, cost, first, "", None, "", 0)
+        return s
+    r = rollback["payload"]
+    outliers = r.get("outlier_steps") or []
+    listed = s.fig("outliers", outliers, ", ".join(map(str, outliers)), rollback, "outlier_steps")
+    s.say(f"The spike was sustained (outliers at steps {listed}): rolled back at step "
+          f"{s.step('rollback_step', rollback)} to step "
+          f"{s.payload('to_step', rollback, 'to_step')}")
+    if r.get("skip"):
+        lo, hi = r["skip"]
+        s.say(f", skipping the data of steps {s.fig('skip_from', lo, str(lo), rollback, 'skip')}"
+              f"–{s.fig('skip_to', hi, str(hi), rollback, 'skip')}")
+    s.say(". ")
+    tell_cost(s, cost, rollback, "", rollback["ts"] - first["ts"], "lost_steps",
+              int(r.get("lost_steps") or 0), "from the first outlier to the rollback")
+    return s
+
+
+def operator_story(e: dict) -> Sentence:
+    p, s = e["payload"], Sentence()
+    s.say(f"operator command at step {s.step('step', e)} ({s.when(e)}): "
+          f"{s.payload('command', e, 'command')}")
+    if p.get("who"):
+        s.say(f" from {s.payload('who', e, 'who')}")
+    if p.get("note"):
+        s.say(f" — {s.payload('note', e, 'note')}")
+    s.say(f"; sent at step {s.payload('accepted_at_step', e, 'accepted_at_step')}. ")
+    if p.get("applied"):
+        s.say("Applied at this step. ")
+    else:
+        s.say(f"Not applied: {s.payload('why_not', e, 'why_not')}. ")
+    return s
+
+
+def decision_story(e: dict) -> Sentence:
+    p, s = e["payload"], Sentence()
+    s.say(f"{e['kind'].replace('_', ' ')} at step {s.step('step', e)} ({s.when(e)})")
+    for key in ("reason", "evidence", "fix", "file", "failure"):
+        if p.get(key):
+            s.say(f"; {key}: {s.payload(key, e, key)}")
+    s.say(". ")
+    return s
+
+
+def injected_story(e: dict) -> Sentence:
+    s = Sentence()
+    s.say(f"injected fault at step {s.step('step', e)} ({s.when(e)}): "
+          f"{s.payload('kind', e, 'kind')}")
+    if e["payload"].get("evidence"):
+        s.say(f" — {s.payload('evidence', e, 'evidence')}")
+    s.say(". Nothing was detected from it. ")
+    return s
+
+
+# ---- the command -------------------------------------------------------------------------
+def explain(durable_url: str, run_id: str) -> list[Incident]:
+    from storage.events import read_events
+
+    events = redact_value(read_events(durable_url, run_id))
+    if not events:
+        raise missing_run(durable_url, run_id)
+    return incidents(events, stored_spec(durable_url, run_id))
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from common import telemetry
+
+    telemetry.configure_logging(os.environ.get("MAINSPRING_LOG_LEVEL", "warning"))
+    try:
+        found = explain(args.durable, args.run_id)
+        if args.incident is not None:
+            if not 1 <= args.incident <= len(found):
+                raise BadConfig("--incident", f"run {args.run_id} has {len(found)} incidents, "
+                                f"not {args.incident}", f"choose 1 to {len(found)}"
+                                if found else "leave --incident out")
+            found = [found[args.incident - 1]]
+    except (BadConfig, StorageUnavailable) as exc:
+        print(f"mainspring explain: {exc}", file=sys.stderr)
+        return exit_code(exc)
+    if args.json:
+        print(json.dumps([i.to_json() for i in found]))
+    elif not found:
+        print(f"run {args.run_id}: no incidents — no fault, spike, operator command or hold "
+              "is recorded.")
+    else:
+        print("\n\n".join(i.text for i in found))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add `explain RUN_ID [--durable URL] [--incident N] [--json]`."""
+    p = sub.add_parser("explain", help="each incident of a run in plain words, from its record")
+    p.add_argument("run_id")
+    p.add_argument("--durable", default=".mainspring/store", help="durable storage URL")
+    p.add_argument("--incident", type=int, default=None, help="only the N-th incident (1-based)")
+    p.add_argument("--json", action="store_true", help="the incidents with their figures, as JSON")
+    p.set_defaults(fn=cmd_explain)
