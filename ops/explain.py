@@ -54,7 +54,7 @@ class Figure:
 @dataclass(frozen=True)
 class Incident:
     number: int
-    kind: str  # fault | spike | operator | one of DECISIONS | injected
+    kind: str  # fault | spike | operator | one of DECISIONS
     step: int
     ts: float
     text: str
@@ -85,6 +85,12 @@ class Sentence:
     def payload(self, name: str, event: dict, key: str, spec: str = "") -> str:
         value = event["payload"][key]
         return self.fig(name, value, format(value, spec) if spec else str(value), event, key)
+
+    def opt(self, template: str, name: str, event: dict, key: str, spec: str = "") -> None:
+        """Say `template` with the payload's `key` in it ({}), only when the record has
+        it (an older writer's event may not)."""
+        if event["payload"].get(key) not in (None, ""):
+            self.say(template.format(self.payload(name, event, key, spec)))
 
     def step(self, name: str, event: dict) -> str:
         return self.fig(name, event["step"], str(event["step"]), event, "step")
@@ -122,21 +128,21 @@ def incidents(events: Iterable[dict], spec: dict | None = None) -> list[Incident
                 if train.get("micro_batch_tokens") else None)
     cost = Cost(accels, step_seconds(evs, accels, per_step))
     faults = [e for e in evs if e["kind"] == "fault"]
-    detected = [e for e in faults if not e["payload"].get("injected")]
     injected = [e for e in faults if e["payload"].get("injected")]
+    detected = [e for e in faults if not e["payload"].get("injected")]
     causes = {f["event_id"]: cause_of(f, injected) for f in detected}
-    used = {c["event_id"] for c in causes.values() if c}
+    groups = [(g, spike_cause(g, injected)) for g in spike_groups(evs)]
+    explained = {c["event_id"] for c in [*causes.values(), *(c for _, c in groups)] if c}
+    # an injected fault that is neither a detected fault's cause nor a spike's: told as the
+    # fault itself (a record from before detected faults had events of their own)
+    told = [f for f in faults if f in detected or f["event_id"] not in explained]
+    recoveries = recoveries_of(evs, told)
     found: list[tuple[dict, Sentence, list[str], str]] = []
-    for f in detected:
-        rec = next((e for e in evs if e["kind"] == "recovered"
-                    and e["payload"].get("fault_event_id") == f["event_id"]), None)
-        s = fault_story(f, causes[f["event_id"]], rec, cost)
-        found.append((f, s, [f["event_id"]] + [e["event_id"] for e in (causes[f["event_id"]],
-                                                                       rec) if e], "fault"))
-    for group in spike_groups(evs):
-        cause = spike_cause(group, injected)
-        if cause:
-            used.add(cause["event_id"])
+    for f in told:
+        cause, rec = causes.get(f["event_id"]), recoveries.get(f["event_id"])
+        found.append((f, fault_story(f, cause, rec, cost),
+                      [e["event_id"] for e in (f, cause, rec) if e], "fault"))
+    for group, cause in groups:
         found.append((group[0], spike_story(group, cause, cost),
                       [e["event_id"] for e in ([cause] if cause else []) + group], "spike"))
     for e in evs:
@@ -144,9 +150,6 @@ def incidents(events: Iterable[dict], spec: dict | None = None) -> list[Incident
             found.append((e, operator_story(e), [e["event_id"]], "operator"))
         elif e["kind"] in DECISIONS:
             found.append((e, decision_story(e), [e["event_id"]], e["kind"]))
-    for e in injected:
-        if e["event_id"] not in used:  # injected, and nothing was detected from it
-            found.append((e, injected_story(e), [e["event_id"]], "injected"))
     found.sort(key=lambda x: (x[0]["ts"], x[0]["step"]))
     out = []
     for n, (first, s, ids, kind) in enumerate(found, 1):
@@ -162,6 +165,25 @@ class Cost:
     step_s: float | None
 
 
+def recoveries_of(evs: list[dict], faults: list[dict]) -> dict[str, dict]:
+    """Pure: fault event id -> the `recovered` event that answers it: the one naming it
+    (`fault_event_id`), else — a record without the names — the first one after it that
+    names no fault, as the report pairs them."""
+    out: dict[str, dict] = {}
+    ids = {f["event_id"] for f in faults}
+    for e in evs:
+        if e["kind"] != "recovered":
+            continue
+        named = e["payload"].get("fault_event_id")
+        if named in ids:
+            out.setdefault(named, e)
+        elif not named:
+            before = [f for f in faults if f["ts"] <= e["ts"] and f["event_id"] not in out]
+            if before:
+                out[before[-1]["event_id"]] = e
+    return out
+
+
 def cause_of(fault: dict, injected: list[dict]) -> dict | None:
     """Pure: the injected fault the supervisor detected as `fault` — the newest one at most
     CAUSE_S before the moment the fault is dated from."""
@@ -173,28 +195,26 @@ def cause_of(fault: dict, injected: list[dict]) -> dict | None:
 def fault_story(f: dict, cause: dict | None, rec: dict | None, cost: Cost) -> Sentence:
     p, s = f["payload"], Sentence()
     at = s.when(f, "fault_ts" if p.get("fault_ts") else "ts")
-    s.say(f"fault at step {s.step('step', f)} ({at}): {s.payload('kind', f, 'kind')}")
-    if p.get("evidence"):
-        s.say(f" — {s.payload('evidence', f, 'evidence')}")
+    what = "injected fault" if p.get("injected") else "fault"
+    s.say(f"{what} at step {s.step('step', f)} ({at}): {s.payload('kind', f, 'kind')}")
+    s.opt(" — {}", "evidence", f, "evidence")
     s.say(". ")
     if cause:
         s.say(f"Cause: an injected {s.payload('cause_kind', cause, 'kind')} fault")
-        if cause["payload"].get("evidence"):
-            s.say(f" ({s.payload('cause_evidence', cause, 'evidence')})")
+        s.opt(" ({})", "cause_evidence", cause, "evidence")
         s.say(". ")
     if p.get("detected_by"):
         s.say(f"Detected by {s.payload('detected_by', f, 'detected_by')}")
-        if p.get("detection_s") is not None:
-            s.say(f" after {s.payload('detection_s', f, 'detection_s', '.1f')} s")
+        s.opt(" after {} s", "detection_s", f, "detection_s", ".1f")
         s.say(". ")
     if rec is None:
-        s.say("No recovery is recorded. ")
+        s.say("No recovery is recorded: nothing was detected from it, or the run ended. ")
         return s
     r = rec["payload"]
-    s.say(f"Decided: retry; attempt {s.payload('attempt', rec, 'attempt')} resumed at step "
-          f"{s.payload('resumed_step', rec, 'resumed_step')}")
-    if r.get("tier"):
-        s.say(f" from the {s.payload('tier', rec, 'tier')} tier")
+    s.say("Decided: retry")
+    s.opt("; attempt {}", "attempt", rec, "attempt")
+    s.opt(" resumed at step {}", "resumed_step", rec, "resumed_step")
+    s.opt(" from the {} tier", "tier", rec, "tier")
     s.say(". ")
     mttr, lost = r.get("mttr_s"), int(r.get("lost_steps") or 0)
     tell_cost(s, cost, rec, "mttr_s", mttr, "lost_steps", lost)
@@ -227,19 +247,24 @@ def tell_cost(s: Sentence, cost: Cost, event: dict, wall_key: str, wall: float |
     hours = accelerator_hours(total, cost.accels)
     s.say(f"; {s.fig('accelerator_hours', hours, f'{hours:.4f}', derived=(*inputs, 'accelerators'))}"
           f" accelerator-hours on {s.fig('accelerators', cost.accels, str(cost.accels), derived=('spec.train',))}"
-          " accelerators. ")
+          f" accelerator{'s' if cost.accels != 1 else ''}. ")
 
 
 def spike_groups(evs: list[dict]) -> list[list[dict]]:
-    """Pure: loss_spike / batch_skipped / rollback events in runs of steps: a group ends
-    with its rollback, or where the next spike event is more than one step past it."""
+    """Pure: loss_spike / batch_skipped / rollback events in runs of steps. A group ends
+    with its rollback, or where the next spike event is more than one step past it; a
+    rollback joins the open group when its spike's onset lies in it."""
     groups: list[list[dict]] = []
     last = None
     for e in evs:
         if e["kind"] not in SPIKE_KINDS:
             continue
-        fresh = not groups or groups[-1][-1]["kind"] == "rollback" or (
-            last is not None and e["step"] > last + 1)
+        open_group = bool(groups) and groups[-1][-1]["kind"] != "rollback"
+        if e["kind"] == "rollback":
+            onset = e["payload"].get("onset", e["step"])
+            fresh = not open_group or onset > (last or 0) + 1
+        else:
+            fresh = not open_group or e["step"] > (last or 0) + 1
         if fresh:
             groups.append([])
         groups[-1].append(e)
@@ -264,14 +289,14 @@ def spike_story(group: list[dict], cause: dict | None, cost: Cost) -> Sentence:
     rollback = next((e for e in group if e["kind"] == "rollback"), None)
     first, s = spikes[0], Sentence()
     p = first["payload"]
-    z = (p["loss"] - p["baseline"]) / p["spread"] if p.get("spread") else None
-    s.say(f"loss spike at step {s.step('step', first)} ({s.when(first)}): loss "
-          f"{s.payload('baseline', first, 'baseline', '.3f')} → "
-          f"{s.payload('loss', first, 'loss', '.3f')}")
-    if z is not None:
+    s.say(f"loss spike at step {s.step('step', first)} ({s.when(first)}): loss")
+    s.opt(" {} →", "baseline", first, "baseline", ".3f")
+    s.opt(" {}", "loss", first, "loss", ".3f")
+    if p.get("spread") and p.get("baseline") is not None and p.get("loss") is not None:
+        z = (p["loss"] - p["baseline"]) / p["spread"]
         s.say(f" (z {s.fig('z', round(z, 1), f'{z:.1f}', derived=('loss', 'baseline', 'spread'))}"
-              f" against a spread of {s.payload('spread', first, 'spread', '.3f')}; "
-              f"threshold {s.payload('threshold', first, 'threshold', '.3f')})")
+              f" against a spread of {s.payload('spread', first, 'spread', '.3f')})")
+    s.opt("; threshold {}", "threshold", first, "threshold", ".3f")
     s.say(". ")
     if cause:
         s.say(f"Cause: an injected {s.payload('cause_kind', cause, 'kind')} fault from step "
@@ -285,10 +310,12 @@ def spike_story(group: list[dict], cause: dict | None, cost: Cost) -> Sentence:
         tell_cost(s, cost, first, "", None, "", 0)
         return s
     r = rollback["payload"]
-    outliers = r.get("outlier_steps") or []
-    listed = s.fig("outliers", outliers, ", ".join(map(str, outliers)), rollback, "outlier_steps")
-    s.say(f"The spike was sustained (outliers at steps {listed}): rolled back at step "
-          f"{s.step('rollback_step', rollback)} to step "
+    s.say("The spike was sustained")
+    if r.get("outlier_steps"):
+        listed = s.fig("outliers", r["outlier_steps"], ", ".join(map(str, r["outlier_steps"])),
+                       rollback, "outlier_steps")
+        s.say(f" (outliers at steps {listed})")
+    s.say(f": rolled back at step {s.step('rollback_step', rollback)} to step "
           f"{s.payload('to_step', rollback, 'to_step')}")
     if r.get("skip"):
         lo, hi = r["skip"]
@@ -304,35 +331,23 @@ def operator_story(e: dict) -> Sentence:
     p, s = e["payload"], Sentence()
     s.say(f"operator command at step {s.step('step', e)} ({s.when(e)}): "
           f"{s.payload('command', e, 'command')}")
-    if p.get("who"):
-        s.say(f" from {s.payload('who', e, 'who')}")
-    if p.get("note"):
-        s.say(f" — {s.payload('note', e, 'note')}")
-    s.say(f"; sent at step {s.payload('accepted_at_step', e, 'accepted_at_step')}. ")
-    if p.get("applied"):
-        s.say("Applied at this step. ")
-    else:
+    s.opt(" from {}", "who", e, "who")
+    s.opt(" — {}", "note", e, "note")
+    s.opt("; sent at step {}", "accepted_at_step", e, "accepted_at_step")
+    s.say(". ")
+    if p.get("why_not"):
         s.say(f"Not applied: {s.payload('why_not', e, 'why_not')}. ")
+    elif p.get("applied", True):
+        s.say("Applied at this step. ")
     return s
 
 
 def decision_story(e: dict) -> Sentence:
-    p, s = e["payload"], Sentence()
+    s = Sentence()
     s.say(f"{e['kind'].replace('_', ' ')} at step {s.step('step', e)} ({s.when(e)})")
     for key in ("reason", "evidence", "fix", "file", "failure"):
-        if p.get(key):
-            s.say(f"; {key}: {s.payload(key, e, key)}")
+        s.opt(f"; {key}: {{}}", key, e, key)
     s.say(". ")
-    return s
-
-
-def injected_story(e: dict) -> Sentence:
-    s = Sentence()
-    s.say(f"injected fault at step {s.step('step', e)} ({s.when(e)}): "
-          f"{s.payload('kind', e, 'kind')}")
-    if e["payload"].get("evidence"):
-        s.say(f" — {s.payload('evidence', e, 'evidence')}")
-    s.say(". Nothing was detected from it. ")
     return s
 
 

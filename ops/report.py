@@ -303,6 +303,7 @@ def build_report(durable_url: str, run_id: str, out_dir: str, *,
                  price: float | None = None) -> dict[str, str]:
     """Write loss.png, training_map.png and report.html for `run_id` into out_dir; return
     their paths. `price` per accelerator-hour overrides the spec's ops.accelerator_hour_price."""
+    from ops.explain import incidents
     from storage.events import read_events
     from storage.fs import normalize_url
     from storage.spans import read_spans
@@ -336,7 +337,8 @@ def build_report(durable_url: str, run_id: str, out_dir: str, *,
             summary=summary(events, series, vals), timeline=timeline(events),
             faults=fault_rows(events), recoveries=recovery_rows(events),
             rollbacks=rollback_rows(events), checkpoints=checkpoint_rows(events),
-            goodput=goodput, training_map=map_html(tmap, map_b64, run_id)))
+            goodput=goodput, training_map=map_html(tmap, map_b64, run_id),
+            incidents=tuple(i.text.split(": ", 1)[1] for i in incidents(events, spec))))
     log.info("report_written", run_id=run_id, png=png, map=map_png, html=page,
              events=len(events), windows=len(series.current))
     return {"png": png, "map": map_png, "html": page}

@@ -233,17 +233,20 @@ def goodput_html(goodput: dict | None) -> str:
 def render_html(*, run_id: str, store: str, png_path: str, summary: dict, timeline: list[dict],
                 faults: list[dict], recoveries: list[dict], rollbacks: list[dict],
                 checkpoints: list[dict], goodput: dict | None = None,
-                training_map: str = "") -> str:
+                training_map: str = "", incidents: tuple[str, ...] = ()) -> str:
     """One self-contained page: the PNG inline (base64), every value escaped. `goodput`:
     ops/report.goodput_section's rows; `training_map`: the map's section, rendered and
-    escaped already (ops/report_map_render.map_html), first on the page."""
+    escaped already (ops/report_map_render.map_html), first on the page; `incidents`: each
+    incident in words (ops/explain.py), as `mainspring explain` tells it."""
     with open(png_path, "rb") as f:
         png = base64.b64encode(f.read()).decode("ascii")
     faults = [{**r, "handled_by": " ".join(r["handled_by"])} for r in faults]
     rid, where = html.escape(run_id), html.escape(store)
     summary_rows = "".join(f"<tr><th>{html.escape(title)}</th><td>{cell(summary.get(k))}</td></tr>"
                            for k, title in SUMMARY_ROWS)
+    told = "".join(f"<li>{html.escape(text)}</li>" for text in incidents)
     sections = [
+        ("Incidents", f"<ol>{told}</ol>" if told else "<p>none</p>"),
         ("Goodput and badput (from the durable record)", goodput_html(goodput)),
         ("Faults and how they were handled", table(faults, [
             ("ts", "time"), ("step", "step"), ("kind", "kind"), ("evidence", "evidence"),

@@ -179,6 +179,8 @@ def test_report_writes_png_and_escaped_html_with_rollback_and_fault_rows(url, tm
     assert "alice &lt;script&gt;" in page and "<script>" not in page
     assert "&lt;b&gt;shards&lt;/b&gt;" in page
     assert "<td>1.9</td>" in page  # final held-out loss in the summary
+    # each incident in words, as `mainspring explain` tells it
+    assert "<h2>Incidents</h2><ol><li>" in page and "rolled back at step" in page
 
 
 def test_missing_run_names_the_run_the_store_and_how_to_list_runs(url, tmp_path):
