@@ -334,6 +334,7 @@ def operator_story(e: dict) -> Sentence:
     s.opt(" from {}", "who", e, "who")
     s.opt(" — {}", "note", e, "note")
     s.opt("; sent at step {}", "accepted_at_step", e, "accepted_at_step")
+    s.opt(" (span {} of the run's trace)", "span_id", e, "span_id")
     s.say(". ")
     if p.get("why_not"):
         s.say(f"Not applied: {s.payload('why_not', e, 'why_not')}. ")

@@ -41,6 +41,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.pins import pin_targets
     from workflows.search import show_stage
     from workflows.stages import record_event
+    from workflows.tracing import RunTrace
 
 
 class OperatorHandlers:
@@ -60,6 +61,7 @@ class OperatorHandlers:
         self._resume_who = ""
         self._updates = 0  # updates accepted by this workflow run (Temporal limits them per run)
         self._headline = Headline()  # memo + current details (workflows/headline.py)
+        self._trace = RunTrace(self._carry.trace)  # the run's root, stage and command spans
 
     # ---- operator commands (workflows/operator_queue.py; `mainspring run pause|...`) -------
     # Each takes its JSON input as sent (common/commands.py:CommandInput); the validator reads it
@@ -139,6 +141,7 @@ class OperatorHandlers:
         c = self._carry
         self._updates += kind is not Abort  # abort is a signal
         entry = enqueue(c, kind, args, pin)
+        self._trace.command(entry)  # its span in the run's trace, named by its event
         when = ("at the running segment's next step" if self._running
                 else "now" if c.hold.held else "when training starts")
         return {"run_id": self._spec.run_id if self._spec else "", "accepted": kind.name,

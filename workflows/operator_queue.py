@@ -157,7 +157,8 @@ def operator_event(entry: dict[str, Any], cmd: Command, why_not: str) -> dict[st
     """The `operator` event's payload: the command as sent, whether it applied."""
     return {"command": cmd.name, "args": as_object(entry["raw"]), "who": cmd.who,
             "note": cmd.note, "id": entry["id"], "accepted_at_step": entry["accepted_at_step"],
-            "applied": not why_not, **({"why_not": why_not} if why_not else {})}
+            "applied": not why_not, **({"why_not": why_not} if why_not else {}),
+            **({"span_id": entry["span_id"]} if entry.get("span_id") else {})}
 
 
 def aborting(c: RunCarry) -> bool:

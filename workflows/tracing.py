@@ -98,13 +98,46 @@ class RunTrace:
         self._emit(f"run {s['run_id']}", s["root"], s["root"]["parent_id"],
                    {"status": status, **attributes}, error)
 
+    def command(self, entry: dict[str, Any]) -> None:
+        """An operator command's queue entry as it arrives: an instant span `operator <name>`
+        of the run's trace (a child of the open stage, else the root), linked to the span
+        its handler ran in — the sender's trace when the client sent one, else the one-span
+        trace Temporal's plugin starts for a raw `temporal workflow update` that carries
+        none. Sets `entry["span_id"]`, which the command's `operator` event carries. An
+        update can run in the first workflow task, before `start`: then the handler's span
+        is kept in the entry and the span is emitted by `start` (`pending`)."""
+        if "link" not in entry:
+            handler = trace.get_current_span().get_span_context()
+            entry["link"] = ([f"{handler.trace_id:032x}", f"{handler.span_id:016x}"]
+                             if handler.is_valid else [])
+        s = self.state
+        if not s:
+            return
+        span = {"span_id": f"{derived_id(64, s['trace_id'], 'operator', entry['id']):016x}",
+                "start_ns": workflow.time_ns()}
+        link = entry.pop("link")
+        links = ([trace.Link(SpanContext(int(link[0], 16), int(link[1], 16), is_remote=True))]
+                 if link and link[0] != s["trace_id"] else [])
+        raw = entry.get("raw")
+        who = raw.get("who", "") if isinstance(raw, dict) else ""
+        self._emit(f"operator {entry['name']}", span, (s.get("stage") or s["root"])["span_id"],
+                   {"command": entry["name"], "command_id": entry["id"], "who": str(who or "")},
+                   "", links)
+        entry["span_id"] = span["span_id"]
+
+    def pending(self, queue: list[dict[str, Any]]) -> None:
+        """The spans of commands accepted before the trace began (see `command`)."""
+        for entry in queue:
+            if "span_id" not in entry:
+                self.command(entry)
+
     def _attach(self) -> None:
         s = self.state
         span = s.get("stage") or s["root"]
         otel_context.attach(_context(s["trace_id"], span["span_id"]))
 
     def _emit(self, name: str, span: dict, parent_id: str | None, attributes: dict[str, Any],
-              error: str) -> None:
+              error: str, links: list[trace.Link] | None = None) -> None:
         if workflow.unsafe.is_replaying_history_events():
             return
         s = self.state
@@ -113,7 +146,7 @@ class RunTrace:
                  **{k: v for k, v in attributes.items() if isinstance(v, (str, bool, int, float))}}
         with preset_span_id(int(span["span_id"], 16), int(s["trace_id"], 16)):
             live = tracer().start_span(name, context=parent, attributes=attrs,
-                                       start_time=span["start_ns"])
+                                       start_time=span["start_ns"], links=links or ())
         if error:
             live.set_status(Status(StatusCode.ERROR, error[:500]))
         live.end(end_time=workflow.time_ns())

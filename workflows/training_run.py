@@ -44,7 +44,6 @@ with workflow.unsafe.imports_passed_through():
     from workflows.start import anchor_paths, claim, parse_spec
     from workflows.steps import promotion_step, segment_bounds
     from workflows.sweep_plan import with_params
-    from workflows.tracing import RunTrace
 
 
 # Bugs and bad input in workflow code fail the run instead of retrying its task forever;
@@ -57,7 +56,6 @@ class TrainingRun(OperatorHandlers):
     def __init__(self, spec: dict, carry: dict | None = None) -> None:
         super().__init__(spec, carry)  # the spec, the carry, the stage (OperatorHandlers)
         self._evals: dict[int, float] = {}
-        self._trace = RunTrace(self._carry.trace)  # the run's root and stage spans
         self._promoted: tuple[int, str] | None = None  # (step, uri) once promoted
         self._scrub = None  # the checkpoint scrub running beside a segment, if any
         self._scrubbed_at = -1  # segments_total when this workflow run last started one
@@ -71,6 +69,7 @@ class TrainingRun(OperatorHandlers):
     async def run(self, spec: dict, carry: dict | None = None) -> RunResult:
         s = self._spec = parse_spec(spec)
         self._trace.start(s.run_id)  # one trace for the run, across continue-as-new
+        self._trace.pending(self._carry.operator.queue)  # commands sent before it began
         try:
             return await self._run(s)
         except Exception as exc:  # failed or aborted: its spans end, saying why (not on

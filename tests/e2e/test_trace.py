@@ -256,6 +256,14 @@ def test_a_run_started_with_the_temporal_cli_is_one_trace_and_reaches_an_otlp_re
                     ORCHESTRATOR_QUEUE, "--workflow-id", spec.run_id, "--id-reuse-policy",
                     "AllowDuplicateFailedOnly", "--input", json.dumps(spec.to_dict())],
                    check=True, capture_output=True, timeout=60)
+    # an operator command from the raw CLI, which sends no trace context: it still joins
+    # the run's trace (applied when training starts; a scale of 1 changes nothing)
+    update = subprocess.run(
+        [find_binary("temporal"), "workflow", "update", "execute", "--address",
+         temporal_server.address, "--workflow-id", spec.run_id, "--name", "set_lr_scale",
+         "--input", json.dumps({"scale": 1.0, "steps": 1, "who": "cli"})],
+        capture_output=True, text=True, timeout=60)
+    assert update.returncode == 0, update.stderr
 
     async def result() -> None:
         client = await connect(temporal_server.address)
@@ -267,5 +275,15 @@ def test_a_run_started_with_the_temporal_cli_is_one_trace_and_reaches_an_otlp_re
     train = [s for s in spans if s["name"] == "stage train"]
     assert len(train) == 1 and train[0]["end_ns"] > min(
         s["end_ns"] for s in spans if s["name"] == "RunWorkflow:TrainingRun")
+    [command] = [s for s in spans if s["name"] == "operator set_lr_scale"]
+    assert command["attributes"]["who"] == "cli" and command["trace_id"] == trace_id
+    [event] = [e for e in read_events(spec.storage.durable, spec.run_id) if e["kind"] == "operator"]
+    assert event["payload"]["span_id"] == command["span_id"]
     wait_for(lambda: trace_id in receiver.trace_ids(), 30, "the run's spans over OTLP")
-    assert receiver.trace_ids() == {trace_id}, [s for s in receiver.spans() if s[0] != trace_id]
+    # besides the run's, only the raw update's own one-span traces (the plugin's, for a
+    # sender with no trace context); the command's span links to its handler's
+    others = [s for s in receiver.spans() if s[0] != trace_id]
+    assert sorted(name for _, name, _ in others) == ["HandleUpdate:set_lr_scale",
+                                                     "ValidateUpdate:set_lr_scale"], others
+    handler = next(t for t, name, _ in others if name.startswith("HandleUpdate"))
+    assert [link["trace_id"] for link in command["links"]] == [handler]

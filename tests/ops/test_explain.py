@@ -101,7 +101,7 @@ def ev(event_kind: str, step: int, ts: float, **payload) -> dict:
 def test_operator_commands_holds_and_undetected_injections_are_incidents_too():
     found = incidents([
         ev("operator", 30, 100.0, command="rollback", who="ana", note="bad shard",
-           accepted_at_step=28, applied=True),
+           accepted_at_step=28, applied=True, span_id="00c0ffee00c0ffee"),
         ev("operator", 31, 101.0, command="set_lr_scale", who="ana", note="",
            accepted_at_step=31, applied=False, why_not="the run is paused"),
         ev("needs_attention", 40, 200.0, reason="3 rollbacks in 1000 steps",
@@ -109,7 +109,8 @@ def test_operator_commands_holds_and_undetected_injections_are_incidents_too():
         ev("fault", 50, 300.0, kind="lr_burst", injected=True, at_step=50, steps=1),
     ])
     assert [i.kind for i in found] == ["operator", "operator", "needs_attention", "fault"]
-    assert "rollback from ana — bad shard; sent at step 28. Applied" in found[0].text
+    assert ("rollback from ana — bad shard; sent at step 28 (span 00c0ffee00c0ffee of the "
+            "run's trace). Applied") in found[0].text
     assert "Not applied: the run is paused" in found[1].text
     assert "3 rollbacks in 1000 steps" in found[2].text
     assert found[3].text.startswith("Incident 4: injected fault at step 50")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
 import uuid
 
 import pytest
@@ -116,6 +117,10 @@ def test_pause_holds_at_the_step_reached_until_resume_and_refusals_leave_no_trac
         ops = h.stubs.payloads("operator")
         assert [(o["command"], o["who"], o["applied"]) for o in ops] == \
             [("pause", "alice", True), ("set_lr_scale", "bob", True)]
+        # each command is a span of the run's trace, whatever client sent it; its event
+        # names the span (a raw `temporal` update carries no trace context of its own)
+        spans = [o.get("span_id", "") for o in ops]
+        assert all(re.fullmatch(r"[0-9a-f]{16}", s) for s in spans) and len(set(spans)) == 2
         [pause] = h.stubs.payloads("paused")
         assert (pause["reason"], pause["who"]) == ("inspect shard 3", "alice")
         [resumed] = h.stubs.payloads("run_resumed")
