@@ -275,6 +275,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     register_trace(sub)  # mainspring trace RUN [--json | --perfetto FILE]; goodput RUN [--json]
 
+    from ops.plan_cli import register as register_plan
+
+    register_plan(sub)  # mainspring plan --params N --tokens T ... [--json] | --from-run RUN
+
     demo = sub.add_parser("demo", help="one command: services, workers, a faulted run, summary")
     demo.add_argument("--json", action="store_true", help="end with one JSON summary line")
     demo.add_argument("--address", default="", help="use this Temporal instead of embedding one")

@@ -1,0 +1,344 @@
+"""`mainspring plan`: how long a run will take, what it costs, how far it scales, and when it
+beats buying the capability as an API — from published or measured figures, each named.
+
+The arithmetic is small pure functions, checked in tests/ops/test_plan.py against
+hand-worked numbers and against published runs. The figures it starts from (peaks, MFUs,
+bandwidths, failure rates) live in ops/plan_facts.py with their sources; the command line
+(flags, errors, text and JSON) in ops/plan_cli.py.
+
+Compute is PaLM's (Chowdhery et al. 2022, appendix B): 6N per token plus 12·L·d·T for
+attention. It mirrors trainer/throughput.py's flops_per_token rather than importing it,
+because that module imports torch, and the planner runs where torch is not installed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from common.errors import BadConfig
+from ops import plan_facts as facts
+
+LAYOUTS = ("auto", "dp", "zero1", "zero2", "zero3")
+
+
+def flops_per_token(n_params: float, n_layers: int, d_model: int, seq_len: int) -> float:
+    """Training FLOPs per token: 6N + 12·L·d·T (PaLM appendix B; trainer/throughput.py)."""
+    return 6.0 * n_params + 12.0 * n_layers * d_model * seq_len
+
+
+def chinchilla_tokens(n_params: float) -> float:
+    """Compute-optimal tokens: 20 per parameter (Hoffmann et al. 2022)."""
+    return facts.CHINCHILLA_TOKENS_PER_PARAM * n_params
+
+
+def shape_from_params(n_params: float, aspect: int = facts.ASPECT) -> tuple[int, int]:
+    """(layers, d_model) for N = 12·L·d² with d = aspect·L, when they are not given."""
+    layers = max(1, round((n_params / (12 * aspect ** 2)) ** (1 / 3)))
+    return layers, max(1, round(math.sqrt(n_params / (12 * layers))))
+
+
+def ring_allreduce_bytes(message_bytes: float, ranks: int) -> float:
+    """Bytes each rank sends in a ring all-reduce: 2·(G−1)/G of the message."""
+    return 2.0 * (ranks - 1) / ranks * message_bytes if ranks > 1 else 0.0
+
+
+def grad_sync_bytes(layout: str, shard_params: float, dp: int,
+                    wire_bytes: int = facts.WIRE_BYTES) -> float:
+    """Per-step data-parallel bytes per rank. DP, ZeRO-1 and ZeRO-2 all-reduce the gradients
+    (ZeRO-1/2 as a reduce-scatter plus an all-gather of the same volume); ZeRO-3 also
+    all-gathers the parameters again for the backward pass: 1.5x (ZeRO, arXiv 1910.02054,
+    section 7)."""
+    base = ring_allreduce_bytes(shard_params * wire_bytes, dp)
+    return 1.5 * base if layout == "zero3" else base
+
+
+def tp_bytes(layers_per_stage: float, tokens: float, d_model: int, tp: int,
+             wire_bytes: int = facts.WIRE_BYTES) -> float:
+    """Per-step tensor-parallel bytes per rank: per layer two all-reduces of the activations
+    forward and two backward (Megatron-LM, arXiv 1909.08053, section 3), each tokens·d."""
+    return layers_per_stage * 4 * ring_allreduce_bytes(tokens * d_model * wire_bytes, tp)
+
+
+def pp_bytes(tokens: float, d_model: int, pp: int, wire_bytes: int = facts.WIRE_BYTES) -> float:
+    """Per-step pipeline bytes per rank: the activations out and their gradients back."""
+    return 2.0 * tokens * d_model * wire_bytes if pp > 1 else 0.0
+
+
+def young_interval(checkpoint_s: float, mtbf_s: float) -> float:
+    """Young (1974): the checkpoint interval √(2·T_s·T_f)."""
+    return math.sqrt(2.0 * checkpoint_s * mtbf_s)
+
+
+def available_interval(checkpoint_s: float, mtbf_s: float, restart_s: float) -> float:
+    """The availability-optimal interval T_s + √(2(T_f+T_r)T_s + T_s²) (arXiv 2410.18124),
+    which grows with the restart cost Young's form leaves out."""
+    return checkpoint_s + math.sqrt(2.0 * (mtbf_s + restart_s) * checkpoint_s + checkpoint_s ** 2)
+
+
+def badput(interval_s: float, checkpoint_s: float, mtbf_s: float,
+           restart_s: float) -> dict[str, float]:
+    """Fractions of wall time lost, to first order: checkpoint saves (T_s/T_c), and per
+    failure half an interval of lost work plus the restart ((T_c/2 + T_r)/T_f)."""
+    return {"checkpoint": checkpoint_s / interval_s,
+            "lost_work": interval_s / 2.0 / mtbf_s,
+            "restart": restart_s / mtbf_s}
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanInputs:
+    """What `mainspring plan` is asked; None means the default of ops/plan_facts.py."""
+
+    params: float  # parameters N
+    tokens: float  # training tokens D
+    accelerators: int  # G
+    accelerator: str  # a key of plan_facts.ACCELERATORS
+    hour_price: float  # USD per accelerator-hour, the low end
+    hour_price_high: float | None = None  # the high end (default: hour_price)
+    mtbf_hours: float | None = None  # per accelerator
+    checkpoint_s: float | None = None
+    restart_s: float | None = None
+    mfu: float | None = None
+    mfu_at: int | None = None  # accelerators the MFU was measured on (default: G)
+    peak_tflops: float | None = None
+    layout: str = "auto"
+    tp: int = 1
+    pp: int = 1
+    per_node: int | None = None
+    layers: int | None = None
+    d_model: int | None = None
+    seq_len: int | None = None
+    batch_tokens: float | None = None
+    overlap: float | None = None
+    goodput: float | None = None  # overrides the failure model (a published figure)
+    api_price_in: float | None = None  # USD per million tokens
+    api_price_out: float | None = None
+    api_tokens_per_month: float | None = None
+    api_output_share: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.accelerator not in facts.ACCELERATORS:
+            raise BadConfig("--accelerator", f"unknown accelerator {self.accelerator!r}",
+                            f"use one of {', '.join(facts.ACCELERATORS)}")
+        if self.layout not in LAYOUTS:
+            raise BadConfig("--layout", f"unknown layout {self.layout!r}",
+                            f"use one of {', '.join(LAYOUTS)}")
+        positive = {"--params": self.params, "--tokens": self.tokens,
+                    "--accelerators": self.accelerators, "--hour-price": self.hour_price,
+                    "--hour-price (high)": self.hour_price_high, "--mtbf-hours": self.mtbf_hours,
+                    "--restart-s": self.restart_s, "--checkpoint-s": self.checkpoint_s,
+                    "--mfu-at": self.mfu_at, "--peak-tflops": self.peak_tflops,
+                    "--tp": self.tp, "--pp": self.pp, "--nodes-of": self.per_node,
+                    "--layers": self.layers, "--d-model": self.d_model,
+                    "--seq-len": self.seq_len, "--batch-tokens": self.batch_tokens,
+                    "--api-price-in": self.api_price_in, "--api-price-out": self.api_price_out,
+                    "--api-tokens-per-month": self.api_tokens_per_month}
+        for flag, value in positive.items():
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise BadConfig(flag, f"{value!r} is not a positive number",
+                                "give a finite number above 0")
+        fractions = {"--mfu": self.mfu, "--goodput": self.goodput, "--overlap": self.overlap,
+                     "--api-output-share": self.api_output_share}
+        for flag, value in fractions.items():
+            floor_ok = value is not None and (value > 0 or value == 0 and flag in (
+                "--overlap", "--api-output-share"))
+            if value is not None and not (floor_ok and value <= 1):
+                raise BadConfig(flag, f"{value!r} is not a fraction", "give a number in (0, 1]")
+        if self.hour_price_high is not None and self.hour_price_high < self.hour_price:
+            raise BadConfig("--hour-price", "the high price is below the low one",
+                            "write the range LOW..HIGH, e.g. 2..3.5")
+        if self.accelerators % (self.tp * self.pp):
+            raise BadConfig("--tp/--pp", f"{self.accelerators} accelerators do not split into "
+                            f"TP {self.tp} x PP {self.pp} groups",
+                            "give --accelerators a multiple of tp x pp")
+        api = (self.api_price_in, self.api_price_out, self.api_tokens_per_month)
+        if any(v is not None for v in api) and self.api_tokens_per_month is None:
+            raise BadConfig("--api-tokens-per-month", "an API price without a monthly volume",
+                            "give the tokens the API would serve a month, e.g. 5e9")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Layout:
+    name: str
+    tp: int
+    pp: int
+    dp: int
+    why: str
+
+
+def choose_layout(inputs: PlanInputs, acc: facts.Accelerator, per_node: int) -> Layout:
+    """The layout asked for; `auto`: ZeRO-1 when a replica's Adam state (16 bytes per
+    parameter) fits in half an accelerator, ZeRO-3 when it fits sharded across the data
+    parallel ranks, else TP over a node and the fewest pipeline stages that fit."""
+    g, tp, pp = inputs.accelerators, inputs.tp, inputs.pp
+    if inputs.layout != "auto":
+        return Layout(name=inputs.layout, tp=tp, pp=pp, dp=g // (tp * pp), why="--layout")
+    budget = acc.memory_gb * 1e9 / 2
+    state = facts.STATE_BYTES_PER_PARAM * inputs.params
+    if state / (tp * pp) <= budget:
+        return Layout(name="zero1", tp=tp, pp=pp, dp=g // (tp * pp),
+                      why="auto: the Adam state fits on each accelerator")
+    if state / g <= budget:
+        return Layout(name="zero3", tp=tp, pp=pp, dp=g // (tp * pp),
+                      why="auto: the Adam state fits sharded over the data-parallel ranks")
+    tp = min(per_node, g)
+    pp = 1
+    while state / (tp * pp) > budget and g % (tp * pp * 2) == 0:
+        pp *= 2
+    return Layout(name="zero1", tp=tp, pp=pp, dp=g // (tp * pp),
+                  why="auto: TP across a node and the fewest pipeline stages that fit")
+
+
+def comm_seconds(lay: Layout, inputs: PlanInputs, acc: facts.Accelerator, per_node: int,
+                 layers: int, d_model: int, batch_tokens: float, overlap: float,
+                 accelerators: int) -> dict[str, float]:
+    """Per-step communication of a layout on `accelerators`: seconds by kind and exposed."""
+    dp = accelerators // (lay.tp * lay.pp)
+    if dp < 1:  # fewer accelerators than one model replica: the measurement ran it whole
+        return {"dp_s": 0.0, "tp_s": 0.0, "pp_s": 0.0, "exposed_s": 0.0}
+    intra, inter = acc.intra_gbs * 1e9, acc.inter_gbs * 1e9
+    tokens = batch_tokens / dp
+    dp_link = inter if accelerators > per_node else intra
+    pp_link = inter if lay.tp * lay.pp > per_node else intra
+    tp_link = inter if lay.tp > per_node else intra
+    dp_s = grad_sync_bytes(lay.name, inputs.params / (lay.tp * lay.pp), dp) / dp_link
+    tp_s = tp_bytes(layers / lay.pp, tokens, d_model, lay.tp) / tp_link
+    pp_s = pp_bytes(tokens, d_model, lay.pp) / pp_link
+    # gradient traffic overlaps the backward pass; TP all-reduces and pipeline sends sit on
+    # the critical path (Megatron-LM's layers wait for them)
+    return {"dp_s": dp_s, "tp_s": tp_s, "pp_s": pp_s,
+            "exposed_s": (1.0 - overlap) * dp_s + tp_s + pp_s}
+
+
+def device_mfu(mfu: float, step_flops: float, peak: float, mfu_at: int,
+               exposed_at: float) -> float:
+    """The compute-only MFU behind an end-to-end MFU measured on `mfu_at` accelerators:
+    that step took step_flops/(G₀·peak·mfu), of which `exposed_at` was communication."""
+    step_s = step_flops / (mfu_at * peak * mfu)
+    compute_s = step_s - exposed_at
+    return min(1.0, step_flops / (mfu_at * peak * compute_s)) if compute_s > 0 else 1.0
+
+
+def scaling(inputs: PlanInputs, acc: facts.Accelerator, lay: Layout, per_node: int,
+            layers: int, d_model: int, fpt: float, batch_tokens: float, overlap: float,
+            peak: float, mfu: float, mfu_at: int) -> dict[str, float]:
+    """Step time at G from the compute-only MFU and the exposed communication; the speed-up
+    from one accelerator (no communication) to G and its ratio to linear."""
+    step_flops = fpt * batch_tokens
+    args = (lay, inputs, acc, per_node, layers, d_model, batch_tokens, overlap)
+    at = comm_seconds(*args, accelerators=mfu_at)
+    dev_mfu = device_mfu(mfu, step_flops, peak, mfu_at, at["exposed_s"])
+    g = inputs.accelerators
+    comm = comm_seconds(*args, accelerators=g)
+    compute_s = step_flops / (g * peak * dev_mfu)
+    step_s = compute_s + comm["exposed_s"]
+    one_s = step_flops / (peak * dev_mfu)
+    return {"device_mfu": dev_mfu, "compute_s": compute_s, **comm, "step_s": step_s,
+            "mfu": step_flops / (g * peak * step_s), "speedup": one_s / step_s,
+            "linear_ratio": one_s / step_s / g}
+
+
+def goodput_model(inputs: PlanInputs, mtbf_hours: float, checkpoint_s: float,
+                  restart_s: float) -> dict[str, float]:
+    """The job's MTBF (per-accelerator MTBF / G), both checkpoint intervals, the badput at
+    the availability-optimal one and the goodput left (or the one given, --goodput)."""
+    mtbf_s = mtbf_hours * 3600.0 / inputs.accelerators
+    interval = available_interval(checkpoint_s, mtbf_s, restart_s)
+    lost = badput(interval, checkpoint_s, mtbf_s, restart_s)
+    modeled = 1.0 - sum(lost.values())
+    if inputs.goodput is None and modeled <= 0:
+        raise BadConfig("--mtbf-hours", f"failures every {mtbf_s:.0f} s leave no progress "
+                        f"with {checkpoint_s:g} s saves and {restart_s:g} s restarts",
+                        "use fewer accelerators, faster checkpoints or restarts")
+    return {"job_mtbf_s": mtbf_s, "young_interval_s": young_interval(checkpoint_s, mtbf_s),
+            "interval_s": interval, "badput": lost, "modeled_goodput": modeled,
+            "goodput": inputs.goodput if inputs.goodput is not None else modeled}
+
+
+def plan(inputs: PlanInputs) -> dict:
+    """The whole plan: figures, ranges and every default used with its source."""
+    acc = facts.ACCELERATORS[inputs.accelerator]
+    defaults: list[dict] = []
+
+    def pick(flag: str, given, default, source: str):
+        if given is not None:
+            return given
+        defaults.append({"input": flag, "value": default, "source": source})
+        return default
+
+    per_node = pick("--nodes-of", inputs.per_node, acc.per_node, f"{acc.name} nodes")
+    peak = pick("--peak-tflops", inputs.peak_tflops, acc.peak_tflops, acc.peak_source) * 1e12
+    mfu = pick("--mfu", inputs.mfu, acc.mfu, acc.mfu_source)
+    # An MFU measured on one accelerator is compute only: the layout's communication at G is
+    # added to it. One published at scale is end to end already (a different model's, at a
+    # different G): it is taken as the planned run's, as is --mfu unless --mfu-at says where.
+    measured_alone = inputs.mfu is None and acc.mfu_at == 1
+    mfu_at = inputs.mfu_at or (1 if measured_alone else inputs.accelerators)
+    lo, hi = (acc.mfu_low, acc.mfu_high) if inputs.mfu is None else (mfu, mfu)
+    if inputs.layers is None or inputs.d_model is None:
+        est = shape_from_params(inputs.params)
+        layers = pick("--layers", inputs.layers, est[0], facts.ASPECT_SOURCE)
+        d_model = pick("--d-model", inputs.d_model, est[1], facts.ASPECT_SOURCE)
+    else:
+        layers, d_model = inputs.layers, inputs.d_model
+    seq = pick("--seq-len", inputs.seq_len, facts.SEQ_LEN, facts.SEQ_SOURCE)
+    batch = pick("--batch-tokens", inputs.batch_tokens, facts.BATCH_TOKENS, facts.BATCH_SOURCE)
+    overlap = pick("--overlap", inputs.overlap, facts.OVERLAP, facts.OVERLAP_SOURCE)
+    mtbf = pick("--mtbf-hours", inputs.mtbf_hours, facts.MTBF_HOURS_PER_ACCELERATOR,
+                facts.MTBF_SOURCE)
+    ckpt = pick("--checkpoint-s", inputs.checkpoint_s, facts.CHECKPOINT_S,
+                facts.CHECKPOINT_SOURCE)
+    restart = pick("--restart-s", inputs.restart_s, facts.RESTART_S, facts.RESTART_SOURCE)
+    for flag, value, source in (("intra-node bandwidth (GB/s)", acc.intra_gbs, acc.intra_source),
+                                ("inter-node bandwidth (GB/s)", acc.inter_gbs, acc.inter_source)):
+        defaults.append({"input": flag, "value": value, "source": source})
+
+    fpt = flops_per_token(inputs.params, layers, d_model, seq)
+    lay = choose_layout(inputs, acc, per_node)
+    scale_args = (inputs, acc, lay, per_node, layers, d_model, fpt, batch, overlap, peak)
+    mid, slow, fast = (scaling(*scale_args, m, mfu_at) for m in (mfu, lo, hi))
+    good = goodput_model(inputs, mtbf, ckpt, restart)
+    total = fpt * inputs.tokens
+
+    def hours(s: dict) -> float:
+        return total / (inputs.accelerators * peak * s["mfu"]) / good["goodput"] / 3600.0
+
+    price_hi = inputs.hour_price_high or inputs.hour_price
+    acc_h = {"expected": hours(mid) * inputs.accelerators,
+             "low": hours(fast) * inputs.accelerators, "high": hours(slow) * inputs.accelerators}
+    cost = {"expected": acc_h["expected"] * (inputs.hour_price + price_hi) / 2,
+            "low": acc_h["low"] * inputs.hour_price, "high": acc_h["high"] * price_hi}
+    wall_h = hours(mid)
+    out = {"inputs": {"params": inputs.params, "tokens": inputs.tokens,
+                      "accelerators": inputs.accelerators, "accelerator": acc.name,
+                      "hour_price": [inputs.hour_price, price_hi]},
+           "compute": {"flops_per_token": fpt, "total_flops": total, "layers": layers,
+                       "d_model": d_model, "seq_len": seq, "peak_tflops": peak / 1e12,
+                       "mfu": mfu, "mfu_range": [lo, hi], "mfu_at": mfu_at},
+           "layout": {"name": lay.name, "tp": lay.tp, "pp": lay.pp, "dp": lay.dp,
+                      "why": lay.why},
+           "scaling": mid, "goodput": good,
+           "wall_hours": {"expected": wall_h, "low": hours(fast), "high": hours(slow)},
+           "accelerator_hours": acc_h, "cost_usd": cost,
+           "failures_expected": wall_h * 3600.0 / good["job_mtbf_s"]}
+    out["build_vs_buy"] = build_vs_buy(inputs, cost, defaults)
+    out["defaults"] = defaults
+    return out
+
+
+def build_vs_buy(inputs: PlanInputs, cost: dict[str, float], defaults: list[dict]) -> dict | None:
+    """The months of API use whose bill equals the training cost (None: no API figures)."""
+    if inputs.api_tokens_per_month is None:
+        return None
+    share = inputs.api_output_share
+    if share is None:
+        share = facts.API_OUTPUT_SHARE
+        defaults.append({"input": "--api-output-share", "value": share,
+                         "source": facts.API_OUTPUT_SOURCE})
+    per_million = (1 - share) * (inputs.api_price_in or 0.0) + share * (inputs.api_price_out or 0.0)
+    monthly = inputs.api_tokens_per_month / 1e6 * per_million
+    if monthly <= 0:
+        raise BadConfig("--api-price-in/--api-price-out", "the API bill is zero",
+                        "give the API's USD price per million input and output tokens")
+    return {"monthly_bill_usd": monthly,
+            "break_even_months": {k: v / monthly for k, v in cost.items()}}

@@ -1,0 +1,199 @@
+"""`mainspring plan`: the arithmetic against hand-worked numbers, and the plan against
+published runs whose authors report their compute, accelerators, MFU (or throughput) and
+accelerator-hours — within 10 % of each."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from common.errors import BadConfig
+from ops.cli import main as cli
+from ops.plan import (
+    PlanInputs,
+    available_interval,
+    badput,
+    chinchilla_tokens,
+    flops_per_token,
+    goodput_model,
+    grad_sync_bytes,
+    plan,
+    pp_bytes,
+    ring_allreduce_bytes,
+    tp_bytes,
+    young_interval,
+)
+from ops.plan_facts import MTBF_HOURS_PER_ACCELERATOR
+
+
+def test_flops_are_six_n_d_plus_the_attention_term():
+    # 7B, 32 layers, d 4096, 4,096 tokens: 6·7e9 = 4.2e10 plus 12·32·4096·4096 = 6,442,450,944
+    assert flops_per_token(7e9, 32, 4096, 4096) == 4.2e10 + 6_442_450_944
+    assert flops_per_token(7e9, 32, 4096, 4096) * 2e12 == pytest.approx(9.6884901888e22)
+
+
+def test_chinchilla_is_twenty_tokens_per_parameter():
+    assert chinchilla_tokens(70e9) == 1.4e12
+
+
+def test_young_interval_is_root_of_twice_save_time_mtbf():
+    # √(2 · 60 s · 10,800 s) = √1,296,000 = 1,138.42 s
+    assert young_interval(60, 10_800) == pytest.approx(1138.4200, abs=1e-4)
+
+
+def test_availability_optimal_interval_grows_with_restart_cost():
+    # no restart: 60 + √(2·10,800·60 + 60²) = 60 + √1,299,600 = 60 + 1,140 = 1,200 s
+    assert available_interval(60, 10_800, 0) == pytest.approx(1200.0)
+    # 600 s restarts: 60 + √(2·11,400·60 + 3,600) = 60 + √1,371,600 = 1,231.15 s
+    assert available_interval(60, 10_800, 600) == pytest.approx(1231.1533, abs=1e-4)
+
+
+def test_badput_is_saves_half_an_interval_and_the_restart_per_failure():
+    lost = badput(1200, 60, 10_800, 600)
+    assert lost == pytest.approx({"checkpoint": 0.05, "lost_work": 600 / 10_800,
+                                  "restart": 600 / 10_800})
+
+
+def test_llama3_failure_rate_gives_one_interruption_per_three_hours_on_16k_gpus():
+    # 54 days · 24 h / 419 interruptions = 3.093 h for the job, whatever G was
+    good = goodput_model(PlanInputs(params=1e9, tokens=1e9, accelerators=16_384,
+                                    accelerator="h100", hour_price=1.0),
+                         MTBF_HOURS_PER_ACCELERATOR, 60, 600)
+    assert good["job_mtbf_s"] == pytest.approx(54 * 24 / 419 * 3600)
+    # T_c = 60 + √(2·(11,135.4 + 600)·60 + 60²) = 1,248.2 s; badput 4.81 + 5.60 + 5.39 %
+    assert good["interval_s"] == pytest.approx(1248.2, abs=0.1)
+    assert good["goodput"] == pytest.approx(1 - 0.04807 - 0.05605 - 0.05388, abs=1e-4)
+
+
+def test_ring_allreduce_of_7b_bf16_gradients_on_8_gpus_sends_24_5_gb_per_gpu():
+    # 7e9 · 2 bytes = 14 GB; each rank sends 2·(8−1)/8 of it
+    assert ring_allreduce_bytes(14e9, 8) == pytest.approx(24.5e9)
+    assert grad_sync_bytes("zero1", 7e9, 8) == pytest.approx(24.5e9)
+    assert grad_sync_bytes("zero3", 7e9, 8) == pytest.approx(36.75e9)  # 1.5x
+    assert ring_allreduce_bytes(14e9, 1) == 0.0
+
+
+def test_tensor_and_pipeline_traffic_follow_megatron():
+    # one layer, 4,096 tokens, d 4,096, TP 8: 4 all-reduces of 4096·4096·2 bytes, 2·7/8 each
+    assert tp_bytes(1, 4096, 4096, 8) == 4 * 1.75 * 4096 * 4096 * 2 == 234_881_024
+    assert pp_bytes(4096, 4096, 2) == 2 * 4096 * 4096 * 2
+    assert pp_bytes(4096, 4096, 1) == 0.0
+
+
+def test_scaling_adds_exposed_gradient_traffic_to_the_compute_of_one_gpu():
+    p = plan(PlanInputs(params=7e9, tokens=1e12, accelerators=8, accelerator="h100",
+                        hour_price=2.0, layout="dp", mfu=0.5, mfu_at=1, layers=32,
+                        d_model=4096, seq_len=4096, batch_tokens=4e6, goodput=1.0))
+    s = p["scaling"]
+    compute = flops_per_token(7e9, 32, 4096, 4096) * 4e6 / (8 * 989e12 * 0.5)
+    exposed = 0.1 * 24.5e9 / 450e9  # 10 % of the ring all-reduce over NVLink's 450 GB/s
+    assert s["compute_s"] == pytest.approx(compute)
+    assert s["exposed_s"] == pytest.approx(exposed)
+    assert s["linear_ratio"] == pytest.approx(compute / (compute + exposed))
+    assert s["speedup"] == pytest.approx(8 * compute / (compute + exposed))
+
+
+def test_llama_3_1_405b_h100_hours_within_ten_percent_of_its_model_card():
+    # Llama 3 (arXiv 2407.21783): 405B, 15.6T tokens, 126 layers, d 16,384, 8K context,
+    # 16M tokens a step on 16,384 H100s as TP 8 x PP 16 x DP 128 at 400 TFLOP/s per GPU
+    # (table 4), "higher than 90 %" effective training time. Model card: 30.84M H100-hours.
+    p = plan(PlanInputs(params=405e9, tokens=15.6e12, accelerators=16_384, accelerator="h100",
+                        hour_price=2.0, layers=126, d_model=16_384, seq_len=8192,
+                        batch_tokens=16e6, layout="zero1", tp=8, pp=16, mfu=400 / 989,
+                        goodput=0.9))
+    assert p["compute"]["total_flops"] == pytest.approx(4.11e25, rel=0.01)  # 6ND alone: 3.8e25
+    assert p["accelerator_hours"]["expected"] == pytest.approx(30.84e6, rel=0.10)
+
+
+def test_llama_65b_a100_hours_within_ten_percent_of_the_paper():
+    # LLaMA (arXiv 2302.13971): 65.2B, 1.4T tokens, 80 layers, d 8,192, 2,048 context,
+    # "380 tokens/sec/GPU on 2048 A100 GPU with 80GB" (section 2.4); table 15: 1,022,362
+    # GPU-hours. The paper gives throughput, not MFU: MFU = 380 · FLOPs per token / peak.
+    mfu = 380 * flops_per_token(65.2e9, 80, 8192, 2048) / 312e12
+    assert mfu == pytest.approx(0.496, abs=0.001)
+    p = plan(PlanInputs(params=65.2e9, tokens=1.4e12, accelerators=2048, accelerator="a100",
+                        hour_price=1.0, layers=80, d_model=8192, seq_len=2048, mfu=mfu,
+                        goodput=1.0))
+    assert p["accelerator_hours"]["expected"] == pytest.approx(1_022_362, rel=0.10)
+    assert p["wall_hours"]["expected"] / 24 == pytest.approx(21, rel=0.10)  # "about 21 days"
+
+
+def test_tinyllama_a100_hours_within_ten_percent_of_its_readme():
+    # TinyLlama (github.com/jzhang38/TinyLlama, README): 1.1B, 22 layers, d 2,048, 2,048
+    # context, 16 A100-40G, "56% model flops utilization"; 3,456 A100 GPU-hours per 300B
+    # tokens.
+    p = plan(PlanInputs(params=1.1e9, tokens=300e9, accelerators=16, accelerator="a100",
+                        hour_price=1.0, layers=22, d_model=2048, seq_len=2048, mfu=0.56,
+                        goodput=1.0))
+    assert p["accelerator_hours"]["expected"] == pytest.approx(3456, rel=0.10)
+
+
+def test_every_default_the_plan_used_names_its_source():
+    p = plan(PlanInputs(params=7e9, tokens=chinchilla_tokens(7e9), accelerators=64,
+                        accelerator="h200", hour_price=3.0, api_price_in=3.0,
+                        api_price_out=15.0, api_tokens_per_month=2e9))
+    used = {d["input"] for d in p["defaults"]}
+    assert {"--mfu", "--peak-tflops", "--mtbf-hours", "--checkpoint-s", "--restart-s",
+            "--layers", "--api-output-share"} <= used
+    assert all(d["source"] for d in p["defaults"])
+    assert p["compute"]["mfu"] == 0.457 and p["compute"]["mfu_at"] == 1  # measured here
+    assert p["scaling"]["mfu"] < 0.457  # one GPU's MFU loses the exposed traffic at 64
+
+
+def test_build_versus_buy_is_the_training_cost_over_the_monthly_api_bill():
+    p = plan(PlanInputs(params=1e9, tokens=20e9, accelerators=8, accelerator="h100",
+                        hour_price=2.0, mfu=0.4, goodput=1.0, api_price_in=1.0,
+                        api_price_out=3.0, api_tokens_per_month=1e9, api_output_share=0.5))
+    monthly = 1e9 / 1e6 * (0.5 * 1.0 + 0.5 * 3.0)  # $2,000
+    assert p["build_vs_buy"]["monthly_bill_usd"] == pytest.approx(monthly)
+    assert p["build_vs_buy"]["break_even_months"]["expected"] == pytest.approx(
+        p["cost_usd"]["expected"] / monthly)
+
+
+def test_cost_range_spans_the_mfu_range_and_the_price_range():
+    p = plan(PlanInputs(params=7e9, tokens=1e12, accelerators=64, accelerator="h100",
+                        hour_price=2.0, hour_price_high=3.5))
+    c, h = p["cost_usd"], p["accelerator_hours"]
+    assert c["low"] == pytest.approx(h["low"] * 2.0)
+    assert c["high"] == pytest.approx(h["high"] * 3.5)
+    assert h["low"] < h["expected"] < h["high"]
+
+
+def test_cli_prints_the_plan_as_one_json_object(capsys):
+    code = cli(["plan", "--params", "7B", "--tokens", "chinchilla", "--accelerators", "64",
+                "--accelerator", "h100", "--hour-price", "2..3.5", "--api-price-in", "3",
+                "--api-price-out", "15", "--api-tokens-per-month", "2e9", "--json"])
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["inputs"]["tokens"] == 1.4e11
+    assert out["inputs"]["hour_price"] == [2.0, 3.5]
+    assert out["defaults"][0]["input"] == "--tokens" and "Chinchilla" in out["defaults"][0]["source"]
+    assert math.isfinite(out["build_vs_buy"]["break_even_months"]["expected"])
+
+
+def test_cli_text_names_each_default_with_its_source(capsys):
+    assert cli(["plan", "--params", "1B", "--tokens", "20B", "--accelerators", "8",
+                "--accelerator", "h200", "--hour-price", "3"]) == 0
+    text = capsys.readouterr().out
+    assert "--mtbf-hours = 50677: Llama 3" in text
+    assert "NVIDIA H200 datasheet" in text
+
+
+@pytest.mark.parametrize("flag,value,named", [
+    ("--tokens", "lots", "chinchilla"), ("--accelerator", "tpu9", "h100"),
+    ("--accelerators", "0", "above 0"), ("--hour-price", "-2", "above 0"),
+    ("--mfu", "1.5", "(0, 1]")])
+def test_a_bad_flag_is_exit_2_naming_the_flag_and_the_fix(capsys, flag, value, named):
+    args = {"--params": "1B", "--tokens": "20B", "--accelerators": "8",
+            "--accelerator": "h100", "--hour-price": "2", flag: value}
+    assert cli(["plan", *[x for kv in args.items() for x in kv]]) == 2
+    err = capsys.readouterr().err
+    assert f"bad config: {flag}" in err and named in err
+
+
+def test_accelerators_that_do_not_split_into_tp_x_pp_groups_are_refused():
+    with pytest.raises(BadConfig, match="--tp/--pp"):
+        PlanInputs(params=1e9, tokens=1e9, accelerators=12, accelerator="h100",
+                   hour_price=1.0, tp=8)
