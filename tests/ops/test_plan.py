@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -26,6 +27,9 @@ from ops.plan import (
     young_interval,
 )
 from ops.plan_facts import MTBF_HOURS_PER_ACCELERATOR
+from ops.plan_run import predict, training_span
+
+STORE = "file://" + str(Path(__file__).resolve().parents[1] / "fixtures" / "report_run" / "store")
 
 
 def test_flops_are_six_n_d_plus_the_attention_term():
@@ -197,3 +201,39 @@ def test_accelerators_that_do_not_split_into_tp_x_pp_groups_are_refused():
     with pytest.raises(BadConfig, match="--tp/--pp"):
         PlanInputs(params=1e9, tokens=1e9, accelerators=12, accelerator="h100",
                    hour_price=1.0, tp=8)
+
+
+def _event(kind: str, ts: float, **payload) -> dict:
+    return {"kind": kind, "ts": ts, "step": payload.get("last_step"), "payload": payload}
+
+
+def test_from_run_predicts_start_up_per_segment_plus_seconds_per_step():
+    # two 50-step segments; the first window ends 2 s of start-up + 0.5 s a step in
+    events = [_event("segment_started", 0.0, from_step=0, to_step=50, attempt=1),
+              *[_event("train_metrics", 2.0 + 0.5 * k, first_step=k - 4, last_step=k,
+                       attempt=1, segment="0-50") for k in range(5, 51, 5)],
+              _event("segment_started", 30.0, from_step=50, to_step=100, attempt=1),
+              _event("segment_finished", 60.0, from_step=50, to_step=100, attempt=1)]
+    got = predict(training_span(events), fault_s=6.0)
+    assert (got["seen_steps"], got["total_steps"], got["segments"]) == (10, 100, 2)
+    assert got["seconds_per_step"] == pytest.approx(0.5)
+    assert got["startup_s"] == pytest.approx(2.0)
+    assert got["predicted_s"] == pytest.approx(2 * 2.0 + 0.5 * 100)  # 54 s
+    assert got["error"] == pytest.approx((54 - 60) / 60)
+    assert got["error_without_faults"] == pytest.approx(0.0)  # 60 s less 6 s of faults
+
+
+def test_from_run_on_the_recorded_faulted_run(capsys):
+    # tests/fixtures/report_run: 160 CPU steps in two segments, three faults (a crash, a
+    # spike rollback); the prediction sees steps 1-20 only
+    assert cli(["plan", "--from-run", "map-run", "--store", STORE, "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert (got["seen_steps"], got["total_steps"], got["faults"]) == (20, 160, 3)
+    assert got["actual_s"] == pytest.approx(72.53, abs=0.01)
+    assert got["error"] < -0.2  # the faults cost what the first 10 % could not show
+    assert abs(got["error_without_faults"]) < 0.15
+
+
+def test_from_run_without_events_is_exit_2_naming_the_flag(capsys):
+    assert cli(["plan", "--from-run", "no-such-run", "--store", STORE]) == 2
+    assert "bad config: --from-run" in capsys.readouterr().err
