@@ -18,6 +18,7 @@ from dataprep.pipeline import prepare_dataset
 from spec import RunSpec
 from storage.checkpoints import CheckpointStore
 from storage.events import EventLog
+from storage.init_source import check_fit
 
 
 @activity.defn(name=PREPARE_DATA)
@@ -46,6 +47,10 @@ def _prepare_data(spec: RunSpec) -> PrepareDataResult:
                     exact_dups=stats.get("exact_dups"), near_dups=stats.get("near_dups"),
                     resume=stats.get("resume"), train_tokens=man.tokens("train"),
                     val_tokens=man.tokens("val"), vocab_size=man.vocab_size)
+        if spec.train.init_from:  # before any accelerator: the source fits, or BadConfig
+            source = check_fit(spec, uri, man)
+            events.emit("initialized_from", event_id=f"initialized_from/{source.run_id}/"
+                        f"{source.step}", **source.lineage())
     return PrepareDataResult(manifest_uri=uri, cache_hit=cache_hit,
                              docs_out=int(stats.get("docs_out", 0)),
                              train_tokens=man.tokens("train"), val_tokens=man.tokens("val"),

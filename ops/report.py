@@ -216,7 +216,11 @@ def summary(events: list[dict], series: LossSeries,
     promoted = [e for e in evs if e["kind"] == "promoted"]
     with_loss = [w for w in series.current if w.mean is not None]
     finished = [e for e in evs if e["kind"] == "run_finished"]
+    lineage = [e["payload"] for e in evs if e["kind"] == "initialized_from"]
     return {
+        "initialized_from": (f"run {lineage[-1].get('source_run')}, promoted step "
+                             f"{lineage[-1].get('source_step')} ({lineage[-1].get('uri')})"
+                             if lineage else None),
         "first_step": series.current[0].first if series.current else None,
         "last_step": series.current[-1].last if series.current else None,
         "final_train_loss": with_loss[-1].mean if with_loss else None,

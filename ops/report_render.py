@@ -184,7 +184,8 @@ def table(rows: list[dict], columns: list[tuple[str, str]], *, row_class: str = 
 
 
 SUMMARY_ROWS = [
-    ("status", "status"), ("first_step", "first step"), ("last_step", "last step"),
+    ("status", "status"), ("initialized_from", "started from (train.init_from)"),
+    ("first_step", "first step"), ("last_step", "last step"),
     ("final_train_loss", "final training loss (last window)"),
     ("initial_val_loss", "initial held-out loss"), ("final_val_loss", "final held-out loss"),
     ("final_val_step", "…at step"), ("promoted_step", "promoted checkpoint step"),

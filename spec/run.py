@@ -67,6 +67,9 @@ class RunSpec:
                      "is longer than a segment", "make checkpoint_every <= segment_steps")
         _require(len(self.faults) <= MAX_FAULTS, "faults",
                  f"has {len(self.faults)} entries (at most {MAX_FAULTS})", "inject fewer faults")
+        _require(not t.init_from or t.init_from.split("@")[0] != self.run_id,
+                 "train.init_from", f"names this run itself ({self.run_id})",
+                 "name the run whose promoted checkpoint this one starts from")
         urls.check_durable(self.storage.durable, "storage.durable")
         urls.check_local_dir(self.storage.fast, "storage.fast")
         urls.check_tiers_apart(self.storage.durable, self.storage.fast)

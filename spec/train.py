@@ -5,6 +5,7 @@ the workflow (segments, continue-as-new). Stdlib only; re-exported by spec."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -19,7 +20,8 @@ MAX_NODES = 4096  # the largest cluster a spec may ask for
 class TrainConfig:
     # Added fields, with the default they came with: out of spec_hash at that default
     # (spec/run.py), so a run claimed before they existed keeps its hash.
-    ADDED: ClassVar[dict[str, Any]] = {"min_nodes": 0, "checkpoint_every_min": 10}
+    ADDED: ClassVar[dict[str, Any]] = {"min_nodes": 0, "checkpoint_every_min": 10,
+                                       "init_from": ""}
 
     total_steps: int = num(200, 1, STEPS)
     segment_steps: int = num(100, 1, STEPS)  # steps per train_segment activity
@@ -72,6 +74,11 @@ class TrainConfig:
     eval_every: int = num(0, 0, STEPS)
     overfit_evals: int = num(3, 1, 10**6)
     early_stop_on_overfit: bool = False
+    # Start from another run's promoted checkpoint in the same durable store: "RUN_ID" (its
+    # newest promoted step) or "RUN_ID@STEP". Weights only (the optimizer starts fresh),
+    # read weights-only and verified against its manifest; the model's shape and the
+    # dataset's tokenizer must match the source's (storage/init_source.py). "": from scratch.
+    init_from: str = ""
 
     def __post_init__(self) -> None:
         _positive(self, "total_steps", "segment_steps", "segments_per_run", "micro_batch_tokens",
@@ -116,6 +123,11 @@ class TrainConfig:
         _require(self.min_nodes in (0, self.nodes) or self.zero_stage <= 2, "min_nodes",
                  "a ZeRO-3 checkpoint cannot be resharded to fewer nodes here",
                  "use zero_stage <= 2, or min_nodes 0")
+        if self.init_from:
+            init_source(self.init_from)  # its form; whether it fits: storage/init_source.py
+            _require(self.zero_stage <= 2, "init_from",
+                     "loading another run's weights into ZeRO-3's partitioned parameters is "
+                     "not supported", "use zero_stage <= 2, or start from scratch")
 
     @property
     def auto_checkpoint(self) -> bool:
@@ -140,3 +152,16 @@ class TrainConfig:
         """The node counts a segment may run on, most first: divisors of `nodes` down to
         `fewest_nodes` (the global batch stays whole at each)."""
         return [n for n in range(self.nodes, self.fewest_nodes - 1, -1) if self.nodes % n == 0]
+
+
+INIT_FROM_RE = re.compile(r"([a-z0-9][a-z0-9-]{0,62})(?:@(\d{1,15}))?")  # run id as spec/run.py
+
+
+def init_source(text: str) -> tuple[str, int | None]:
+    """Pure: `train.init_from` as (run id, step or None for its newest promoted step);
+    BadConfig naming the field when it is neither "RUN_ID" nor "RUN_ID@STEP"."""
+    m = INIT_FROM_RE.fullmatch(text)
+    _require(m is not None, "init_from", f"{text[:80]!r} is not RUN_ID or RUN_ID@STEP",
+             'name a run of this durable store, e.g. "base-run" or "base-run@4000"')
+    assert m is not None
+    return m.group(1), int(m.group(2)) if m.group(2) else None

@@ -67,6 +67,7 @@ from trainer.engine import build_engine, micro_batch_size
 from trainer.extensions import install_owned_build_locks
 from trainer.faults import FaultInjector
 from trainer.guard import SpikeGuard, finite_or_none
+from trainer.init_from import load_init_weights
 from trainer.loop import Trainer
 from trainer.model import GPT
 from trainer.online_eval import OnlineEval
@@ -153,6 +154,8 @@ def run_segment(args: SegmentArgs, rank: int, world: int) -> None:
         deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
         manifest = load_manifest(args.dataset)
         model = GPT(spec.model, manifest.vocab_size, seed=spec.seed)
+        if spec.train.init_from and ctx.store.latest_committed() is None:  # a fresh run
+            load_init_weights(model, spec, args.workdir)  # before ZeRO copies the weights
         engine = build_engine(spec, model, args.micro_split)
     source = make_batches(spec, args.dataset, rank, world, args.cache("dataset"))
     meter = make_meter(spec, model, manifest.vocab_size, torch.device(engine.device), world,

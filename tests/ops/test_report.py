@@ -59,6 +59,7 @@ def write_run(url: str) -> None:
     def ev(log: EventLog, kind: str, step: int, fields: dict | None = None, **more) -> None:
         clock.stamp(log.emit(kind, fields, step=step, **more))  # fields: a fault's `kind`
     ev(wf, "run_started", 0, spec_hash="abc")
+    ev(wf, "initialized_from", 0, source_run="base", source_step=8, uri=f"{url}/runs/base/promoted/8")
     # Attempt 1 of segment 0-60: commits at 20, reaches 30, is killed at 33.
     a1 = EventLog(url, RUN, "supervisor", attempt=1)
     fwd1 = MetricsForwarder(a1, 10, segment="0-60", attempt=1)
@@ -179,6 +180,7 @@ def test_report_writes_png_and_escaped_html_with_rollback_and_fault_rows(url, tm
     assert "alice &lt;script&gt;" in page and "<script>" not in page
     assert "&lt;b&gt;shards&lt;/b&gt;" in page
     assert "<td>1.9</td>" in page  # final held-out loss in the summary
+    assert "started from (train.init_from)</th><td>run base, promoted step 8 (" in page
     # each incident in words, as `mainspring explain` tells it
     assert "<h2>Incidents</h2><ol><li>" in page and "rolled back at step" in page
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import os
 import shutil
@@ -14,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from common.errors import BadData
 from storage.checkpoints import CheckpointStore
 from storage.events import read_events
 from tests.trainer.helpers import REPO, run_segment, tiny_spec, write_spec
@@ -383,3 +386,57 @@ def test_a_compiled_segment_trains_and_its_checkpoint_resumes_in_an_eager_one(tm
     steps = [ln for ln in lines if ln["type"] == "step"]
     assert [s["step"] for s in steps] == [1, 2, 3, 4, 5, 6]
     assert all(s["loss"] == s["loss"] for s in steps)
+
+
+# ---- train.init_from: a fresh run starts from another run's promoted weights -------------
+def promoted(store: Path, step: int) -> Path:
+    CheckpointStore(str(store), "t").promote(step)
+    return store / "runs" / "t" / "promoted" / f"step-{step:09d}"
+
+
+def test_a_run_from_a_promoted_checkpoint_starts_with_its_weights_and_its_loss(single,
+                                                                                 dataset_uri):
+    root, a, _ = single
+    source = promoted(a, 8)
+    spec = write_spec(tiny_spec(a, **{"run_id": "t-child", "train.init_from": "t@8",
+                                      "train.checkpoint_every": 2}), root / "child.json")
+    ok(run_segment(spec, dataset_uri, 2, root / "wc"))
+    theirs = load_tensors(source / "mp_rank_00_model_states.pt")
+    mine = load_tensors(a / "runs/t-child/checkpoints/step-000000000/mp_rank_00_model_states.pt")
+    weights = [k for k in theirs if k.startswith("/module/")]
+    assert weights and all(torch.equal(theirs[k], mine[k]) for k in weights)  # exactly
+    parent = [ln["loss"] for ln in read_jsonl(root / "wa" / "progress.jsonl")
+              if ln["type"] == "step"]
+    child = [ln["loss"] for ln in read_jsonl(root / "wc" / "progress.jsonl")
+             if ln["type"] == "step"]
+    # where the parent ended (its first batch, seen by the parent, even lower), not where
+    # a fresh model starts
+    assert child[0] < parent[-1] + 0.25 * (parent[0] - parent[-1]), (parent, child)
+
+
+def test_a_pickle_payload_in_the_promoted_checkpoint_is_refused_never_run(single, tmp_path):
+    from storage.manifest import CheckpointManifest, FileEntry
+    from tests.trainer.helpers import VOCAB
+    from tests.trainer.test_safe_load import plant
+    from trainer.init_from import load_init_weights
+    from trainer.model import GPT
+
+    _, a, _ = single
+    store = tmp_path / "store"
+    shutil.copytree(a / "runs" / "t", store / "runs" / "t")
+    source = promoted(store, 8)
+    marker = tmp_path / "pwned"
+    victim = source / "mp_rank_00_model_states.pt"
+    plant(victim, marker, "module")
+    # a bucket writer rewrites the manifest too, so the file passes its checksum
+    man = CheckpointManifest.from_json((source / "MANIFEST.json").read_text(), step=8)
+    blob = victim.read_bytes()
+    entry = FileEntry(size=len(blob), sha256=hashlib.sha256(blob).hexdigest())
+    (source / "MANIFEST.json").write_text(
+        dataclasses.replace(man, files={**man.files, victim.name: entry}).to_json())
+    spec = tiny_spec(store, **{"run_id": "t-child", "train.init_from": "t"})
+    model = GPT(spec.model, VOCAB, seed=0)
+    with pytest.raises(BadData) as err:
+        load_init_weights(model, spec, str(tmp_path / "w"))
+    assert "cannot be loaded" in err.value.problem and "t" in err.value.problem
+    assert not marker.exists()

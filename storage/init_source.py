@@ -1,0 +1,121 @@
+"""A run that starts from another run's promoted checkpoint (`train.init_from`): where that
+checkpoint is, and whether this run's model and vocabulary fit it — decided from the
+durable store alone. The data worker checks it once the dataset is ready, before any
+accelerator is used (activities/data.py); the trainer that loads the weights reads the
+same source (trainer/init_from.py).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from common.errors import BadConfig
+from spec import RunSpec
+from spec.train import init_source
+from storage.checkpoints import CheckpointStore
+from storage.dataset import DatasetManifest, load_manifest
+from storage.events import read_events
+from storage.fs import join, resolve, sha256_file
+from storage.runs import RUN_FILE
+
+FIELD = "train.init_from"
+# what the weights' shapes and meaning depend on (seq_len does not: RoPE is computed)
+ARCHITECTURE = ("d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_mult", "tie_embeddings")
+
+
+@dataclass(frozen=True)
+class InitSource:
+    """The promoted checkpoint a run starts from: its run, step and store."""
+
+    run_id: str
+    step: int
+    store: CheckpointStore  # promoted/ of the source run: its step directories and manifests
+
+    @property
+    def uri(self) -> str:
+        return self.store.fs.unstrip_protocol(self.store.path(self.step))
+
+    def lineage(self) -> dict[str, Any]:
+        """The `initialized_from` event's payload: which run and step, and where."""
+        return {"source_run": self.run_id, "source_step": self.step, "uri": self.uri}
+
+
+def promoted_source(durable_url: str, init_from: str) -> InitSource:
+    """The promoted checkpoint `init_from` names in this durable store; BadConfig when the
+    run has none, or not that step."""
+    run_id, step = init_source(init_from)
+    runs = CheckpointStore(durable_url, run_id)
+    store = CheckpointStore.at(durable_url, runs.promoted_path(0).rsplit("/", 1)[0])
+    promoted = store.list_committed()  # a promoted step's manifest is written last
+    if not promoted:
+        raise BadConfig(FIELD, f"run {run_id} has no promoted checkpoint in {durable_url}",
+                        "name a run that finished (it promotes its best checkpoint), or "
+                        "leave init_from empty to start from scratch")
+    if step is None:
+        step = promoted[-1]
+    elif step not in promoted:
+        raise BadConfig(FIELD, f"run {run_id} has no promoted checkpoint at step {step}",
+                        f"choose one of its promoted steps: {promoted}")
+    return InitSource(run_id, step, store)
+
+
+def stored_spec(durable_url: str, run_id: str) -> dict[str, Any] | None:
+    """The spec a run's claim stored (RUN.json), as JSON; None without one."""
+    fs, root = resolve(durable_url)
+    try:
+        return json.loads(fs.cat_file(join(root, "runs", run_id, RUN_FILE))).get("spec")
+    except FileNotFoundError:
+        return None
+
+
+def source_dataset(durable_url: str, run_id: str) -> tuple[str, DatasetManifest] | None:
+    """The dataset the source run trained on (its newest `dataset_ready` event)."""
+    ready = read_events(durable_url, run_id, ("dataset_ready",))
+    if not ready:
+        return None
+    uri = ready[-1]["payload"]["uri"]
+    return uri, load_manifest(uri)
+
+
+def tokenizer_sha(manifest_uri: str, manifest: DatasetManifest) -> str:
+    """The dataset's tokenizer file's sha256 ('' for a dataset without one)."""
+    fs, path = resolve(manifest_uri)
+    try:
+        return sha256_file(fs, join(path.rsplit("/", 1)[0], manifest.tokenizer))[0]
+    except FileNotFoundError:
+        return ""
+
+
+def architecture_problem(source: dict[str, Any], ours: dict[str, Any]) -> str:
+    """Pure: how this run's model section differs from the source's in what the weights
+    depend on ('' when it does not)."""
+    diffs = [f"{k} {source.get(k)!r} there, {ours.get(k)!r} here" for k in ARCHITECTURE
+             if source.get(k) != ours.get(k)]
+    return "; ".join(diffs)
+
+
+def check_fit(spec: RunSpec, manifest_uri: str, manifest: DatasetManifest) -> InitSource:
+    """This run's model and dataset against its `init_from` source: BadConfig naming both
+    when the model's shape or the vocabulary (size and tokenizer) differs."""
+    durable = spec.storage.durable
+    source = promoted_source(durable, spec.train.init_from)
+    theirs = stored_spec(durable, source.run_id)
+    if theirs is not None:
+        problem = architecture_problem(theirs.get("model") or {}, spec.to_dict()["model"])
+        if problem:
+            raise BadConfig(FIELD, f"run {source.run_id}'s model does not fit this run's: "
+                            f"{problem}", f"set model.* as run {source.run_id} has them, or "
+                            "start from scratch")
+    data = source_dataset(durable, source.run_id)
+    if data is not None:
+        their_uri, their_manifest = data
+        if their_manifest.vocab_size != manifest.vocab_size or \
+                tokenizer_sha(their_uri, their_manifest) != tokenizer_sha(manifest_uri, manifest):
+            tokenizer = join(their_uri.rsplit("/", 1)[0], their_manifest.tokenizer)
+            raise BadConfig(FIELD, f"run {source.run_id} was trained with another tokenizer "
+                            f"(vocabulary {their_manifest.vocab_size} there, "
+                            f"{manifest.vocab_size} here)",
+                            f"set data.tokenizer.path to {tokenizer}, the source's tokenizer")
+    return source

@@ -1,0 +1,49 @@
+"""`train.init_from`: a fresh run's model starts from another run's promoted weights.
+
+Before the engine is built (so ZeRO's fp32 master copies start from them too), every rank
+fetches the promoted checkpoint, verified file by file against its manifest, reads it with
+the bounded weights-only loader and loads the module's weights; the optimizer starts fresh.
+Only a run with no committed checkpoint of its own does this: its step-0 commit then holds
+the loaded weights, and every later start restores its own checkpoints as usual. Whether
+the source fits (model shape, tokenizer) was checked before any accelerator was used
+(storage/init_source.py, on the data worker); a mismatch found here is the same BadConfig.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import structlog
+import torch
+
+from common.errors import BadConfig, BadData
+from spec import RunSpec
+from storage.checkpoints import CorruptCheckpoint, step_dir
+from storage.init_source import InitSource, promoted_source
+from trainer.evaluate import load_weights
+from trainer.safe_load import UnsafeCheckpointFile
+
+log = structlog.get_logger(__name__)
+
+
+def load_init_weights(model: torch.nn.Module, spec: RunSpec, workdir: str) -> InitSource:
+    """Load `spec.train.init_from`'s promoted weights into `model`; return the source."""
+    source = promoted_source(spec.storage.durable, spec.train.init_from)
+    local = os.path.join(workdir, "init_from", step_dir(source.step))
+    shutil.rmtree(local, ignore_errors=True)
+    try:
+        source.store.fetch(source.step, local)
+        load_weights(model, local, source.step)
+    except (CorruptCheckpoint, UnsafeCheckpointFile) as exc:  # the same on every retry
+        raise BadData(source.uri, f"run {source.run_id}'s promoted checkpoint cannot be "
+                      f"loaded: {exc}", "promote a good checkpoint of that run again, or "
+                      "start from another") from None
+    except BadConfig as exc:
+        raise BadConfig("train.init_from", f"run {source.run_id}'s promoted step "
+                        f"{source.step} does not fit this model ({exc.problem[:300]})",
+                        f"set model.* as run {source.run_id} has them") from None
+    finally:
+        shutil.rmtree(local, ignore_errors=True)
+    log.info("initialized_from", **source.lineage())
+    return source
