@@ -30,7 +30,7 @@ from common.redact import redact_value
 from ops.report import exit_code, missing_run, ordered
 from ops.report_map import accelerators, stored_spec
 
-SPIKE_KINDS = ("loss_spike", "batch_skipped", "rollback")
+SPIKE_KINDS = ("loss_spike", "batch_skipped", "spike_diagnosed", "rollback")
 DECISIONS = ("needs_attention", "oom_adapted", "lr_adjusted", "checkpoint_corrupt",
              "checkpoint_failed")
 # an injected fault and the fault the supervisor detected from it: at most this far apart
@@ -260,7 +260,7 @@ def spike_groups(evs: list[dict]) -> list[list[dict]]:
         if e["kind"] not in SPIKE_KINDS:
             continue
         open_group = bool(groups) and groups[-1][-1]["kind"] != "rollback"
-        if e["kind"] == "rollback":
+        if e["kind"] in ("rollback", "spike_diagnosed"):
             onset = e["payload"].get("onset", e["step"])
             fresh = not open_group or onset > (last or 0) + 1
         else:
@@ -310,6 +310,7 @@ def spike_story(group: list[dict], cause: dict | None, cost: Cost) -> Sentence:
         tell_cost(s, cost, first, "", None, "", 0)
         return s
     r = rollback["payload"]
+    diagnosed = next((e for e in group if e["kind"] == "spike_diagnosed"), None)
     s.say("The spike was sustained")
     if r.get("outlier_steps"):
         listed = s.fig("outliers", r["outlier_steps"], ", ".join(map(str, r["outlier_steps"])),
@@ -319,12 +320,42 @@ def spike_story(group: list[dict], cause: dict | None, cost: Cost) -> Sentence:
           f"{s.payload('to_step', rollback, 'to_step')}")
     if r.get("skip"):
         lo, hi = r["skip"]
-        s.say(f", skipping the data of steps {s.fig('skip_from', lo, str(lo), rollback, 'skip')}"
+        s.say(f", skipping data batches {s.fig('skip_from', lo, str(lo), rollback, 'skip')}"
               f"–{s.fig('skip_to', hi, str(hi), rollback, 'skip')}")
     s.say(". ")
+    if diagnosed:
+        tell_diagnosis(s, diagnosed, rollback)
     tell_cost(s, cost, rollback, "", rollback["ts"] - first["ts"], "lost_steps",
               int(r.get("lost_steps") or 0), "from the first outlier to the rollback")
     return s
+
+
+def tell_diagnosis(s: Sentence, e: dict, rollback: dict) -> None:
+    """Why it spiked: the replay of its window on the restored weights (trainer/diagnosis.py)."""
+    p = e["payload"]
+    s.say(f"Replayed twice on step {s.payload('restored_step', rollback, 'to_step')}'s weights "
+          f"({s.payload('forward_passes', e, 'forward_passes')} forward passes, "
+          f"{s.payload('replay_s', e, 'replay_s', '.2f')} s): ")
+    verdict = p.get("verdict")
+    if verdict == "data" and p.get("documents"):
+        listed = s.fig("documents", p["documents"], ", ".join(map(str, p["documents"])), e,
+                       "documents")
+        s.say(f"documents {listed} stand out against the window's others — the data is the "
+              "cause. ")
+    elif verdict == "data":
+        listed = s.fig("batches", p.get("batches"), ", ".join(map(str, p.get("batches") or [])),
+                       e, "batches")
+        s.say(f"batches {listed} are still above the threshold on healthy weights while the "
+              "rest of the window is not — the data is the cause. ")
+    elif verdict == "optimisation":
+        s.say("the spike's batches are normal on healthy weights — the update, not the data, "
+              "was the cause. ")
+    elif verdict == "numerics":
+        s.say(f"the two replays disagree by "
+              f"{s.payload('replay_disagreement', e, 'replay_disagreement', '.2e')}"
+              f" — suspected silent data corruption on rank {s.payload('rank', e, 'rank')}. ")
+    else:
+        s.say("no cause stood out (unclear). ")
 
 
 def operator_story(e: dict) -> Sentence:

@@ -172,6 +172,17 @@ class PackedBatches:
         return [pack_row(int(r), self.seq_len, self.starts, *self.layout(int(e)))
                 for e, r in zip(epochs, rows)]
 
+    def documents(self, cursor: int) -> torch.Tensor:
+        """(batch_size, seq_len): the number in the split of the document each slot of
+        batch `cursor` holds (-1: padding) — what a spike's diagnosis accuses."""
+        docs = []
+        for e, r in zip(*locate(sample_indices(cursor, self.rank, self.world, self.batch_size),
+                                self.n)):
+            order, offsets = self.layout(int(e))
+            *_, k = pack_row(int(r), self.seq_len, self.starts, order, offsets)
+            docs.append(np.where(k >= 0, order[np.maximum(k, 0)], -1))
+        return torch.from_numpy(np.stack(docs).astype(np.int64))
+
     def get(self, cursor: int) -> tuple[torch.Tensor, ...]:
         """(inputs, targets, position_ids, doc_ids), each (batch_size, seq_len) int64."""
         src, tgt, pos, doc = (np.stack(a) for a in zip(*self.rows(cursor)))

@@ -178,6 +178,16 @@ class FaultyBatches:
             self.injector.starting(step)
         return self.injector.batch(cursor, step, self.source.get(cursor))
 
+    def replay(self, cursor: int, step: int) -> tuple[torch.Tensor, ...]:
+        """Batch `cursor` as the loop read it (corrupted where a fault corrupts it), with no
+        step's start: nothing is armed or announced again (a spike's diagnosis)."""
+        return self.injector.batch(cursor, step, self.source.get(cursor))
+
+    def documents(self, cursor: int) -> torch.Tensor | None:
+        """Each slot's document number in the split; None without packed documents."""
+        documents = getattr(self.source, "documents", None)
+        return documents(cursor) if documents is not None else None
+
 
 def vm_data_bytes() -> int:
     """This process's data segment (what RLIMIT_DATA limits), from /proc/self/status."""

@@ -30,6 +30,7 @@ from common.protocol import SegmentOutcome
 from trainer import tracing
 from trainer.checkpoint_manager import CheckpointManager
 from trainer.context import SegmentContext
+from trainer.diagnosis import Replayer
 from trainer.spikes import (
     Verdict,
     merge_ranges,
@@ -43,6 +44,8 @@ from trainer.state import TrainState
 log = structlog.get_logger(__name__)
 
 RECENT_LOSSES = 10  # the segment's reported training loss: mean of the last accepted ones
+# a diagnosis replays at most this many micro-batches of the rollback's skip window (twice)
+MAX_REPLAY_BATCHES = 32
 
 
 def loss_scale_verdict(step: int, loss: float, scale: float | None, min_scale: float,
@@ -68,6 +71,7 @@ class SpikeGuard:
         self.cursors: dict[int, int] = {}  # step -> data cursor its first batch was read at
         self.accepted: list[float] = []  # accepted losses since online_eval last took them
         self.recent: list[float] = []  # last accepted losses (the segment's reported loss)
+        self.replayer: Replayer | None = None  # the spike's diagnosis (trainer/diagnosis.py)
 
     # ---- per step ------------------------------------------------------------------
     def judge(self, state: TrainState, step: int, loss: float, cursor: int) -> Verdict:
@@ -137,6 +141,7 @@ class SpikeGuard:
         window = skip_range(onset_cursor, self.cfg, times, self.per_step)
         restored.skip_ranges = merge_ranges(ranges + [window])
         restored.detector = reset_window(restored.detector)
+        self._diagnose(verdict, onset, window, restored.step)
         record = {"at_step": verdict.step, "onset": onset, "to_step": restored.step,
                   "skip": list(window), "times_in_region": times, "discarded": gone}
         self.outcome.rollbacks.append(record)
@@ -144,6 +149,26 @@ class SpikeGuard:
                     **record, lost_steps=verdict.step - restored.step, **evidence(verdict))
         log.warning("rollback", **record)
         return restored
+
+    def _diagnose(self, verdict: Verdict, onset: int, window: tuple[int, int],
+                  restored: int) -> None:
+        """Replay the spike's data window on the restored weights and record why it spiked
+        (`spike_diagnosed`); what the rollback does is not changed by it yet."""
+        if self.replayer is None or verdict.threshold is None:
+            return
+        spike = {self.cursors[s] + i for s in range(onset, verdict.step + 1)
+                 if s in self.cursors for i in range(self.per_step)}
+        lo, hi = window
+        cursors = sorted(set(range(lo, min(hi, lo + MAX_REPLAY_BATCHES))) | spike)
+        found, seconds = self.replayer.diagnose(cursors, spike, verdict.step, verdict.threshold)
+        self._event("spike_diagnosed", verdict.step,
+                    f"spike_diagnosed/{verdict.step}/{onset}/{restored}",
+                    verdict=found.verdict, documents=list(found.documents), onset=onset,
+                    replay_s=round(seconds, 3), forward_passes=2 * len(cursors),
+                    steps_worth=round(2 * len(cursors) / (3 * self.per_step), 2),
+                    rank=self.ctx.rank, **json_safe(found.evidence))
+        log.warning("spike_diagnosed", step=verdict.step, verdict=found.verdict,
+                    documents=list(found.documents)[:20], replay_s=round(seconds, 3))
 
     def _event(self, kind: str, step: int, event_id: str, **payload) -> None:
         decision_event(self.ctx, self.outcome, kind, step, event_id, **payload)
@@ -177,6 +202,17 @@ def recorded_skip_ranges(ctx: SegmentContext) -> list[tuple[int, int]]:
 def evidence(v: Verdict) -> dict:
     return {"loss": finite_or_none(v.loss), "baseline": v.baseline, "spread": v.spread,
             "threshold": v.threshold, "reason": v.reason, **v.evidence}
+
+
+def json_safe(value):
+    """`value` with every non-finite float as None (events are strict JSON)."""
+    if isinstance(value, float):
+        return finite_or_none(value)
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
 
 
 def finite_or_none(x: float | None) -> float | None:

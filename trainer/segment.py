@@ -62,6 +62,7 @@ from trainer.checkpoint_manager import CheckpointManager
 from trainer.child import load_spec, run_classified, write_json
 from trainer.context import SegmentArgs, SegmentContext, on_sigterm
 from trainer.data import PackedBatches, TrainBatches, val_batches
+from trainer.diagnosis import Replayer
 from trainer.elastic import on_nodes
 from trainer.engine import build_engine, micro_batch_size
 from trainer.extensions import install_owned_build_locks
@@ -212,8 +213,10 @@ def build_trainer(ctx: SegmentContext, engine, *, vocab_size: int, source, meter
                            events=ctx.events)
     faults.attach(engine.module)
     guard = SpikeGuard(ctx, engine, outcome, checkpoints)
+    batches = faults.batches(source)
+    guard.replayer = Replayer(engine, batches)  # a rollback's diagnosis replays these
     return Trainer(
-        ctx=ctx, engine=engine, batches=faults.batches(source), meter=meter,
+        ctx=ctx, engine=engine, batches=batches, meter=meter,
         lr=LRSchedule(spec.train, args.lr_windows, one_shot=faults.lr_windows()),
         probe=StepProbe(ctx, engine), guard=guard, checkpoints=checkpoints, faults=faults,
         evaluator=OnlineEval(ctx, engine, make_val(spec, args.dataset, args.cache("dataset")),

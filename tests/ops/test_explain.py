@@ -142,6 +142,25 @@ def test_a_record_without_detected_faults_pairs_the_injection_with_the_next_reco
     assert "on 1 accelerator." in found[0].text
 
 
+def test_a_diagnosed_spike_says_what_the_replay_found_with_figures_from_its_event():
+    found = incidents([
+        ev("loss_spike", 76, 1.0, loss=7.1, baseline=3.0, spread=0.2, threshold=4.2,
+           reason="outlier"),
+        ev("spike_diagnosed", 78, 1.3, verdict="data", documents=[], batches=[75, 76, 77],
+           forward_passes=16, replay_s=0.021, onset=76, rank=0, replay_disagreement=0.0),
+        ev("rollback", 78, 1.4, onset=76, to_step=70, lost_steps=8, skip=[73, 81],
+           outlier_steps=[76, 77, 78]),
+    ])
+    (spike,) = found
+    assert "Replayed twice on step 70's weights (16 forward passes, 0.02 s): batches 75, 76, " \
+        "77 are still above the threshold" in spike.text
+    assert "the data is the cause" in spike.text
+    rest = spike.text.split(": ", 1)[1]
+    for f in sorted(spike.figures, key=lambda f: -len(f.text)):
+        rest = rest.replace(f.text, "", 1)
+    assert not re.search(r"\d", rest), rest
+
+
 def test_cli_explain_prints_one_incident_or_names_the_range(capsys):
     assert cli(["explain", RUN, "--durable", STORE, "--incident", "2", "--json"]) == 0
     (only,) = json.loads(capsys.readouterr().out)

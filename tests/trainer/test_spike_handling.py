@@ -90,6 +90,13 @@ def test_every_decision_is_an_event_with_its_evidence(spiky):
     skipped = [e["payload"] for e in events if e["kind"] == "batch_skipped"]
     assert {"non_finite_loss", "outlier"} <= {s["reason"] for s in skipped}
     assert kinds.index("rollback") > kinds.index("loss_spike")
+    # replayed on the restored weights, twice: the corrupted batches are the cause
+    (diag,) = [e["payload"] for e in events if e["kind"] == "spike_diagnosed"]
+    assert diag["verdict"] == "data" and diag["replay_disagreement"] == 0.0
+    bad = set(range(CORRUPT_AT - 1, CORRUPT_AT - 1 + CORRUPT_STEPS))  # their cursors
+    assert set(diag["batches"]) == bad
+    assert min(diag["spike_batch_losses"]) > diag["threshold"]
+    assert diag["steps_worth"] <= 10 and diag["replay_s"] > 0
 
 
 def test_online_evaluation_reports_held_out_loss_every_interval(spiky):

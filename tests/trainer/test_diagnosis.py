@@ -1,0 +1,72 @@
+"""A spike's diagnosis from two replays of its window on the restored weights
+(trainer/diagnosis.py): the pure verdict, on literal replays."""
+
+from __future__ import annotations
+
+import torch
+
+from trainer.diagnosis import BatchReplay, diagnose, per_document, robust_z
+from trainer.model import IGNORE
+
+THRESHOLD = 5.0
+
+
+def window(doc_losses: dict[int, float], spike: dict[int, float] | None = None,
+           tokens: int = 32) -> list[BatchReplay]:
+    """One batch per document, cursor = document number; `spike`: their batch losses."""
+    spike = spike or {}
+    return [BatchReplay(d, spike.get(d, loss), {d: (loss * tokens, tokens)})
+            for d, loss in doc_losses.items()]
+
+
+def test_a_document_far_above_the_windows_others_is_the_cause():
+    losses = {d: 3.0 + 0.05 * (d % 3) for d in range(10)}
+    losses[7] = 9.0
+    first = window(losses)
+    found = diagnose(first, first, spike_cursors=[7], threshold=THRESHOLD)
+    assert found.verdict == "data" and found.documents == (7,)
+    (outlier,) = found.evidence["outliers"]
+    assert outlier["document"] == 7 and outlier["z"] > 6
+
+
+def test_two_replays_that_disagree_are_numerics_whatever_the_data():
+    losses = {d: 3.0 for d in range(6)}
+    losses[2] = 9.0
+    first = window(losses)
+    second = [BatchReplay(b.cursor, b.loss * (1 + 1e-3), b.docs) for b in first]
+    found = diagnose(first, second, spike_cursors=[2], threshold=THRESHOLD)
+    assert found.verdict == "numerics" and found.documents == ()
+    assert found.evidence["replay_disagreement"] > 1e-4
+
+
+def test_spike_batches_that_are_normal_on_healthy_weights_blame_the_update():
+    first = window({d: 3.0 + 0.1 * (d % 2) for d in range(8)})  # the burst made the spike
+    found = diagnose(first, first, spike_cursors=[3, 4], threshold=THRESHOLD)
+    assert found.verdict == "optimisation"
+
+
+def test_without_a_guilty_document_the_bad_batches_are_the_cause():
+    # one long document per batch: no document stands out, two batches do
+    losses = {d: 3.0 for d in range(8)}
+    first = window(losses, spike={2: 7.0, 3: 7.5})
+    found = diagnose(first, first, spike_cursors=[2], threshold=THRESHOLD)
+    assert found.verdict == "data" and found.evidence["batches"] == [2, 3]
+
+
+def test_a_window_that_is_bad_throughout_is_unclear():
+    first = window({d: 3.0 for d in range(4)}, spike={d: 8.0 for d in range(4)})
+    found = diagnose(first, first, spike_cursors=[0, 1], threshold=THRESHOLD)
+    assert found.verdict == "unclear"
+
+
+def test_per_document_sums_only_the_scored_tokens_of_each_document():
+    loss = torch.tensor([[1.0, 2.0, 3.0, 4.0]])
+    targets = torch.tensor([[5, IGNORE, 6, 7]])
+    docs = torch.tensor([[10, 10, 11, 11]])
+    assert per_document(loss, targets, docs) == {10: (1.0, 1), 11: (7.0, 2)}
+
+
+def test_robust_z_ignores_the_outlier_in_its_own_spread():
+    z = robust_z([1.0, 1.1, 0.9, 1.0, 10.0])
+    assert z[-1] > 50 and max(abs(v) for v in z[:-1]) < 2
+    assert robust_z([2.0, 2.0, 2.0]) == [0.0, 0.0, 0.0]

@@ -1,0 +1,163 @@
+"""Why a loss spiked: after a rollback has restored the weights from before the spike, the
+spike's data window is replayed on them with no update, twice, and the evidence decides:
+
+- `numerics`: the two replays of the same batches disagree (on CPU and with deterministic
+  kernels they are bitwise equal): silent data corruption is suspected on this rank;
+- `data`: documents whose loss on the healthy weights is an outlier against the window's
+  other documents (a robust z-score over per-document mean losses): those documents are
+  the cause; where no document stands out, the spike's batches that are still above the
+  detector's threshold on the healthy weights while the window's other batches are not;
+- `optimisation`: the spike's own batches are unremarkable on the healthy weights, so the
+  data is not guilty — the update was (a learning rate too large for the moment);
+- `unclear`: none of these holds.
+
+The pure verdict is `diagnose`; `Replayer` does the forward passes (no gradients, eval
+mode, the batch source's own batches and documents). The rollback records the verdict as a
+`spike_diagnosed` event with its evidence and cost (trainer/guard.py).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from statistics import median
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from trainer.model import IGNORE
+
+# Two replays of a batch differ by more than this (relative): not the same arithmetic.
+REPLAY_RTOL = 1e-5
+DOC_Z = 6.0  # a document this many robust spreads above the window's median is an outlier
+MIN_DOC_TOKENS = 8  # shorter documents' mean loss is too noisy to accuse
+MAD_TO_SIGMA = 1.4826
+
+
+@dataclass(frozen=True)
+class BatchReplay:
+    """One micro-batch replayed: its mean loss and, per document, (loss sum, tokens)."""
+
+    cursor: int
+    loss: float
+    docs: dict[int, tuple[float, int]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    verdict: str  # numerics | data | optimisation | unclear
+    documents: tuple[int, ...]  # the guilty documents (data), by number in the split
+    evidence: dict[str, Any]
+
+
+def per_document(token_loss: torch.Tensor, targets: torch.Tensor, docs: torch.Tensor
+                 ) -> dict[int, tuple[float, int]]:
+    """Pure: document number -> (sum of its tokens' losses, scored tokens), over the
+    tokens with a target (padding and document ends carry none)."""
+    scored = targets != IGNORE
+    out: dict[int, tuple[float, int]] = {}
+    ids = docs[scored]
+    losses = token_loss[scored].double()
+    for d in torch.unique(ids).tolist():
+        mine = ids == d
+        out[int(d)] = (float(losses[mine].sum()), int(mine.sum()))
+    return out
+
+
+def robust_z(values: Sequence[float]) -> list[float]:
+    """Pure: (v - median) / (1.4826 MAD), the spread floored at 1e-3 of the median's size
+    so a window of equal losses makes no infinite z."""
+    mid = median(values)
+    spread = max(MAD_TO_SIGMA * median(abs(v - mid) for v in values), 1e-3 * max(abs(mid), 1.0))
+    return [(v - mid) / spread for v in values]
+
+
+def disagreement(first: Sequence[BatchReplay], second: Sequence[BatchReplay]) -> float:
+    """Pure: the largest relative difference between two replays of the same batches."""
+    return max((abs(a.loss - b.loss) / max(abs(a.loss), 1e-12)
+                for a, b in zip(first, second)), default=0.0)
+
+
+def diagnose(first: Sequence[BatchReplay], second: Sequence[BatchReplay],
+             spike_cursors: Iterable[int], threshold: float) -> Diagnosis:
+    """Pure: the verdict from two replays of a window (`spike_cursors`: the batches of the
+    spike's own steps; `threshold`: the loss above which the detector called a step an
+    outlier)."""
+    spiky = set(spike_cursors)
+    differ = disagreement(first, second)
+    evidence: dict[str, Any] = {"replayed_batches": len(first), "replay_disagreement": differ,
+                                "threshold": threshold}
+    if differ > REPLAY_RTOL:
+        return Diagnosis("numerics", (), evidence)
+    sums: dict[int, list[float]] = {}
+    for b in first:
+        for d, (loss, n) in b.docs.items():
+            acc = sums.setdefault(d, [0.0, 0])
+            acc[0] += loss
+            acc[1] += n
+    docs = sorted(d for d, (_, n) in sums.items() if n >= MIN_DOC_TOKENS)
+    means = [sums[d][0] / sums[d][1] for d in docs]
+    guilty: list[tuple[int, float, float]] = []
+    if len(docs) >= 3:
+        guilty = [(d, m, z) for d, m, z in zip(docs, means, robust_z(means)) if z > DOC_Z]
+    in_spike = [b.loss for b in first if b.cursor in spiky]
+    evidence.update(documents_replayed=len(docs),
+                    window_doc_loss_median=median(means) if means else None,
+                    spike_batch_losses=in_spike,
+                    outliers=[{"document": d, "loss": m, "z": z} for d, m, z in guilty])
+    if guilty:
+        return Diagnosis("data", tuple(d for d, _, _ in guilty), evidence)
+    # no document stands out (a batch may hold one long document, or bad bytes spread over
+    # many): batches still above the threshold on healthy weights — the spike's among them
+    # — while the weights do well on the rest of the window (a quarter of it, two batches
+    # at least: evidence that they are healthy)
+    bad = [b.cursor for b in first if not b.loss <= threshold]
+    clean = len(first) - len(bad)
+    if spiky & set(bad) and clean >= max(2, len(first) / 4):
+        evidence["batches"] = bad
+        return Diagnosis("data", (), evidence)
+    if in_spike and all(math.isfinite(v) and v <= threshold for v in in_spike):
+        return Diagnosis("optimisation", (), evidence)
+    return Diagnosis("unclear", (), evidence)
+
+
+class Replayer:
+    """Forward passes of given micro-batches on the engine's current weights, no update."""
+
+    def __init__(self, engine, batches) -> None:
+        self.engine, self.batches = engine, batches
+
+    def replay(self, cursors: Sequence[int], step: int) -> list[BatchReplay]:
+        module = self.engine.module
+        was_training = module.training
+        module.eval()
+        out = []
+        try:
+            with torch.no_grad():
+                for cursor in cursors:
+                    x, y, *rest = (t.to(self.engine.device)
+                                   for t in self.batches.replay(cursor, step))
+                    pos, doc = (rest + [None, None])[:2]
+                    logits, _ = module(x, position_ids=pos, doc_ids=doc)
+                    token_loss = F.cross_entropy(
+                        logits.float().flatten(0, 1), y.flatten(), ignore_index=IGNORE,
+                        reduction="none").view_as(y)
+                    scored = int((y != IGNORE).sum())
+                    loss = float(token_loss.sum()) / max(scored, 1)
+                    docs = self.batches.documents(cursor)
+                    out.append(BatchReplay(cursor, loss, per_document(
+                        token_loss.cpu(), y.cpu(), docs) if docs is not None else {}))
+        finally:
+            module.train(was_training)
+        return out
+
+    def diagnose(self, cursors: Sequence[int], spike_cursors: Iterable[int], step: int,
+                 threshold: float) -> tuple[Diagnosis, float]:
+        """Two replays of `cursors` and their verdict; with the seconds it took."""
+        began = time.perf_counter()
+        first = self.replay(cursors, step)
+        second = self.replay(cursors, step)
+        return diagnose(first, second, spike_cursors, threshold), time.perf_counter() - began
