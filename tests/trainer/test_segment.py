@@ -369,23 +369,20 @@ def test_a_micro_split_that_does_not_divide_the_micro_batch_is_refused_naming_th
     assert err["type"] == "BadConfig" and "--micro-split" in err["message"]
 
 
-def test_a_compiled_segment_trains_and_its_checkpoint_resumes_in_an_eager_one(tmp_path,
-                                                                                dataset_uri):
+def test_a_compiled_segment_trains_and_checkpoints_under_the_eager_parameter_names(
+        tmp_path, dataset_uri):
     # model.compile compiles each block in place: the engine trains it, and the checkpoint
     # carries the eager parameter names, so turning compile off (a CPU fallback, a kernel
-    # bug) resumes the same run instead of failing on missing keys.
-    spec = tiny_spec(tmp_path / "s", **{"train.checkpoint_every": 4})
-    compiled = write_spec(spec.replace(**{"model.compile": True}), tmp_path / "compiled.json")
-    ok(run_segment(compiled, dataset_uri, 4, tmp_path / "w"))
+    # bug) resumes the same run (the names' equality itself: tests/trainer/test_model.py)
+    spec = tiny_spec(tmp_path / "s", **{"train.checkpoint_every": 4, "model.compile": True})
+    ok(run_segment(write_spec(spec, tmp_path / "compiled.json"), dataset_uri, 4,
+                   tmp_path / "w"))
     weights = load_tensors(tmp_path / "s" / CKPT.format(4) / "mp_rank_00_model_states.pt")
     assert "/module/blocks.0.attn.wq.weight" in weights
     assert not any("_orig_mod" in k for k in weights)
-    ok(run_segment(write_spec(spec, tmp_path / "eager.json"), dataset_uri, 6, tmp_path / "w"))
-    lines = read_jsonl(tmp_path / "w" / "progress.jsonl")
-    assert [ln["resumed_from"] for ln in lines if ln["type"] == "start"] == [None, 4]
-    steps = [ln for ln in lines if ln["type"] == "step"]
-    assert [s["step"] for s in steps] == [1, 2, 3, 4, 5, 6]
-    assert all(s["loss"] == s["loss"] for s in steps)
+    steps = [ln for ln in read_jsonl(tmp_path / "w" / "progress.jsonl") if ln["type"] == "step"]
+    assert [s["step"] for s in steps] == [1, 2, 3, 4]
+    assert steps[-1]["loss"] < steps[0]["loss"]
 
 
 # ---- train.init_from: a fresh run starts from another run's promoted weights -------------
