@@ -9,10 +9,10 @@ from __future__ import annotations
 import hashlib
 import re
 import unicodedata
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from common.errors import BadData
-from dataprep.filters import FILTER_KEYS, quality_verdict
+from dataprep.filters import FILTER_KEYS, quality_figures
 from dataprep.inputs import RawDocument
 from spec import CleaningConfig
 
@@ -31,13 +31,19 @@ class Cleaned:
     verdict: str | None  # the stats key of the filter that dropped it
     normalized: bool
     stripped: bool
+    # The quality figures computed on the way to the verdict (filters.FIGURE_NAMES keys).
+    figures: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
 class Document:
-    source: str
+    source: str  # file URL, plus `:<line>` (jsonl) or `:<row>` (parquet)
     text: str  # cleaned
     sha256: str  # of the cleaned text: the identity used by dedup and the split
+    # How cleaning treated it, for the document index (storage.provenance).
+    normalized: bool = False
+    stripped: bool = False
+    figures: dict[str, float] = field(default_factory=dict)
 
 
 def _bump(counts: dict[str, int], key: str, by: int = 1) -> None:
@@ -54,16 +60,17 @@ def clean_text(text: str, normalize: str) -> tuple[str, bool, bool]:
 def clean_one(doc: RawDocument, cfg: CleaningConfig) -> Cleaned:
     """Normalise, strip control characters, then length and quality filters."""
     text, normalized, stripped = clean_text(doc.text, cfg.normalize)
+    figures: dict[str, float] = {}
     if len(text) < cfg.min_chars:
         verdict: str | None = "dropped_min_chars"
     elif len(text) > cfg.max_chars:
         verdict = "dropped_max_chars"
     else:
-        verdict = quality_verdict(text, cfg)
+        verdict, figures = quality_figures(text, cfg)
     if verdict:
         return Cleaned(doc.source, "", "", verdict, normalized, stripped)
     return Cleaned(doc.source, text, hashlib.sha256(text.encode()).hexdigest(), None,
-                   normalized, stripped)
+                   normalized, stripped, figures)
 
 
 COUNT_KEYS = ("normalized", "control_stripped", "dropped_min_chars", "dropped_max_chars",
@@ -81,7 +88,8 @@ def tally(records: list[Cleaned], counts: dict[str, int]) -> list[Document]:
         if rec.verdict:
             _bump(counts, rec.verdict)
         else:
-            kept.append(Document(rec.source, rec.text, rec.sha256))
+            kept.append(Document(rec.source, rec.text, rec.sha256, rec.normalized,
+                                 rec.stripped, rec.figures))
     return kept
 
 

@@ -116,32 +116,53 @@ def alnum_fraction(text: str) -> float:
 
 
 def quality_verdict(text: str, cfg: CleaningConfig) -> str | None:
-    """The name of the first filter `text` fails (a manifest stats key), or None to keep it.
+    """The name of the first filter `text` fails (a manifest stats key), or None to keep it."""
+    return quality_figures(text, cfg)[0]
 
-    Cheapest checks first; each threshold of 1.0 (0.0 for min_alnum_fraction) is skipped.
+
+def quality_figures(text: str, cfg: CleaningConfig) -> tuple[str | None, dict[str, float]]:
+    """(verdict, figures): the verdict of `quality_verdict` and every measure it computed
+    on the way (keys from FIGURE_NAMES), so a kept document's index entry can say what it
+    passed with.
+
+    Cheapest checks first; each threshold of 1.0 (0.0 for min_alnum_fraction) is skipped,
+    and so is its figure.
     """
-    if cfg.min_alnum_fraction > 0 and alnum_fraction(text) < cfg.min_alnum_fraction:
-        return "dropped_non_text"
+    figures: dict[str, float] = {}
+    if cfg.min_alnum_fraction > 0:
+        figures["alnum_fraction"] = alnum_fraction(text)
+        if figures["alnum_fraction"] < cfg.min_alnum_fraction:
+            return "dropped_non_text", figures
     if cfg.max_dup_line_fraction < 1 or cfg.max_dup_line_char_fraction < 1:
         lines, chars = dup_line_fractions(text)
+        figures.update(dup_line_fraction=lines, dup_line_char_fraction=chars)
         if lines > cfg.max_dup_line_fraction:
-            return "dropped_dup_lines"
+            return "dropped_dup_lines", figures
         if chars > cfg.max_dup_line_char_fraction:
-            return "dropped_dup_line_chars"
+            return "dropped_dup_line_chars", figures
     tops, dups = cfg.max_top_ngram_char_fraction, cfg.max_dup_ngram_char_fraction
     if min(tops) >= 1 and min(dups) >= 1:
-        return None
+        return None, figures
     words = text.split()
     hashes = word_hashes(words)
     lengths = np.fromiter((len(w) for w in words), dtype=np.int64, count=len(words))
     for n, limit in zip(TOP_NGRAM_N, tops):
-        if limit < 1 and top_ngram_char_fraction(hashes, lengths, n) > limit:
-            return "dropped_top_ngram"
+        if limit < 1:
+            figures[f"top_{n}gram_char_fraction"] = top_ngram_char_fraction(hashes, lengths, n)
+            if figures[f"top_{n}gram_char_fraction"] > limit:
+                return "dropped_top_ngram", figures
     for n, limit in zip(DUP_NGRAM_N, dups):
-        if limit < 1 and dup_ngram_char_fraction(hashes, lengths, n) > limit:
-            return "dropped_dup_ngram"
-    return None
+        if limit < 1:
+            figures[f"dup_{n}gram_char_fraction"] = dup_ngram_char_fraction(hashes, lengths, n)
+            if figures[f"dup_{n}gram_char_fraction"] > limit:
+                return "dropped_dup_ngram", figures
+    return None, figures
 
 
 FILTER_KEYS = ("dropped_non_text", "dropped_dup_lines", "dropped_dup_line_chars",
                "dropped_top_ngram", "dropped_dup_ngram")
+# Every figure `quality_figures` may compute, in the order it computes them: the columns
+# of the document index's `figures` array.
+FIGURE_NAMES = ("alnum_fraction", "dup_line_fraction", "dup_line_char_fraction",
+                *(f"top_{n}gram_char_fraction" for n in TOP_NGRAM_N),
+                *(f"dup_{n}gram_char_fraction" for n in DUP_NGRAM_N))

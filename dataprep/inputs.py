@@ -36,7 +36,8 @@ TEXT_EXTENSIONS = (".txt", ".text", ".md", ".rst", ".py", ".jsonl", ".ndjson", "
 JSONL_EXTENSIONS = (".jsonl", ".ndjson")
 COMPRESSED = (".gz", ".zst")
 # Bump when the pipeline's output for the same inputs changes, so old caches are not reused.
-DATAPREP_VERSION = 2
+# 3: every shard has a document index (storage.provenance) beside its document offsets.
+DATAPREP_VERSION = 3
 # fsspec `info` keys that change when a file's content does, most specific first
 # (S3 ETag / checksum, then local or memory timestamps).
 FINGERPRINT_KEYS = ("ETag", "etag", "checksum", "md5", "mtime", "LastModified",

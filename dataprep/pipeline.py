@@ -28,6 +28,7 @@ from common.redact import redact
 from dataprep.clean import Document, split_by_hash, tally
 from dataprep.inputs import InputFile, content_hash, corpus_url, list_inputs
 from dataprep.minhash import near_duplicates, shingles
+from dataprep.provenance import document_index
 from dataprep.tokens import cut_shards, eos_id, load_tokenizer, train_tokenizer, write_split
 from dataprep.units import (
     CleanOutput,
@@ -155,12 +156,16 @@ def _build(data: DataConfig, key: str, in_fs: AbstractFileSystem, files: list[In
     out_fs.makedirs(out_dir, exist_ok=True)
     with out_fs.open(join(out_dir, "tokenizer.json"), "w") as f:
         f.write(tok.to_str())
+    urls = {f.url for f in files}
     with phases("shards") as counts:
         shards: list[ShardInfo] = []
-        for split in ("train", "val"):
+        # Each split's stream is its documents in `docs` order (units are contiguous there,
+        # and split_by_hash keeps that order), so the index rows follow the same order.
+        for split, split_docs in (("train", train), ("val", val)):
             written = write_split(out_fs, out_dir, split,
                                   cut_shards(_split_docs(tokens, split), data.shard_tokens),
-                                  lambda s: phases.report("shard_written", _shard_counts(s)))
+                                  lambda s: phases.report("shard_written", _shard_counts(s)),
+                                  document_index(split_docs, urls))
             counts[f"tokens_{split}"] = sum(s.tokens for s in written)
             counts[f"shards_{split}"] = len(written)
             shards += written

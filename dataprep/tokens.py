@@ -20,6 +20,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from common.errors import BadData
 from storage.dataset import ShardInfo, write_shard
 from storage.fs import resolve
+from storage.provenance import DocIndex
 
 EOS = "<|endoftext|>"
 ENCODE_BATCH = 256  # documents per encode_batch call (the Rust side parallelises within it)
@@ -117,9 +118,20 @@ def cut_shards(docs: Iterable[np.ndarray],
 
 def write_split(fs: AbstractFileSystem, directory: str, split: str,
                 shards: Iterable[tuple[np.ndarray, np.ndarray]],
-                on_shard: Callable[[ShardInfo], None]) -> list[ShardInfo]:
+                on_shard: Callable[[ShardInfo], None],
+                index: DocIndex | None = None) -> list[ShardInfo]:
+    """Write the split's shards; with `index` (one row per document, in stream order),
+    each shard gets the rows of the documents that begin in it."""
     written = []
+    done = 0
     for i, (tokens, starts) in enumerate(shards):
-        written.append(write_shard(fs, directory, f"{split}-{i:05d}", split, tokens, starts))
+        rows = None if index is None else index.take(done, done + starts.size).encode()
+        done += starts.size
+        written.append(write_shard(fs, directory, f"{split}-{i:05d}", split, tokens, starts,
+                                   rows))
         on_shard(written[-1])
+    if index is not None and done != len(index):
+        # The index is built from the same documents the token stream is: a mismatch is a
+        # bug here, and a dataset with it would blame the wrong sources, so none is made.
+        raise RuntimeError(f"{split}: {done} documents in the shards, {len(index)} indexed")
     return written

@@ -264,8 +264,8 @@ class WorkDir:
 
     # clean outputs ------------------------------------------------------------------
     def save_clean(self, index: int, out: CleanOutput) -> None:
-        records = [[r.source, r.text, r.sha256, r.verdict, r.normalized, r.stripped]
-                   for r in out.records]
+        records = [[r.source, r.text, r.sha256, r.verdict, r.normalized, r.stripped,
+                    r.figures] for r in out.records]
         meta = json.dumps({"records": records, "counts": out.counts, "cpu_s": out.cpu_s})
         self.commit(f"clean-{index:05d}", {".json": meta.encode(),
                                            ".npz": _npz({"signatures": out.signatures})})

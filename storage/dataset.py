@@ -3,6 +3,7 @@
 Layout: `<durable>/datasets/<content_hash>/` holding `tokenizer.json`,
 `<split>-<nnnnn>.bin` (raw little-endian token arrays, dtype by vocab size),
 `<split>-<nnnnn>.docs.bin` (uint64 start offsets of each document inside the shard),
+`<split>-<nnnnn>.index.npz` (where each of those documents came from: storage.provenance),
 and `MANIFEST.json`, written last: a dataset exists only once its manifest does.
 Documents are separated by the tokenizer's end-of-document token (`eos_id`).
 
@@ -45,6 +46,10 @@ class ShardInfo:
     sha256: str
     docs_path: str  # relative path of the uint64 document-offset array
     docs_sha256: str
+    # Relative path of the index of the documents that begin in this shard (their sources,
+    # hashes, cleaning figures: storage.provenance); "" in datasets made before it existed.
+    index_path: str = ""
+    index_sha256: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -137,14 +142,20 @@ def _cached(cache_dir: str, sha256: str) -> bytes | None:
 
 
 def write_shard(fs, directory: str, name: str, split: str, tokens: np.ndarray,
-                doc_starts: np.ndarray) -> ShardInfo:
-    """Write one shard (tokens + document offsets) under directory; return its manifest entry."""
+                doc_starts: np.ndarray, index: bytes | None = None) -> ShardInfo:
+    """Write one shard (tokens + document offsets, and the document index `index` when
+    given: storage.provenance) under directory; return its manifest entry."""
     path, docs_path = f"{name}.bin", f"{name}.docs.bin"
     sha = write_array(fs, join(directory, path), tokens)
     docs_sha = write_array(fs, join(directory, docs_path), doc_starts.astype(np.uint64))
+    index_path = index_sha = ""
+    if index is not None:
+        index_path = f"{name}.index.npz"
+        pipe_durable(fs, join(directory, index_path), index)
+        index_sha = sha256_stream(io.BytesIO(index))[0]
     return ShardInfo(path=path, split=split, tokens=int(tokens.size),
                      documents=int(doc_starts.size), sha256=sha, docs_path=docs_path,
-                     docs_sha256=docs_sha)
+                     docs_sha256=docs_sha, index_path=index_path, index_sha256=index_sha)
 
 
 def commit_manifest(fs, directory: str, manifest: DatasetManifest) -> None:
