@@ -7,7 +7,8 @@ Nth document of the split's token stream (the Nth of `read_split`'s doc_starts).
 manifest lists each file with its sha256, like the shard itself.
 
 The file is an npz of columns (one row per document), not one record per document:
-- `files`: the distinct input file URLs of the shard (a small string table);
+- `files`: the distinct input file URLs of the shard (a small string table: the UTF-8
+  bytes of a JSON list, as is `figure_names`);
 - `file` (uint32): each document's entry in `files`;
 - `record` (int64): its record in that file: jsonl line (1-based), parquet row (0-based),
   -1 when the whole file is the document (text formats);
@@ -27,6 +28,7 @@ A dataset made before the index existed has none (`ShardInfo.index_path` empty):
 from __future__ import annotations
 
 import io
+import json
 import zipfile
 from dataclasses import dataclass
 from typing import Mapping, Sequence
@@ -120,10 +122,9 @@ class DocIndex:
 
     def encode(self) -> bytes:
         """Deterministic npz bytes: equal indexes give equal bytes (and sha256)."""
-        columns = {"files": np.array(self.files, dtype=str), "file": self.file,
-                   "record": self.record, "sha256": self.sha256, "chars": self.chars,
-                   "flags": self.flags, "figure_names": np.array(self.figure_names, dtype=str),
-                   "figures": self.figures}
+        columns = {"files": _strings(self.files), "file": self.file, "record": self.record,
+                   "sha256": self.sha256, "chars": self.chars, "flags": self.flags,
+                   "figure_names": _strings(self.figure_names), "figures": self.figures}
         buf = io.BytesIO()
         with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
             for name in sorted(columns):
@@ -140,10 +141,9 @@ class DocIndex:
         try:
             with np.load(io.BytesIO(blob), allow_pickle=False) as z:
                 c: Mapping[str, np.ndarray] = {k: z[k] for k in z.files}
-            return cls(files=tuple(str(f) for f in c["files"]), file=c["file"],
-                       record=c["record"], sha256=c["sha256"], chars=c["chars"],
-                       flags=c["flags"], figure_names=tuple(str(f) for f in c["figure_names"]),
-                       figures=c["figures"])
+            return cls(files=_unstrings(c["files"]), file=c["file"], record=c["record"],
+                       sha256=c["sha256"], chars=c["chars"], flags=c["flags"],
+                       figure_names=_unstrings(c["figure_names"]), figures=c["figures"])
         except (ValueError, KeyError, OSError, zipfile.BadZipFile) as exc:
             raise BadData(url_for_errors, f"unreadable document index ({exc})",
                           INDEX_FIX) from None
@@ -157,6 +157,16 @@ class DocIndex:
             normalized=bool(flags & NORMALIZED), control_stripped=bool(flags & CONTROL_STRIPPED),
             figures={n: float(v) for n, v in zip(self.figure_names, self.figures[document])
                      if not np.isnan(v)})
+
+
+def _strings(strings: Sequence[str]) -> np.ndarray:
+    """A string table as the UTF-8 bytes of its JSON list: numpy's own string arrays are
+    UTF-32 padded to the longest entry, 4x or more the size."""
+    return np.frombuffer(json.dumps(list(strings)).encode(), dtype=np.uint8)
+
+
+def _unstrings(column: np.ndarray) -> tuple[str, ...]:
+    return tuple(json.loads(column.tobytes().decode()))
 
 
 @dataclass(frozen=True, eq=False)
