@@ -215,3 +215,22 @@ def test_index_bytes_round_trip_and_do_not_depend_on_when_they_were_written(buil
     assert again.encode() == blob and again.files == prov.index.files
     assert (again.figures[~np.isnan(again.figures)]
             == prov.index.figures[~np.isnan(prov.index.figures)]).all()
+
+
+def test_the_size_benchmark_prints_one_line_whose_figure_is_its_index_bytes_per_doc(capsys):
+    import structlog
+
+    from benchmarks.provenance_size import main
+
+    before = structlog.get_config()  # main quiets logging for the whole process
+    try:
+        assert main(["--docs", "300", "--files", "2", "--shard-tokens", "20000"]) == 0
+    finally:
+        structlog.configure(**before)
+    (line,) = capsys.readouterr().out.strip().splitlines()
+    out = json.loads(line)
+    assert out["figure"] == "provenance_bytes_per_million_docs" and out["shards"] >= 2
+    assert out["value"] == round(out["index_bytes"] / out["docs_out"] * 1e6)
+    # Each document costs at least its 16 hash bytes, which do not deflate.
+    assert out["column_bytes"]["sha256"] >= 16 * out["docs_out"]
+    assert sum(out["column_bytes"].values()) < out["index_bytes"]  # zip headers on top
