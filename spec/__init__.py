@@ -1,7 +1,7 @@
 """The run spec: `RunSpec`, the one root config of a run, and its sections (DESIGN §9).
 
 One module per section, named for what it configures: `data` (dataprep/), `model`,
-`train` (trainer/), `sweep` (workflows/sweep.py, sweep/), `storage` (storage/), `spikes`
+`train` (trainer/), `layout` (train.layout and its planner), `sweep` (workflows/sweep.py, sweep/), `storage` (storage/), `spikes`
 (trainer/spikes.py, trainer/guard.py), `faults` (trainer/faults.py), `ops` (supervision,
 timeouts, telemetry); `run` holds the root, its cross-field rules and the presets;
 `codec` turns JSON into sections. Stdlib only — the workflow sandbox imports it.
@@ -16,6 +16,7 @@ range, naming the dotted field.
 from spec.codec import deep_merge, dotted_to_nested
 from spec.data import CleaningConfig, DataConfig, DedupConfig, TokenizerConfig
 from spec.faults import FaultSpec
+from spec.layout import LayoutConfig, plan_layout
 from spec.model import ModelConfig
 from spec.ops import OpsConfig
 from spec.run import PRESETS, RunSpec, preset
@@ -24,6 +25,7 @@ from spec.storage import StorageConfig
 from spec.sweep import SearchDim, SweepConfig
 from spec.train import TrainConfig
 
-__all__ = ["CleaningConfig", "DataConfig", "DedupConfig", "FaultSpec", "ModelConfig", "OpsConfig",
-           "RunSpec", "SearchDim", "SpikeBudget", "SpikeConfig", "StorageConfig", "SweepConfig",
-           "TokenizerConfig", "TrainConfig", "PRESETS", "deep_merge", "dotted_to_nested", "preset"]
+__all__ = ["CleaningConfig", "DataConfig", "DedupConfig", "FaultSpec", "LayoutConfig",
+           "ModelConfig", "OpsConfig", "RunSpec", "SearchDim", "SpikeBudget", "SpikeConfig",
+           "StorageConfig", "SweepConfig", "TokenizerConfig", "TrainConfig", "PRESETS",
+           "deep_merge", "dotted_to_nested", "plan_layout", "preset"]

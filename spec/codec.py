@@ -165,6 +165,15 @@ def build(tp: Any, raw: Any, path: str) -> Any:
                 raise BadConfig(name, f"expected a number or a word, got {_short(raw)}",
                                 "write a number, or a word this field takes (docs/runspec.md)")
             return build(str if isinstance(raw, str) else number.pop(), raw, path)
+        section = [a for a in typing.get_args(tp) if dataclasses.is_dataclass(a)]
+        if len(section) == 1 and set(typing.get_args(tp)) == {str, section[0]}:
+            # a word or an object (train.layout: "dp" | {"tp": .., "pp": .., "zero": ..})
+            if isinstance(raw, str):
+                return raw
+            if isinstance(raw, dict):
+                return _build_section(section[0], raw, path)
+            raise BadConfig(name, f"expected a word or an object, got {_short(raw)}",
+                            "write a word this field takes or a JSON object (docs/runspec.md)")
         raise BadConfig(name, "unsupported union type", "report this as a bug")
     if tp is float:
         return _float(raw, name)

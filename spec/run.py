@@ -24,6 +24,7 @@ from spec.codec import build, deep_merge, dotted_to_nested, num
 from spec.codec import require as _require
 from spec.data import DataConfig
 from spec.faults import MAX_FAULTS, FaultSpec
+from spec.layout import TRAINED_TODAY, LayoutConfig, check_layout
 from spec.model import ModelConfig
 from spec.ops import OpsConfig
 from spec.spikes import SpikeConfig
@@ -70,6 +71,7 @@ class RunSpec:
         _require(not t.init_from or t.init_from.split("@")[0] != self.run_id,
                  "train.init_from", f"names this run itself ({self.run_id})",
                  "name the run whose promoted checkpoint this one starts from")
+        self._check_layout()
         urls.check_durable(self.storage.durable, "storage.durable")
         urls.check_local_dir(self.storage.fast, "storage.fast")
         urls.check_tiers_apart(self.storage.durable, self.storage.fast)
@@ -82,6 +84,22 @@ class RunSpec:
                  "sweep.space.lr.low", f"is below train.min_lr={t.min_lr}",
                  "raise the sweep's lower bound or lower train.min_lr")
         self._check_sweep_ends()
+
+    def _check_layout(self) -> None:
+        """`train.layout` against the model and the world, before any process starts."""
+        t, m = self.train, self.model
+        if t.layout == "dp":
+            return
+        _require(isinstance(t.layout, LayoutConfig), "train.layout",
+                 '"auto" needs the accelerators\' memory and links, which a run does not '
+                 "report to the planner yet",
+                 f'plan it with spec/layout.py plan_layout and write it out: {TRAINED_TODAY}; '
+                 'or "dp"')
+        assert isinstance(t.layout, LayoutConfig)
+        check_layout(t.layout, n_heads=m.n_heads, n_kv_heads=m.n_kv_heads, n_layers=m.n_layers,
+                     nodes=t.nodes, procs_per_node=t.procs_per_node,
+                     node_counts=t.node_counts(), zero_stage=t.zero_stage,
+                     grad_accum=t.grad_accum)
 
     def _check_sweep_ends(self) -> None:
         """Every trial the sweep can run, and the run its best point trains, is a valid spec.

@@ -12,6 +12,9 @@ from typing import Any, ClassVar
 from spec.codec import STEPS, num
 from spec.codec import positive as _positive
 from spec.codec import require as _require
+from spec.layout import LayoutConfig
+
+LAYOUT_WORDS = ("dp", "auto")
 
 MAX_NODES = 4096  # the largest cluster a spec may ask for
 
@@ -21,7 +24,7 @@ class TrainConfig:
     # Added fields, with the default they came with: out of spec_hash at that default
     # (spec/run.py), so a run claimed before they existed keeps its hash.
     ADDED: ClassVar[dict[str, Any]] = {"min_nodes": 0, "checkpoint_every_min": 10,
-                                       "init_from": ""}
+                                       "init_from": "", "layout": "dp"}
 
     total_steps: int = num(200, 1, STEPS)
     segment_steps: int = num(100, 1, STEPS)  # steps per train_segment activity
@@ -79,6 +82,12 @@ class TrainConfig:
     # read weights-only and verified against its manifest; the model's shape and the
     # dataset's tokenizer must match the source's (storage/init_source.py). "": from scratch.
     init_from: str = ""
+    # How the model is laid across the world (spec/layout.py, docs/runspec.md): "dp", data
+    # parallel over every rank with zero_stage (what runs today); {"tp", "pp", "zero"}
+    # explicit degrees, checked against the model and world by RunSpec; "auto", the
+    # planner's choice (spec/layout.py plan_layout). TP or PP above 1 and "auto" are
+    # refused until the trainer lays the model out that way.
+    layout: str | LayoutConfig = "dp"
 
     def __post_init__(self) -> None:
         _positive(self, "total_steps", "segment_steps", "segments_per_run", "micro_batch_tokens",
@@ -123,6 +132,9 @@ class TrainConfig:
         _require(self.min_nodes in (0, self.nodes) or self.zero_stage <= 2, "min_nodes",
                  "a ZeRO-3 checkpoint cannot be resharded to fewer nodes here",
                  "use zero_stage <= 2, or min_nodes 0")
+        _require(not isinstance(self.layout, str) or self.layout in LAYOUT_WORDS, "layout",
+                 f"unknown layout {self.layout!r}",
+                 'use "dp", "auto" or {"tp": 1, "pp": 1, "zero": 0}')
         if self.init_from:
             init_source(self.init_from)  # its form; whether it fits: storage/init_source.py
             _require(self.zero_stage <= 2, "init_from",

@@ -1,0 +1,273 @@
+"""How the model is laid across accelerators: tensor (TP), pipeline (PP) and data (DP)
+parallel degrees and the ZeRO stage — the planner `plan_layout` and the checks on
+`train.layout` (`check_layout`). Pure and stdlib only: the workflow sandbox imports spec.
+
+The planner follows Megatron-LM's rule of thumb (Narayanan et al. 2021, arXiv 2104.04473,
+takeaway 1): tensor parallelism up to the accelerators of one server, whose links are fast
+(NVLink), then pipeline parallelism across servers, whose links are slow; data parallelism
+takes the rest. Its memory model, per accelerator:
+
+- model states: 16 bytes per parameter with Adam in mixed precision — bf16 weights (2) and
+  gradients (2), fp32 master weights, momentum and variance (4 + 4 + 4) (ZeRO, Rajbhandari
+  et al. 2019, arXiv 1910.02054, section 3.1). ZeRO-1 shards the 12 optimizer bytes over
+  the data-parallel ranks, ZeRO-2 the gradients too, ZeRO-3 all 16 (section 5.1).
+- activations: 34 bytes per token per layer per hidden unit in 16-bit, divided by TP with
+  sequence parallelism (Korthikanti et al. 2022, arXiv 2205.05198, section 4, equation 5
+  without the 5·a·s/h attention-score term, which flash attention does not store). Full
+  recompute keeps 2 bytes per token per hidden unit per layer (each layer's input) plus
+  one layer's working set. With 1F1B the first stage holds `pp` micro-batches of its
+  n_layers/pp layers: n_layers layers' worth of one micro-batch at any pp (arXiv
+  2104.04473, section 2.2.1).
+- the states may take half an accelerator; the other half is for activations, buffers
+  and fragmentation (an assumption, the same as `mainspring plan`'s ops/plan.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from spec.codec import num
+from spec.codec import require as _require
+
+STATE_BYTES = 16  # bytes per parameter, Adam in mixed precision (arXiv 1910.02054, 3.1)
+WEIGHT_BYTES = 2  # bf16 weights; also bf16 gradients
+OPTIMIZER_BYTES = 12  # fp32 master weights, Adam momentum and variance
+ACTIVATION_BYTES = 34  # per token, layer and hidden unit, 16-bit (arXiv 2205.05198, eq. 5)
+RECOMPUTE_BYTES = 2  # per token, layer and hidden unit kept under full recompute
+STATE_SHARE = 0.5  # of an accelerator's memory the model states may take (assumption)
+GB = 1e9
+
+TRAINED_TODAY = "tp and pp above 1 are planned, not yet trained: use tp 1, pp 1"
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayoutConfig:
+    """An explicit `train.layout`: tensor and pipeline degrees and the ZeRO stage."""
+
+    tp: int = num(1, 1, 1024)  # tensor-parallel degree, inside a node
+    pp: int = num(1, 1, 1024)  # pipeline stages, across nodes
+    zero: int = num(0, 0, 3)  # ZeRO stage; must equal train.zero_stage (the trainer reads it)
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "pp"):
+            _require(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}",
+                     f"set {name} to 1 (no {name.upper()}) or more")
+        _require(self.zero in (0, 1, 2, 3), "zero", f"must be 0..3, got {self.zero}",
+                 "use a ZeRO stage between 0 and 3")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Layout:
+    """The planner's answer, each choice with the sentence that made it."""
+
+    tp: int
+    pp: int
+    dp: int
+    zero_stage: int
+    micro_batch: int  # sequences per micro-batch
+    activation_recompute: bool
+    reasons: tuple[str, ...]
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def state_bytes_per_param(zero: int, dp: int) -> float:
+    """Model-state bytes per parameter of a model-parallel shard on one rank."""
+    if zero == 0:
+        return STATE_BYTES
+    if zero == 1:
+        return 2 * WEIGHT_BYTES + OPTIMIZER_BYTES / dp
+    if zero == 2:
+        return WEIGHT_BYTES + (WEIGHT_BYTES + OPTIMIZER_BYTES) / dp
+    return STATE_BYTES / dp
+
+
+def activation_gb(n_layers: int, d_model: int, tokens: int, tp: int, recompute: bool) -> float:
+    """Activation memory of the first stage for one micro-batch of `tokens` (see module)."""
+    if recompute:
+        kept = RECOMPUTE_BYTES * n_layers + ACTIVATION_BYTES
+    else:
+        kept = ACTIVATION_BYTES * n_layers
+    return kept * d_model * tokens / tp / GB
+
+
+def tensor_degree(params: float, n_heads: int, n_kv_heads: int, per_node: int,
+                  memory_gb: float) -> tuple[int, str]:
+    """1 while the bf16 weights fit in half an accelerator; else every accelerator of a
+    node that divides the heads and the kv heads (arXiv 2104.04473, takeaway 1)."""
+    weights_gb = WEIGHT_BYTES * params / GB
+    if weights_gb <= STATE_SHARE * memory_gb:
+        return 1, (f"TP 1: the bf16 weights ({weights_gb:.1f} GB) fit in half an "
+                   f"accelerator ({memory_gb:g} GB)")
+    tp = max(t for t in divisors(per_node) if n_heads % t == 0 and n_kv_heads % t == 0)
+    return tp, (f"TP {tp}: the bf16 weights ({weights_gb:.1f} GB) do not fit in half an "
+                f"accelerator, so the matrices are split over the node's fast links "
+                f"({per_node} accelerators; {tp} divides {n_heads} heads and "
+                f"{n_kv_heads} kv heads)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Option:
+    pp: int
+    zero: int
+    dp: int
+    state_gb: float
+    fits: bool
+    sync_s: float  # data-parallel traffic per step on the inter-node link
+    slow: bool  # that traffic takes longer than the step's compute
+
+
+def dp_bytes_per_param(zero: int, dp: int) -> float:
+    """Data-parallel bytes per parameter of a shard, per rank and step: a ring all-reduce of
+    bf16 gradients sends 2(G-1)/G of them (ZeRO 0-2; ZeRO-1/2 reduce-scatter and all-gather
+    the same volume); ZeRO-3 gathers the parameters again for backward: 1.5x (arXiv
+    1910.02054, section 7)."""
+    ring = 2 * WEIGHT_BYTES * (dp - 1) / dp
+    return 1.5 * ring if zero == 3 else ring
+
+
+def _options(params: float, n_layers: int, tp: int, nodes: int, world: int, sequences: int,
+             memory_gb: float, max_zero: int, inter_gbps: float, compute_s: float
+             ) -> list[_Option]:
+    out = []
+    for pp in divisors(n_layers):
+        if pp > nodes or world % (tp * pp) or sequences < world // (tp * pp) * pp:
+            continue  # stages across nodes; a whole world; >= pp micro-batches per DP rank
+        dp = world // (tp * pp)
+        for zero in range(min(max_zero, 1 if pp > 1 else 3) + 1):
+            shard = params / (tp * pp)
+            state = state_bytes_per_param(zero, dp) * shard / GB
+            sync_s = dp_bytes_per_param(zero, dp) * shard / (inter_gbps * GB) if nodes > 1 else 0
+            out.append(_Option(pp=pp, zero=zero, dp=dp, state_gb=state,
+                               fits=state <= STATE_SHARE * memory_gb, sync_s=sync_s,
+                               slow=sync_s > compute_s))
+    return out
+
+
+def plan_layout(*, params: float, n_layers: int, n_heads: int, n_kv_heads: int, d_model: int,
+                nodes: int, accelerators_per_node: int, accelerator_memory_gb: float,
+                intra_node_gbps: float, inter_node_gbps: float, seq_len: int,
+                global_batch_tokens: int, accelerator_tflops: float, mfu: float = 0.4,
+                max_zero: int = 3) -> Layout:
+    """Pure: (tp, pp, dp, ZeRO stage, micro-batch, recompute) for a model on a cluster, with
+    the sentences that chose them. Bandwidths are GB/s per accelerator, one direction;
+    `mfu` turns the peak into the compute time the data-parallel traffic must hide behind
+    (0.4: Llama 3's 400 TFLOP/s per H100, arXiv 2407.21783 table 4); `max_zero`: the
+    highest ZeRO stage the framework offers (0 for Megatron-LM before its distributed
+    optimizer).
+
+    TP from `tensor_degree` (the intra-node link is where TP goes; its bandwidth is
+    reported, not compared). Then the fewest pipeline stages (a divisor of n_layers, at
+    most one per node, >= pp micro-batches per data-parallel rank) and the lowest ZeRO
+    stage (<= 1 with pipelines: DeepSpeed's pipeline engine refuses 2 and 3) whose states
+    fit in half an accelerator and whose data-parallel traffic per step on the inter-node
+    link takes no longer than the step's compute. When nothing does: the layout with the
+    least state, said so."""
+    world = nodes * accelerators_per_node
+    sequences = global_batch_tokens // seq_len
+    tp, tp_why = tensor_degree(params, n_heads, n_kv_heads, accelerators_per_node,
+                               accelerator_memory_gb)
+    reasons = [f"{tp_why}, {intra_node_gbps:g} GB/s each" if tp > 1 else tp_why]
+    flops = (6 * params + 12 * n_layers * d_model * seq_len) * global_batch_tokens  # PaLM app. B
+    compute_s = flops / (world * accelerator_tflops * 1e12 * mfu)
+    options = _options(params, n_layers, tp, nodes, world, sequences, accelerator_memory_gb,
+                       max_zero, inter_node_gbps, compute_s)
+    _require(bool(options), "layout", f"no pipeline degree of {n_layers} layers splits "
+             f"{world} accelerators with TP {tp} and {sequences} sequences per step",
+             "change the node count or the global batch")
+    good = [o for o in options if o.fits and not o.slow]
+    pick = good[0] if good else min(options, key=lambda o: (o.state_gb, o.slow))
+    slow = next((o for o in options if o.fits and o.slow and o.pp < pick.pp), None)
+    if slow:
+        reasons.append(f"with PP {slow.pp} the data-parallel traffic ({slow.sync_s:.1f} s per "
+                       f"step at {inter_node_gbps:g} GB/s) outruns the step's "
+                       f"{compute_s:.1f} s of compute: the slow link calls for pipelines")
+    if pick.pp > 1:
+        reasons.append(f"PP {pick.pp}: the fewest stages dividing {n_layers} layers whose "
+                       f"states ({pick.state_gb:.1f} GB per accelerator with ZeRO "
+                       f"{pick.zero}) fit in half of {accelerator_memory_gb:g} GB and whose "
+                       f"gradient traffic ({pick.sync_s:.1f} s) the compute hides; stages "
+                       f"across nodes, over {inter_node_gbps:g} GB/s")
+    else:
+        reasons.append(f"PP 1: the states fit with ZeRO {pick.zero} ({pick.state_gb:.1f} GB "
+                       f"per accelerator), their traffic ({pick.sync_s:.1f} s per step) "
+                       f"under the {compute_s:.1f} s of compute")
+    if not pick.fits:
+        reasons.append(f"nothing fits half of {accelerator_memory_gb:g} GB: the layout with "
+                       f"the least state ({pick.state_gb:.1f} GB), with activations recomputed")
+    if not pick.fits:
+        reasons.append(f"ZeRO {pick.zero}: the most sharding offered")
+    elif pick.pp > 1:
+        reasons.append(f"ZeRO {pick.zero}: the lowest stage that fits (at most 1 with "
+                       "pipelines: DeepSpeed refuses 2 and 3)")
+    else:
+        reasons.append(f"ZeRO {pick.zero}: the lowest stage that fits")
+    reasons.append(f"DP {pick.dp} = {world} accelerators / (TP {tp} x PP {pick.pp})")
+    micro, recompute, why = _micro_batch(pick, sequences, seq_len, n_layers, d_model, tp,
+                                         accelerator_memory_gb)
+    reasons.append(why)
+    return Layout(tp=tp, pp=pick.pp, dp=pick.dp, zero_stage=pick.zero, micro_batch=micro,
+                  activation_recompute=recompute, reasons=tuple(reasons))
+
+
+def _micro_batch(pick: _Option, sequences: int, seq_len: int, n_layers: int, d_model: int,
+                 tp: int, memory_gb: float) -> tuple[int, bool, str]:
+    """The largest micro-batch (sequences) dividing a DP rank's share, leaving >= pp
+    micro-batches, whose activations fit beside the states; else 1 sequence, recomputed."""
+    per_rank = sequences // pick.dp
+    room = memory_gb - pick.state_gb
+    for b in sorted(divisors(per_rank), reverse=True) if pick.fits else ():
+        fits = activation_gb(n_layers, d_model, b * seq_len, tp, recompute=False) <= room
+        if per_rank // b >= pick.pp and fits:
+            stages = f" (>= {pick.pp} for 1F1B)" if pick.pp > 1 else ""
+            return b, False, (f"micro-batch {b} sequence(s): {per_rank // b} per step per DP "
+                              f"rank{stages}, activations fit beside the states")
+    need = activation_gb(n_layers, d_model, seq_len, tp, recompute=False)
+    if need > room:
+        why = f"one sequence's activations ({need:.1f} GB) exceed the {room:.1f} GB left"
+    else:
+        why = "the states leave no margin"
+    return 1, True, f"micro-batch 1 sequence with activation recompute: {why}"
+
+
+def check_layout(layout: LayoutConfig, *, n_heads: int, n_kv_heads: int, n_layers: int,
+                 nodes: int, procs_per_node: int, node_counts: list[int], zero_stage: int,
+                 grad_accum: int) -> None:
+    """BadConfig, naming the `train.layout` field and the fix, for a layout that cannot run
+    on this model and world; last, for tp or pp above 1, that they are not yet trained."""
+    tp, pp, world = layout.tp, layout.pp, nodes * procs_per_node
+    f = "train.layout"
+    _require(layout.zero == zero_stage, f"{f}.zero", f"ZeRO {layout.zero} differs from "
+             f"train.zero_stage={zero_stage} (the trainer reads train.zero_stage)",
+             f"set train.zero_stage to {layout.zero} too, or layout.zero to {zero_stage}")
+    _require(tp <= procs_per_node, f"{f}.tp", f"TP {tp} is above train.procs_per_node="
+             f"{procs_per_node}: tensor parallelism must stay inside a node's fast links",
+             f"use tp <= {procs_per_node}, and pp or more nodes for the rest")
+    # n_kv_heads divides n_heads (spec/model.py), so a tp dividing the kv heads divides both
+    _require(n_kv_heads % tp == 0, f"{f}.tp", f"TP {tp} does not divide model.n_kv_heads="
+             f"{n_kv_heads} (nor so the n_heads={n_heads} query heads in whole groups)",
+             f"use a tp dividing {n_kv_heads}: {_listing(divisors(n_kv_heads), procs_per_node)}")
+    _require(n_layers % pp == 0, f"{f}.pp", f"PP {pp} does not divide model.n_layers="
+             f"{n_layers} (each stage holds the same number of layers)",
+             f"use a pp dividing {n_layers}: {_listing(divisors(n_layers), nodes)}")
+    _require(world % (tp * pp) == 0, f"{f}", f"TP {tp} x PP {pp} = {tp * pp} does not divide "
+             f"the world of {world} (train.nodes x train.procs_per_node)",
+             "make tp x pp divide nodes x procs_per_node")
+    fewer = [n for n in node_counts if (n * procs_per_node) % (tp * pp)]
+    _require(not fewer, "train.min_nodes", f"on {fewer[0] if fewer else 0} nodes the world "
+             f"does not split into TP {tp} x PP {pp} groups", "raise min_nodes, or 0")
+    _require(pp == 1 or zero_stage <= 1, f"{f}.pp", f"PP {pp} with ZeRO {zero_stage}: "
+             "DeepSpeed's pipeline engine refuses ZeRO 2 and 3",
+             "use zero_stage 0 or 1 with pp above 1")
+    _require(pp == 1 or grad_accum >= pp, "train.grad_accum", f"{grad_accum} micro-batches "
+             f"for {pp} stages: 1F1B needs at least as many micro-batches as stages",
+             f"set grad_accum >= {pp}")
+    _require(tp == 1 and pp == 1, f, f"TP {tp} x PP {pp}: {TRAINED_TODAY}",
+             f'{TRAINED_TODAY}, or "dp" (data parallel with train.zero_stage)')
+
+
+def _listing(options: list[int], cap: int) -> str:
+    within = [d for d in options if d <= cap] or [1]
+    return ", ".join(map(str, within))
