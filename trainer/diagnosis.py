@@ -124,11 +124,34 @@ def diagnose(first: Sequence[BatchReplay], second: Sequence[BatchReplay],
     return Diagnosis("unclear", (), evidence)
 
 
+class Sources:
+    """Where accused documents came from: the train split's document index, read once,
+    on the first accusation (storage/provenance.py); nothing for a dataset without one."""
+
+    def __init__(self, dataset_uri: str, cache_dir: str | None = None) -> None:
+        self.dataset_uri, self.cache_dir = dataset_uri, cache_dir
+        self._provenance: Any = False  # False: not read yet
+
+    def __call__(self, documents: Sequence[int]) -> list[dict[str, Any]]:
+        if self._provenance is False:
+            from storage.provenance import load_provenance
+
+            self._provenance = load_provenance(self.dataset_uri, "train", self.cache_dir)
+        if self._provenance is None or not documents:
+            return []
+        out = []
+        for d in documents:
+            e = self._provenance.index.entry(int(d))
+            out.append({"document": e.document, "source": e.source, "record": e.record,
+                        "sha256": e.sha256, "chars": e.chars})
+        return out
+
+
 class Replayer:
     """Forward passes of given micro-batches on the engine's current weights, no update."""
 
-    def __init__(self, engine, batches) -> None:
-        self.engine, self.batches = engine, batches
+    def __init__(self, engine, batches, sources: Sources | None = None) -> None:
+        self.engine, self.batches, self.sources = engine, batches, sources
 
     def replay(self, cursors: Sequence[int], step: int) -> list[BatchReplay]:
         module = self.engine.module
@@ -160,4 +183,7 @@ class Replayer:
         began = time.perf_counter()
         first = self.replay(cursors, step)
         second = self.replay(cursors, step)
-        return diagnose(first, second, spike_cursors, threshold), time.perf_counter() - began
+        found = diagnose(first, second, spike_cursors, threshold)
+        if found.documents and self.sources is not None:  # the guilty documents' records
+            found.evidence["sources"] = self.sources(found.documents)
+        return found, time.perf_counter() - began

@@ -62,7 +62,7 @@ from trainer.checkpoint_manager import CheckpointManager
 from trainer.child import load_spec, run_classified, write_json
 from trainer.context import SegmentArgs, SegmentContext, on_sigterm
 from trainer.data import PackedBatches, TrainBatches, val_batches
-from trainer.diagnosis import Replayer
+from trainer.diagnosis import Replayer, Sources
 from trainer.elastic import on_nodes
 from trainer.engine import build_engine, micro_batch_size
 from trainer.extensions import install_owned_build_locks
@@ -214,7 +214,8 @@ def build_trainer(ctx: SegmentContext, engine, *, vocab_size: int, source, meter
     faults.attach(engine.module)
     guard = SpikeGuard(ctx, engine, outcome, checkpoints)
     batches = faults.batches(source)
-    guard.replayer = Replayer(engine, batches)  # a rollback's diagnosis replays these
+    # a rollback's diagnosis replays these, and names the accused documents' sources
+    guard.replayer = Replayer(engine, batches, Sources(args.dataset, args.cache("dataset")))
     return Trainer(
         ctx=ctx, engine=engine, batches=batches, meter=meter,
         lr=LRSchedule(spec.train, args.lr_windows, one_shot=faults.lr_windows()),

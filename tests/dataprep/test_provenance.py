@@ -153,6 +153,20 @@ def test_packed_batches_positions_name_the_documents_the_trainer_says_they_hold(
         assert (prov.documents(src[real]) == batches.documents(cursor).numpy()[real]).all()
 
 
+def test_a_diagnosis_names_an_accused_documents_input_record_and_hash(built):
+    from trainer.diagnosis import Sources  # torch: imported only by this test
+
+    prov = load_provenance(built["url"], "train")
+    (named,) = Sources(built["url"])([2])
+    entry = prov.index.entry(2)
+    assert (named["source"], named["record"], named["sha256"]) == \
+        (entry.source, entry.record, entry.sha256)
+    assert read_record(named["source"], named["record"])  # the record is there to read
+    old = copy_dataset(built, "old-sources", lambda i, s: dataclasses.replace(
+        s, index_path="", index_sha256=""))
+    assert Sources(old)([2]) == []  # a dataset without an index: no sources, no failure
+
+
 def test_a_resumed_build_writes_the_same_index(built):
     data, store = built["data"], str(built["root"] / "resumed")
     with pytest.raises(Crash):
