@@ -65,6 +65,35 @@ def pp_bytes(tokens: float, d_model: int, pp: int, wire_bytes: int = facts.WIRE_
     return 2.0 * tokens * d_model * wire_bytes if pp > 1 else 0.0
 
 
+def cpu_share(ranks: int, cores: int, threads: int = 1, background: float = 0.0) -> float:
+    """The share of a core each rank's compute thread gets when `ranks` processes of
+    `threads` threads run on `cores` cores beside `background` other runnable scheduling
+    entities: all of one while they fit, cores/(ranks·threads + background) beyond, because
+    the kernel's CFS time-slices runnable entities by weight, equal at equal nice, and a
+    step's compute stretches by the oversubscription. With autogroup (Linux's default where
+    it is built in) each session is one entity, whatever its thread count: torchrun starts
+    every rank in a session of its own. An accelerator's ranks own their device: share 1."""
+    return min(1.0, cores / (ranks * threads + background))
+
+
+def dp_speedup(core_step_s: float, grad_bytes: float, ranks: int, link_bytes_per_s: float,
+               cores: int, threads: int = 1, background: float = 0.0,
+               base_background: float = 0.0) -> dict[str, float]:
+    """Data parallelism with the same micro-batch per rank (the global batch grows with G).
+    `core_step_s` is one step's compute on a core of its own (a rank's CPU seconds per
+    step); it stretches by `cpu_share` at G ranks beside `background` other threads, and at
+    one rank beside `base_background`. Communication: the ring all-reduce of the gradients
+    at the link's bytes per second per rank, none of it hidden (DeepSpeed's ZeRO-0 engine
+    reduces after the backward pass). Speed-up: G ranks' tokens per step time against one
+    rank's."""
+    one_s = core_step_s / cpu_share(1, cores, threads, base_background)
+    compute_s = core_step_s / cpu_share(ranks, cores, threads, background)
+    comm_s = ring_allreduce_bytes(grad_bytes, ranks) / link_bytes_per_s if ranks > 1 else 0.0
+    total = compute_s + comm_s
+    return {"one_rank_s": one_s, "compute_s": compute_s, "comm_s": comm_s, "step_s": total,
+            "speedup": ranks * one_s / total}
+
+
 def young_interval(checkpoint_s: float, mtbf_s: float) -> float:
     """Young (1974): the checkpoint interval √(2·T_s·T_f)."""
     return math.sqrt(2.0 * checkpoint_s * mtbf_s)

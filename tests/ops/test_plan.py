@@ -17,6 +17,8 @@ from ops.plan import (
     available_interval,
     badput,
     chinchilla_tokens,
+    cpu_share,
+    dp_speedup,
     flops_per_token,
     goodput_model,
     grad_sync_bytes,
@@ -97,6 +99,31 @@ def test_scaling_adds_exposed_gradient_traffic_to_the_compute_of_one_gpu():
     assert s["exposed_s"] == pytest.approx(exposed)
     assert s["linear_ratio"] == pytest.approx(compute / (compute + exposed))
     assert s["speedup"] == pytest.approx(8 * compute / (compute + exposed))
+
+
+def test_ranks_beyond_the_cores_share_them_evenly_with_other_jobs_threads():
+    assert cpu_share(1, 2) == cpu_share(2, 2) == 1.0  # a core each
+    assert cpu_share(4, 2) == 0.5  # four single-threaded ranks on two cores
+    assert cpu_share(2, 2, threads=2) == 0.5
+    assert cpu_share(2, 2, background=2.0) == 0.5  # two other jobs' threads runnable
+    assert cpu_share(1, 2, background=0.5) == 1.0
+
+
+def test_dp_speedup_on_two_cores_is_compute_stretched_by_sharing_plus_the_ring():
+    # 0.1 s of compute a step on a core of its own; 4 MB of gradients at 0.5 GB/s per rank
+    two = dp_speedup(0.1, 4e6, 2, 0.5e9, cores=2)
+    assert two["comm_s"] == pytest.approx(4e6 / 0.5e9)  # 2·(1/2)·4 MB = 4 MB: 8 ms
+    assert two["speedup"] == pytest.approx(2 * 0.1 / 0.108)
+    four = dp_speedup(0.1, 4e6, 4, 0.5e9, cores=2)  # each rank has half a core
+    assert four["compute_s"] == pytest.approx(0.2)
+    assert four["comm_s"] == pytest.approx(6e6 / 0.5e9)  # 2·(3/4)·4 MB = 6 MB: 12 ms
+    assert four["speedup"] == pytest.approx(4 * 0.1 / 0.212)
+    # one rank measured beside two other jobs' threads (2/3 of a core: 0.15 s a step), two
+    # ranks beside four (half a core each: 0.2 s a step)
+    busy = dp_speedup(0.1, 4e6, 2, 0.5e9, cores=2, background=2.0, base_background=2.0)
+    assert busy["one_rank_s"] == pytest.approx(0.15)
+    assert busy["compute_s"] == pytest.approx(0.2)
+    assert busy["speedup"] == pytest.approx(2 * 0.15 / 0.208)
 
 
 def test_llama_3_1_405b_h100_hours_within_ten_percent_of_its_model_card():

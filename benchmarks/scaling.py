@@ -1,0 +1,273 @@
+"""Data-parallel scaling on this machine: the trainer's tokens/s at 1, 2 and 4 ranks, the
+measured speed-up beside `mainspring plan`'s prediction for the same layout.
+
+    .venv/bin/python benchmarks/scaling.py [--ranks 1 2 4] [--steps 40] [--threads 1] [--quick]
+
+Each rank count is one torchrun launch of `python -m benchmarks.scaling --rank-loop`: the
+trainer's GPT (`trainer.model`) in DeepSpeed's engine as the trainer builds it
+(`trainer.engine.build_engine`: ZeRO-0, fp32, gloo, our AdamW), the same micro-batch per rank
+(so the global batch grows with the ranks), fetch -> forward -> backward -> step with a
+loss.item() per step, as benchmarks/overhead.py's bare loop. The rows are random tokens of
+one document each: every rank and every step does the same work, which packed rows of
+random cuts would not. One torch thread per rank (`--threads`), as overhead.py: at 4 ranks
+on 2 cores the ranks share the cores, which the plan models (`ops.plan.cpu_share`).
+
+After its steps, each launch of 2 or more ranks measures the link: a torch.distributed
+all_reduce of PROBE_BYTES of fp32 on the same gloo group, timed over repeats; the bytes each
+rank sends in a ring all-reduce (`ops.plan.ring_allreduce_bytes`) over that time is the
+link's bytes per second per rank at that rank count.
+
+The cores are shared with other jobs, so while each launch's steps run this process counts
+the other jobs' scheduling groups with a runnable thread (`GroupSampler`: with autogroup, a
+session's threads weigh as one): the `background` the ranks share the cores with.
+
+The prediction (`ops.plan.dp_speedup`): compute is the single-rank launch's measured step,
+as CPU seconds per step (the step on a core of its own; its wall time is `step_1_s`),
+stretched at each rank count by cpu_share(ranks, cores, threads, background) — the same rule
+gives the one-rank step the speed-up is taken against; communication is the ring all-reduce
+of the real gradient bytes (parameters x 4, fp32) at the link speed measured at that rank
+count, none of it hidden (ZeRO-0 reduces after the backward pass). Measured speed-up:
+tokens/s at G over tokens/s at 1, each the tokens of the timed steps over their wall time on
+rank 0. `observed_share` (each rank's CPU seconds over the wall time) checks cpu_share.
+Prints one JSON line: {"figure": "scaling_speedup", "measured", "predicted", "error", ...}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from ops.plan import cpu_share, dp_speedup, ring_allreduce_bytes
+
+REPO = Path(__file__).resolve().parents[1]
+# overhead.py's model: a step of ~0.1-0.2 s on one CPU core, ~1M parameters.
+MODEL = {"model.d_model": 128, "model.n_layers": 4, "model.n_heads": 4, "model.n_kv_heads": 4,
+         "model.seq_len": 128, "train.micro_batch_tokens": 1024}
+PROBE_BYTES = 4 << 20  # 4 MiB of fp32: the size of this model's gradients
+GRAD_WIRE_BYTES = 4  # ZeRO-0 fp32 all-reduces fp32 gradients
+
+
+# ---- one launch (runs under torchrun) ------------------------------------------------------
+def rank_loop(steps: int, warmup: int, probes: int, out: str) -> None:
+    import deepspeed
+    import torch
+    import torch.distributed as dist
+
+    from spec import preset
+    from trainer.engine import build_engine, micro_batch_size
+    from trainer.model import GPT
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 1))
+    deepspeed.utils.logger.setLevel("WARNING")
+    deepspeed.init_distributed(dist_backend="gloo")
+    spec = preset("demo", **MODEL, **{"train.procs_per_node": world, "train.warmup_steps": 1})
+    vocab = spec.data.tokenizer.vocab_size
+    model = GPT(spec.model, vocab, seed=spec.seed)
+    engine = build_engine(spec, model)
+    rows, seq = micro_batch_size(spec), spec.model.seq_len
+    gen = torch.Generator().manual_seed(spec.seed + rank)
+    batches = [torch.randint(0, vocab, (rows, seq + 1), generator=gen) for _ in range(4)]
+    for i in range(warmup + steps):
+        if i == warmup:
+            t0, cpu0, started = time.perf_counter(), time.process_time(), time.time()
+        x = batches[i % len(batches)]
+        _, loss = engine(x[:, :-1], x[:, 1:])
+        engine.backward(loss)
+        engine.step()
+        loss.item()  # a real loop looks at its loss
+    loop_s, cpu_s = time.perf_counter() - t0, time.process_time() - cpu0
+    cpus = [cpu_s] * world
+    if world > 1:
+        dist.all_gather_object(cpus, cpu_s)
+    link = probe_link(dist, torch, world, probes) if world > 1 else None
+    if rank == 0:
+        Path(out).write_text(json.dumps({
+            "ranks": world, "loop_s": loop_s, "steps": steps, "tokens_per_step": rows * seq,
+            "params": model.param_count(), "threads": torch.get_num_threads(),
+            "allreduce_s": link, "cpu_s": cpus, "loop_window": [started, started + loop_s],
+            "loss": loss.item()}))
+    # All ranks leave together, as trainer/segment.py's ranks do: one tearing down its
+    # process group while another is still in it dies with SIGABRT.
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+class GroupSampler:
+    """Every 100 ms, the other jobs' scheduling groups with a runnable thread: Linux's CFS
+    with autogroup (on here: /proc/sys/kernel/sched_autogroup_enabled) shares the cores
+    evenly between sessions first, so a job's threads together weigh as one group, and each
+    of torchrun's ranks, started in a session of its own, as one too. Our own process tree
+    (this benchmark, torchrun and its ranks) is left out. A scan costs ~5 ms of one core."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.samples: list[tuple[float, int]] = []
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self) -> None:
+        while not self.done.wait(0.1):
+            self.samples.append((time.time(), len(other_runnable_groups(os.getpid()))))
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join()
+
+
+def other_runnable_groups(own: int) -> set[str]:
+    """The autogroups (else the process ids) of runnable threads outside `own`'s tree."""
+    groups = set()
+    for path in Path("/proc").glob("[0-9]*/task/[0-9]*/stat"):
+        try:
+            stat = path.read_text()
+        except OSError:  # the thread ended while we looked
+            continue
+        if stat[stat.rindex(")") + 2] != "R":
+            continue
+        pid = int(path.parts[2])
+        if descends(pid, own):
+            continue
+        try:  # "/autogroup-N nice K"; empty for a kernel thread or one that just ended
+            group = Path(f"/proc/{pid}/autogroup").read_text().split()
+        except OSError:
+            group = []
+        groups.add(group[0] if group else str(pid))
+    return groups
+
+
+def descends(pid: int, ancestor: int) -> bool:
+    while pid > 1:
+        if pid == ancestor:
+            return True
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return False
+        pid = int(stat[stat.rindex(")") + 2:].split()[1])
+    return False
+
+
+def background(samples: list[tuple[float, int]], window: list[float]) -> float:
+    """Pure: the mean count of other runnable groups over the samples inside the timed
+    steps' window (all samples when none falls inside)."""
+    inside = [n for t, n in samples if window[0] <= t <= window[1]] or [n for _, n in samples]
+    return statistics.mean(inside) if inside else 0.0
+
+
+def probe_link(dist, torch, world: int, repeats: int) -> float:
+    """Median seconds of an all_reduce of PROBE_BYTES of fp32 over the gloo group."""
+    buf = torch.ones(PROBE_BYTES // 4)
+    times = []
+    for i in range(repeats + 2):  # two warm-up rounds: gloo sets up its pairs lazily
+        dist.barrier()
+        t0 = time.perf_counter()
+        dist.all_reduce(buf)
+        if i >= 2:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def launch(ranks: int, steps: int, warmup: int, probes: int, threads: int, scratch: Path,
+           extensions: str) -> dict:
+    """One torchrun launch of `ranks` ranks on this node; rank 0's figures."""
+    from activities.supervise import child_env, trainer_command
+
+    out = scratch / f"ranks-{ranks}.json"
+    cmd = trainer_command("benchmarks.scaling", ranks,
+                          ["--rank-loop", "--steps", str(steps), "--warmup", str(warmup),
+                           "--probes", str(probes), "--out", str(out)])
+    env = child_env({"OMP_NUM_THREADS": str(threads), "TORCH_EXTENSIONS_DIR": extensions})
+    sampler = GroupSampler()
+    try:
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
+                              check=False)
+    finally:
+        sampler.stop()
+    if proc.returncode:
+        raise RuntimeError(f"{ranks}-rank loop failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    run = json.loads(out.read_text())
+    return {**run, "background": background(sampler.samples, run["loop_window"])}
+
+
+# ---- the figures (pure) ----------------------------------------------------------------------
+def figures(runs: dict[int, dict], cores: int, threads: int = 1) -> dict:
+    """Measured and predicted speed-ups from each launch's figures (keyed by ranks; 1 is the
+    base), the prediction's inputs, and the error (predicted / measured - 1)."""
+    one = runs[1]
+    step_1 = one["loop_s"] / one["steps"]
+    core_1 = statistics.mean(one["cpu_s"]) / one["steps"]
+    grad_bytes = one["params"] * GRAD_WIRE_BYTES
+    tps = {g: g * r["tokens_per_step"] * r["steps"] / r["loop_s"] for g, r in runs.items()}
+    measured, predicted, error, link, comm = {}, {}, {}, {}, {}
+    for g, r in sorted(runs.items()):
+        if g == 1:
+            continue
+        link[g] = ring_allreduce_bytes(PROBE_BYTES, g) / r["allreduce_s"]
+        model = dp_speedup(core_1, grad_bytes, g, link[g], cores, threads,
+                           background=r["background"], base_background=one["background"])
+        measured[g] = tps[g] / tps[1]
+        predicted[g], comm[g] = model["speedup"], model["comm_s"]
+        error[g] = predicted[g] / measured[g] - 1.0
+    keys = lambda d: {str(k): v for k, v in d.items()}  # noqa: E731 — JSON keys
+    return {"measured": keys(measured), "predicted": keys(predicted), "error": keys(error),
+            "tokens_per_s": keys(tps), "step_1_s": step_1, "core_step_1_s": core_1,
+            "grad_bytes": grad_bytes,
+            "link_bytes_per_s": keys(link), "predicted_comm_s": keys(comm),
+            "background_groups": {str(g): r["background"] for g, r in runs.items()},
+            "cpu_share": {str(g): cpu_share(g, cores, threads, r["background"])
+                          for g, r in runs.items()},
+            # what each rank got: its CPU seconds over the wall time (a check on cpu_share)
+            "observed_share": {str(g): statistics.mean(r["cpu_s"]) / r["loop_s"]
+                               for g, r in runs.items()}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4])
+    p.add_argument("--steps", type=int, default=40, help="timed steps per launch")
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--probes", type=int, default=20, help="timed all_reduce repeats")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    p.add_argument("--quick", action="store_true", help="2 steps, 1 warm-up, 3 probes")
+    p.add_argument("--rank-loop", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.steps, args.warmup, args.probes = 2, 1, 3
+    if args.rank_loop:
+        rank_loop(args.steps, args.warmup, args.probes, args.out)
+        return 0
+    from benchmarks.harness import private_extensions
+
+    extensions = private_extensions()  # DeepSpeed's CPU comm op built before any launch
+    ranks = sorted({1, *args.ranks})
+    cores = os.cpu_count() or 1
+    with tempfile.TemporaryDirectory(prefix="mainspring-scaling-") as scratch:
+        runs = {g: launch(g, args.steps, args.warmup, args.probes, args.threads,
+                          Path(scratch), extensions) for g in ranks}
+    out = figures(runs, cores, args.threads)
+    print(json.dumps({
+        "figure": "scaling_speedup", **out, "target_error": 0.2,
+        "ranks": ranks, "cores": cores, "threads_per_rank": args.threads,
+        "steps": args.steps, "warmup": args.warmup, "probe_bytes": PROBE_BYTES,
+        "allreduce_s": {str(g): r["allreduce_s"] for g, r in runs.items() if g > 1},
+        "params": runs[1]["params"], "tokens_per_step_per_rank": runs[1]["tokens_per_step"],
+        "model": {k.split(".")[1]: v for k, v in MODEL.items() if k.startswith("model.")},
+        "layout": "dp (ZeRO-0, fp32, gloo), one host", "load_avg_1m": os.getloadavg()[0]}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""benchmarks/scaling.py: its figures from literal launches, and a real quick run's JSON line
+(DeepSpeed on gloo under torchrun, two steps a launch)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from benchmarks.scaling import PROBE_BYTES, background, figures, main, other_runnable_groups
+
+
+def run(ranks: int, loop_s: float, allreduce_s: float | None, cpu_s: float) -> dict:
+    return {"ranks": ranks, "loop_s": loop_s, "steps": 10, "tokens_per_step": 1024,
+            "params": 1_000_000, "allreduce_s": allreduce_s, "background": 0.0,
+            "cpu_s": [cpu_s] * ranks}
+
+
+def test_speedups_are_tokens_per_second_over_one_rank_and_the_plan_uses_the_probed_link():
+    # 0.1 s a step alone, all of it CPU; 2 ranks 0.11 s; 4 ranks 0.22 s (half a core each)
+    out = figures({1: run(1, 1.0, None, 1.0), 2: run(2, 1.1, 0.004, 1.0),
+                   4: run(4, 2.2, 0.006, 1.0)}, cores=2)
+    assert out["tokens_per_s"]["1"] == pytest.approx(10240.0)
+    assert out["measured"] == pytest.approx({"2": 2 / 1.1, "4": 4 / 2.2})
+    # the probe: 2·(1/2)·4 MiB in 4 ms; the gradients: 1M fp32 = 4 MB, 2·(1/2)·4 MB of them
+    assert out["link_bytes_per_s"]["2"] == pytest.approx(PROBE_BYTES / 0.004)
+    comm_2 = 4e6 / (PROBE_BYTES / 0.004)
+    assert out["predicted_comm_s"]["2"] == pytest.approx(comm_2)
+    assert out["predicted"]["2"] == pytest.approx(2 * 0.1 / (0.1 + comm_2))
+    comm_4 = 6e6 / (1.5 * PROBE_BYTES / 0.006)
+    assert out["predicted"]["4"] == pytest.approx(4 * 0.1 / (0.2 + comm_4))
+    assert out["error"]["4"] == pytest.approx(out["predicted"]["4"] / out["measured"]["4"] - 1)
+    assert out["cpu_share"] == {"1": 1.0, "2": 1.0, "4": 0.5}
+    assert out["observed_share"] == pytest.approx({"1": 1.0, "2": 1 / 1.1, "4": 1 / 2.2})
+
+
+def test_background_is_the_mean_of_the_samples_inside_the_timed_steps():
+    samples = [(9.0, 5), (10.0, 1), (10.5, 2), (11.0, 3), (12.0, 7)]
+    assert background(samples, [10.0, 11.0]) == pytest.approx(2.0)
+    assert background(samples[:1], [10.0, 11.0]) == 5  # none inside: all of them
+    assert background([], [10.0, 11.0]) == 0.0
+
+
+def test_other_runnable_groups_leave_out_our_own_process_tree():
+    # this test's own thread is running as it scans: it is in its own tree
+    assert str(os.getpid()) not in other_runnable_groups(os.getpid())
+    mine = Path(f"/proc/{os.getpid()}/autogroup")
+    if mine.exists():
+        assert mine.read_text().split()[0] not in other_runnable_groups(os.getpid())
+
+
+@pytest.mark.e2e
+def test_a_quick_run_prints_one_json_line_with_measured_and_predicted_speedups(capsys):
+    assert main(["--quick", "--ranks", "2"]) == 0
+    line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert line["figure"] == "scaling_speedup"
+    for key in ("measured", "predicted", "error", "link_bytes_per_s"):
+        assert set(line[key]) == {"2"} and line[key]["2"] == line[key]["2"]  # not NaN
+    assert line["measured"]["2"] > 0 and line["predicted"]["2"] > 0
+    assert line["tokens_per_s"]["1"] > 0 and line["params"] > 0 and line["step_1_s"] > 0
