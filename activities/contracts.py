@@ -227,6 +227,8 @@ class TrialResult:
     params: dict[str, float]
     val_loss: float
     run_id: str
+    source: str = ""  # SOURCE_PRIOR for the scaling-law prior point (trial 0), else the sampler
+    distributions: dict[str, str] = field(default_factory=dict)  # as SweepObservation's
 
 
 @dataclass
@@ -248,15 +250,20 @@ class RunResult:
     workflow_runs: int
 
 
-# ---- the sweep's Bayesian suggester (sweep/suggest.py), a local activity ----------
+# ---- the sweep's suggester (sweep/suggest.py: optuna), a local activity ----------
 SUGGEST_TRIALS = "suggest_trials"
-SOURCE_INITIAL, SOURCE_GP = "initial", "gp"
+# where a point came from: the scaling-law prior (trial 0), optuna's sampler (spec
+# sweep.sampler), or, in histories recorded before optuna, the initial design / the GP
+SOURCE_PRIOR, SOURCE_TPE, SOURCE_GP, SOURCE_INITIAL = "prior", "tpe", "gp", "initial"
 
 
 @dataclass
 class SweepObservation:
     params: dict[str, float]
-    val_loss: float | None  # None: the trial diverged (non-finite held-out loss)
+    val_loss: float | None  # None: the trial died or diverged (told to optuna as FAIL)
+    # optuna's distribution JSON per param, as suggested; empty in older histories: the
+    # space's own distributions then
+    distributions: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -265,12 +272,19 @@ class SuggestInput:
     observed: list[SweepObservation]  # every trial so far, in trial-index order
     count: int
     seed: int
+    # the whole RunSpec's dict, for the scaling-law prior (sweep/prior.py); None in older
+    # histories: no prior point
+    spec: dict[str, Any] | None = None
 
 
 @dataclass
 class SuggestResult:
     points: list[dict[str, float]]
-    source: str  # SOURCE_INITIAL (no observations yet: initial design) | SOURCE_GP
+    source: str  # the sampler (SOURCE_TPE | SOURCE_GP); older histories: SOURCE_INITIAL too
+    # per point: SOURCE_PRIOR for the scaling-law prior, else `source`; empty in older histories
+    sources: list[str] = field(default_factory=list)
+    # optuna's distribution JSON per param, the same for every point of the round
+    distributions: dict[str, str] = field(default_factory=dict)
 
 
 # ---- the run-id claim (storage/runs.py), a local activity of the orchestrator ----------

@@ -1,8 +1,10 @@
 """suggest_trials: the sweep's next trial points, as a local activity of the orchestrator.
 
-The GP fit and the Expected Improvement search are CPU work, which workflow code must not
-do (DESIGN §5: yield within 2 s); as a local activity the result is also recorded in the
-workflow's history, so a replay reuses it instead of recomputing it.
+optuna's samplers are CPU work and numpy, which workflow code must not do or import
+(DESIGN §5: yield within 2 s); as a local activity the result is also recorded in the
+workflow's history, so a replay reuses it instead of recomputing it, and a retry, rebuilding
+the same study from the same records with the same seed, suggests the same points
+(sweep/suggest.py).
 """
 
 from __future__ import annotations
@@ -10,15 +12,15 @@ from __future__ import annotations
 from temporalio import activity
 
 from activities.contracts import (
-    SOURCE_GP,
-    SOURCE_INITIAL,
+    SOURCE_PRIOR,
     SUGGEST_TRIALS,
     SuggestInput,
     SuggestResult,
 )
 from activities.errors import classified
-from spec import SearchDim, SweepConfig
-from sweep.suggest import initial_design, suggest, sweep_space
+from spec import RunSpec, SearchDim, SweepConfig
+from sweep.prior import prior_lr
+from sweep.suggest import Record, distributions_json, suggest, sweep_space
 
 
 @activity.defn(name=SUGGEST_TRIALS)
@@ -26,8 +28,15 @@ from sweep.suggest import initial_design, suggest, sweep_space
 def suggest_trials(inp: SuggestInput) -> SuggestResult:
     raw = dict(inp.sweep)
     space = {name: SearchDim(**dim) for name, dim in raw.pop("space").items()}
-    dims = sweep_space(SweepConfig(space=space, **raw))
-    if not inp.observed:
-        return SuggestResult(points=initial_design(dims, inp.count), source=SOURCE_INITIAL)
-    observed = [(o.params, o.val_loss) for o in inp.observed]
-    return SuggestResult(points=suggest(dims, observed, inp.count, inp.seed), source=SOURCE_GP)
+    cfg = SweepConfig(space=space, **raw)
+    dims = sweep_space(cfg)
+    own = distributions_json(dims)
+    records = [Record(o.params, o.distributions or own, o.val_loss) for o in inp.observed]
+    prior = None
+    if inp.spec is not None and "lr" in cfg.space:
+        prior = {"lr": prior_lr(RunSpec.from_dict(inp.spec))}
+    points = suggest(dims, records, inp.count, seed=inp.seed, kind=cfg.sampler, prior=prior,
+                     startup=max(2, len(dims) + 1))
+    sources = [SOURCE_PRIOR if prior and not records and i == 0 else cfg.sampler
+               for i in range(len(points))]
+    return SuggestResult(points=points, source=cfg.sampler, sources=sources, distributions=own)

@@ -1,9 +1,11 @@
 """Sweep: the warm-up hyperparameter sweep as a child workflow.
 
-Round 0 runs a space-filling initial design; each later round runs `parallel` points the
-Bayesian suggester (sweep/suggest.py: GP + Expected Improvement, kriging believer for
-a batch) picks from every trial so far. The suggester runs as the `suggest_trials` local
-activity, so no CPU work happens here and each round's points are in the history.
+Each round asks optuna's sampler (sweep/suggest.py: TPE, multivariate with constant liar, or
+GP; spec sweep.sampler) for its points, given every trial so far; trial 0 is the scaling-law
+prior (sweep/prior.py: Step Law's learning rate). The suggester runs as the `suggest_trials`
+local activity: no CPU work and no optuna here, each round's points (with their
+distributions) are in the history, and this workflow's trials are the study's only record,
+rebuilt by the activity on every call.
 Each trial is a short run of its own (own run id and checkpoints) trained by the same
 train_segment activity and scored by held-out loss; the lowest finite loss wins.
 """
@@ -49,24 +51,28 @@ class Sweep:
         spec = RunSpec.from_dict(inp.spec)
         trials: list[TrialResult] = []
         for round_no, size in enumerate(sweep_rounds(spec.sweep)):
-            observed = [SweepObservation(t.params, t.val_loss if math.isfinite(t.val_loss)
-                                         else None) for t in trials]
+            observed = [SweepObservation(
+                t.params, t.val_loss if math.isfinite(t.val_loss) else None, t.distributions)
+                for t in trials]
             plan = await workflow.execute_local_activity(
-                SUGGEST_TRIALS, SuggestInput(spec.to_dict()["sweep"], observed, size, spec.seed),
+                SUGGEST_TRIALS, SuggestInput(spec.to_dict()["sweep"], observed, size, spec.seed,
+                                             spec.to_dict()),
                 result_type=SuggestResult, **suggest_options(),
                 summary=f"sweep round {round_no}: suggest {size} points "
-                        f"({'initial design' if not observed else 'GP + EI'})")
+                        f"({spec.sweep.sampler}{', prior first' if not observed else ''})")
+            sources = plan.sources or [plan.source] * len(plan.points)  # older histories
             for start in range(0, size, spec.sweep.parallel):
-                batch = plan.points[start:start + spec.sweep.parallel]
                 first = len(trials)
                 trials += await asyncio.gather(*(
-                    self._trial(spec, inp.dataset_uri, first + i, p, round_no, plan.source)
-                    for i, p in enumerate(batch)))
+                    self._trial(spec, inp.dataset_uri, first + i, plan.points[start + i],
+                                round_no, sources[start + i], plan.distributions)
+                    for i in range(len(plan.points[start:start + spec.sweep.parallel]))))
         best = min(trials, key=lambda t: t.val_loss if math.isfinite(t.val_loss) else math.inf)
         return SweepResult(best_params=best.params, trials=trials)
 
     async def _trial(self, spec: RunSpec, dataset_uri: str, index: int,
-                     params: dict[str, float], round_no: int, source: str) -> TrialResult:
+                     params: dict[str, float], round_no: int, source: str,
+                     distributions: dict[str, str]) -> TrialResult:
         tspec = trial_spec(spec, index, params)
         steps = tspec.train.total_steps
         shown = ", ".join(f"{k} {v:.3g}" for k, v in sorted(params.items()))
@@ -87,4 +93,5 @@ class Sweep:
                          "round": round_no, "source": source}),
             start_to_close_timeout=timedelta(seconds=60),
             summary=f"event sweep_trial/{index}: held-out loss {val_loss:.4f}")
-        return TrialResult(params=params, val_loss=val_loss, run_id=tspec.run_id)
+        return TrialResult(params=params, val_loss=val_loss, run_id=tspec.run_id, source=source,
+                           distributions=distributions)

@@ -9,13 +9,14 @@ from spec import RunSpec, SweepConfig
 
 
 def initial_trials(cfg: SweepConfig) -> int:
-    """Round 0's size: enough space-filling points for the GP to fit (>= 2, >= dims + 1)
-    and to fill one parallel round. One dimension with 2 trials: both ends, as before."""
+    """Round 0's size: the scaling-law prior and the sampler's start-up points (>= 2,
+    >= dims + 1, as the suggest activity's n_startup_trials), at least one parallel round."""
     return min(cfg.trials, max(2, len(cfg.space) + 1, cfg.parallel))
 
 
 def sweep_rounds(cfg: SweepConfig) -> list[int]:
-    """Trials per round: the initial design, then `parallel` GP suggestions at a time."""
+    """Trials per round: the first round, then `parallel` suggestions at a time. Fixed in
+    recorded histories (one suggest_trials local activity a round): keep it so, or patch."""
     rounds = [initial_trials(cfg)]
     while sum(rounds) < cfg.trials:
         rounds.append(min(cfg.parallel, cfg.trials - sum(rounds)))

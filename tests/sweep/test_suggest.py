@@ -1,148 +1,91 @@
-"""The sweep's Bayesian suggester (sweep/suggest.py) on known functions."""
+"""The sweep's suggester (sweep/suggest.py): optuna studies rebuilt from the workflow's records."""
 
 import math
 
-from activities.contracts import SuggestInput, SweepObservation
+from optuna.trial import TrialState
+
+from activities.contracts import SOURCE_PRIOR, SuggestInput, SweepObservation
 from activities.suggest import suggest_trials
-from sweep.suggest import (
-    Dim,
-    expected_improvement,
-    fit_best,
-    from_unit,
-    initial_design,
-    predict,
-    standardise,
-    suggest,
-    to_unit,
-)
+from spec import preset
+from sweep.prior import prior_lr
+from sweep.suggest import Dim, Record, distributions_json, rebuild, suggest
 
-LR = Dim("lr", 1e-4, 1e-1, log=True)
-WD = Dim("weight_decay", 0.0, 0.3)
-WARMUP = Dim("warmup_steps", 0.0, 10.0, log=False, integer=True)
+SPACE = [Dim("lr", 1e-4, 1e-1, log=True), Dim("warmup_steps", 0.0, 10.0, integer=True),
+         Dim("weight_decay", 0.0, 0.3)]
+DISTS = distributions_json(SPACE)
 
 
-def bowl_1d(p: dict) -> float:
-    """A quadratic bowl in log10(lr), lowest (0) at lr = 10^-2.3."""
-    return (math.log10(p["lr"]) + 2.3) ** 2
+def bowl(p: dict) -> float:
+    """Lowest (0) at lr = 10^-2.3, weight_decay 0.15."""
+    return (math.log10(p["lr"]) + 2.3) ** 2 + 10.0 * (p["weight_decay"] - 0.15) ** 2
 
 
-def bowl_2d(p: dict) -> float:
-    """A quadratic bowl in (log10(lr), weight_decay), lowest (0) at (10^-2, 0.15)."""
-    return (math.log10(p["lr"]) + 2.0) ** 2 + 10.0 * (p["weight_decay"] - 0.15) ** 2
+def records_of(points: list[dict], losses: list[float | None]) -> list[Record]:
+    return [Record(p, DISTS, v) for p, v in zip(points, losses)]
 
 
-def run_rounds(space: list[Dim], f, n_init: int, per_round: int, rounds: int) -> list[float]:
-    """Best loss after the initial design and after each GP round."""
-    observed = [(p, f(p)) for p in initial_design(space, n_init)]
-    best = [min(v for _, v in observed)]
-    for _ in range(rounds):
-        observed += [(p, f(p)) for p in suggest(space, observed, per_round, seed=1234)]
-        best.append(min(v for _, v in observed))
-    return best
-
-
-def old_sweep_points(space: list[Dim], trials: int) -> list[dict]:
-    """The evenly spaced diagonal design the sweep used before the suggester (verbatim)."""
-    points = []
+def sweep(seed: int, trials: int, kind: str = "tpe") -> list[Record]:
+    """A sequential sweep of the bowl, one point a round, a dead trial at index 2."""
+    records: list[Record] = []
     for i in range(trials):
-        frac = i / (trials - 1) if trials > 1 else 0.5
-        point = {}
-        for dim in space:
-            if dim.log:
-                point[dim.name] = dim.low * (dim.high / dim.low) ** frac
-            else:
-                point[dim.name] = dim.low + (dim.high - dim.low) * frac
-            if dim.name == "warmup_steps":
-                point[dim.name] = float(round(point[dim.name]))
-        points.append(point)
-    return points
+        [p] = suggest(SPACE, records, 1, seed=seed, kind=kind, prior={"lr": 3e-3})
+        records.append(Record(p, DISTS, None if i == 2 else bowl(p)))
+    return records
 
 
-def test_one_dimension_initial_design_equals_the_old_evenly_spaced_points():
-    tiny = Dim("lr", 3e-3, 1e-2, log=True)  # the e2e runs' and the demo's 2-trial sweeps
-    demo = Dim("lr", 1e-3, 1e-2, log=True)
-    for space, n in (([tiny], 2), ([demo], 2), ([LR], 3), ([LR], 5), ([WD], 4), ([WARMUP], 4)):
-        assert initial_design(space, n) == old_sweep_points(space, n)
-    assert [p["warmup_steps"] for p in initial_design([WARMUP], 4)] == [0.0, 3.0, 7.0, 10.0]
+def test_the_same_records_and_seed_suggest_the_same_points_a_replay_or_retry_would():
+    records = sweep(seed=7, trials=6)
+    again = sweep(seed=7, trials=6)
+    assert [r.params for r in records] == [r.params for r in again]
+    nxt = suggest(SPACE, records, 2, seed=7)
+    assert nxt == suggest(SPACE, records, 2, seed=7)  # a retry of the same call
+    assert nxt != suggest(SPACE, records, 2, seed=8)  # the seed matters
 
 
-def test_two_dimension_initial_design_spreads_off_the_diagonal():
-    points = [to_unit([LR, WD], p) for p in initial_design([LR, WD], 3)]
-    halton = [[0.5, 1 / 3], [0.25, 2 / 3], [0.75, 1 / 9]]  # bases 2 and 3, points 1..3
-    assert all(math.isclose(a, b) for u, h in zip(points, halton) for a, b in zip(u, h))
-    assert all(abs(u[0] - u[1]) > 0.1 for u in points)  # the diagonal moved every dim at once
-    assert len({u[0] for u in points}) == 3 and len({u[1] for u in points}) == 3
+def test_a_dead_trial_is_rebuilt_as_fail_never_running():
+    records = records_of([{"lr": 1e-3, "warmup_steps": 2.0, "weight_decay": 0.1},
+                          {"lr": 1e-2, "warmup_steps": 5.0, "weight_decay": 0.2}], [2.5, None])
+    study = rebuild(records, "tpe", seed=1, startup=2)
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE, TrialState.FAIL]
+    assert study.trials[0].value == 2.5 and study.trials[0].params["warmup_steps"] == 2
 
 
-def test_unit_cube_maps_log_dims_in_log_space_and_rounds_integer_dims():
-    assert math.isclose(to_unit([LR], {"lr": 10 ** -2.5})[0], 0.5)
-    assert math.isclose(from_unit([LR], [0.5])["lr"], 10 ** -2.5)
-    assert from_unit([WARMUP], [0.43]) == {"warmup_steps": 4.0}
-    assert to_unit([LR, WD], {"lr": 1.0, "weight_decay": -1.0}) == [1.0, 0.0]  # clipped
+def test_the_prior_point_is_trial_zero_and_only_when_nothing_is_recorded():
+    first = suggest(SPACE, [], 3, seed=1, prior={"lr": 3e-3})
+    assert first[0]["lr"] == 3e-3 and all(p["lr"] != 3e-3 for p in first[1:])
+    later = suggest(SPACE, records_of(first, [1.0, 2.0, 3.0]), 2, seed=1, prior={"lr": 3e-3})
+    assert all(p["lr"] != 3e-3 for p in later)
 
 
-def test_gp_ei_approaches_the_optimum_of_a_1d_bowl_in_log_lr():
-    best = run_rounds([LR], bowl_1d, n_init=2, per_round=1, rounds=4)
-    assert best[0] > 1.6  # the two ends of the range: log10 lr = -4 and -1
-    assert best[-1] < 0.02 and best[-1] < best[0] / 50, best
+def test_a_prior_outside_the_range_is_clipped_to_its_edge():
+    assert suggest(SPACE, [], 1, seed=1, prior={"lr": 5.0})[0]["lr"] == 1e-1
 
 
-def test_gp_ei_batches_approach_the_optimum_of_a_2d_bowl():
-    best = run_rounds([LR, WD], bowl_2d, n_init=3, per_round=2, rounds=3)
-    assert best[-1] < best[0] / 4, best
+def test_every_point_stays_in_bounds_and_warmup_in_whole_steps():
+    for kind in ("tpe", "gp"):
+        for r in sweep(seed=3, trials=5, kind=kind):
+            p = r.params
+            assert 1e-4 <= p["lr"] <= 1e-1 and 0.0 <= p["weight_decay"] <= 0.3, (kind, p)
+            assert p["warmup_steps"] == int(p["warmup_steps"]) and 0 <= p["warmup_steps"] <= 10
 
 
-def test_same_inputs_give_the_same_suggestions():
-    observed = [(p, bowl_2d(p)) for p in initial_design([LR, WD], 3)]
-    first = suggest([LR, WD], observed, 3, seed=7)
-    assert first == suggest([LR, WD], list(observed), 3, seed=7)
+def test_tpe_after_its_startup_points_beats_them_on_a_bowl():
+    records = sweep(seed=11, trials=14)
+    startup = min(r.val_loss for r in records[:4] if r.val_loss is not None)
+    assert min(r.val_loss for r in records[4:] if r.val_loss is not None) < startup
 
 
-def test_a_batch_of_suggestions_is_distinct_and_new():
-    observed = [(p, bowl_2d(p)) for p in initial_design([LR, WD], 3)]
-    batch = suggest([LR, WD], observed, 4, seed=7)
-    keys = {tuple(sorted(p.items())) for p in batch}
-    assert len(keys) == 4
-    assert not keys & {tuple(sorted(p.items())) for p, _ in observed}
+def test_the_activity_puts_the_step_law_prior_first_and_records_the_distributions():
+    spec = preset("demo").replace(**{"sweep.trials": 3})
+    d = spec.to_dict()
+    out = suggest_trials(SuggestInput(d["sweep"], [], 3, spec.seed, d))
+    assert out.points[0]["lr"] == prior_lr(spec)  # inside the demo's lr range
+    assert out.sources == [SOURCE_PRIOR, "tpe", "tpe"] and set(out.distributions) == {"lr"}
 
 
-def test_diverged_trials_count_as_the_worst_loss_and_do_not_break_suggestions():
-    assert standardise([1.0, 3.0, math.inf]) == standardise([1.0, 3.0, 3.0])
-    assert standardise([1.0, None, math.nan, 3.0]) == standardise([1.0, 3.0, 3.0, 3.0])
-    observed = [({"lr": 1e-4}, 2.0), ({"lr": 1e-1}, math.inf), ({"lr": 10 ** -2.5}, math.nan),
-                ({"lr": 1e-3}, 1.0)]
-    batch = suggest([LR], observed, 2, seed=7)
-    assert len(batch) == 2 and all(1e-4 <= p["lr"] <= 1e-1 for p in batch)
-    # every trial diverged: no finite loss at all, still two new points in range
-    wrecked = suggest([LR], [({"lr": 1e-4}, math.inf), ({"lr": 1e-1}, None)], 2, seed=7)
-    assert len({p["lr"] for p in wrecked}) == 2 and all(1e-4 < p["lr"] < 1e-1 for p in wrecked)
-
-
-def test_expected_improvement_is_zero_at_a_sampled_point_without_noise():
-    x = [[0.0], [0.3], [0.7], [1.0]]
-    gp = fit_best(x, standardise([2.0, 0.5, 1.0, 3.0]), noise=0.0)
-    best = min(standardise([2.0, 0.5, 1.0, 3.0]))
-    at_best = expected_improvement(*predict(gp, [0.3]), best)
-    between = expected_improvement(*predict(gp, [0.45]), best)
-    assert at_best < 1e-4 and between > 100 * at_best
-
-
-def test_integer_dimension_suggestions_are_whole_steps_not_yet_tried():
-    observed = [({"warmup_steps": float(w)}, (w - 6) ** 2) for w in (0, 3, 7, 10)]
-    batch = suggest([WARMUP], observed, 3, seed=7)
-    assert all(p["warmup_steps"] == round(p["warmup_steps"]) for p in batch)
-    assert len({p["warmup_steps"] for p in batch}) == 3
-    assert not {p["warmup_steps"] for p in batch} & {0.0, 3.0, 7.0, 10.0}
-
-
-def test_suggest_trials_activity_gives_the_initial_design_then_gp_points():
-    sweep = {"enabled": True, "trials": 5, "parallel": 2, "trial_steps": 8,
-             "space": {"weight_decay": {"low": 0.0, "high": 0.3, "log": False},
-                       "lr": {"low": 1e-4, "high": 1e-1, "log": True}}}
-    first = suggest_trials(SuggestInput(sweep, [], 3, 1234))
-    assert first.source == "initial" and first.points == initial_design([LR, WD], 3)
-    observed = [SweepObservation(p, bowl_2d(p)) for p in first.points]
-    observed[1].val_loss = None  # a diverged trial travels as None
-    nxt = suggest_trials(SuggestInput(sweep, observed, 2, 1234))
-    assert nxt.source == "gp" and len(nxt.points) == 2
-    assert nxt.points == suggest([LR, WD], [(o.params, o.val_loss) for o in observed], 2, 1234)
+def test_an_older_historys_input_without_spec_or_distributions_still_suggests():
+    spec = preset("demo")
+    sweep_dict = {k: v for k, v in spec.to_dict()["sweep"].items() if k != "sampler"}
+    out = suggest_trials(SuggestInput(sweep_dict, [SweepObservation({"lr": 3e-3}, 4.0),
+                                                   SweepObservation({"lr": 1e-2}, None)], 1, 0))
+    assert out.sources == ["tpe"] and 1e-3 <= out.points[0]["lr"] <= 1e-2
