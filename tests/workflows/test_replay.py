@@ -19,7 +19,10 @@ continue-as-new) are behind `workflow.patched("headline_memo")` and
 `workflow.patched("anchor_paths")`, so the two older directories replay without them.
 5e46d4b adds the checkpoint scrub beside the segments (`scrub_checkpoints` on the data
 queue, behind `workflow.patched("checkpoint_scrub")`; test_scrub_wiring.py checks which
-sets hold it).
+sets hold it). b2372d4 holds a Sweep whose suggestions came from optuna (test_sweep_optuna.py):
+its `suggest_trials` markers carry each point's source (the scaling-law prior first) and the
+distributions; the older Sweeps' markers (initial design, no distributions) replay beside it,
+since the sweep's commands (one suggest_trials a round, then its trials) did not change.
 
 Keep every directory. Record a new one (never over an old one) when a change makes new
 histories the old fixtures do not cover, with the workflow code of that commit:
@@ -83,6 +86,18 @@ def test_the_newest_fixtures_hold_the_patched_commands_and_the_older_ones_do_not
     assert {"anchor_paths", "spec_root", "headline_memo", "memo", "claim_run"} <= new
     assert {"anchor_paths", "spec_root", "headline_memo", "memo"}.isdisjoint(old)
     assert "claim_run" in old
+
+
+def test_the_optuna_sweep_fixture_recorded_the_prior_first_and_the_distributions():
+    results = []
+    for e in load(HISTORIES / "b2372d4" / "optuna.sweep.json").events:
+        if e.HasField("marker_recorded_event_attributes"):
+            details = e.marker_recorded_event_attributes.details
+            if "result" in details:
+                results.append(json.loads(details["result"].payloads[0].data or b"null"))
+    suggested = [r for r in results if isinstance(r, dict) and "sources" in r]
+    assert suggested[0]["sources"][0] == "prior" and len(suggested) >= 2
+    assert all(set(r["distributions"]) == {"lr", "weight_decay"} for r in suggested)
 
 
 @pytest.mark.parametrize("path", FIXTURES, ids=lambda p: f"{p.parent.name}/{p.stem}")
