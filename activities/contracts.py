@@ -260,10 +260,11 @@ SOURCE_PRIOR, SOURCE_TPE, SOURCE_GP, SOURCE_INITIAL = "prior", "tpe", "gp", "ini
 @dataclass
 class SweepObservation:
     params: dict[str, float]
-    val_loss: float | None  # None: the trial died or diverged (told to optuna as FAIL)
+    val_loss: float | None  # None: the trial diverged (told at the worst finite loss seen)
     # optuna's distribution JSON per param, as suggested; empty in older histories: the
     # space's own distributions then
     distributions: dict[str, str] = field(default_factory=dict)
+    dead: bool = False  # the trial ended without a result: told to optuna as FAIL
 
 
 @dataclass

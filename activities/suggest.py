@@ -31,7 +31,8 @@ def suggest_trials(inp: SuggestInput) -> SuggestResult:
     cfg = SweepConfig(space=space, **raw)
     dims = sweep_space(cfg)
     own = distributions_json(dims)
-    records = [Record(o.params, o.distributions or own, o.val_loss) for o in inp.observed]
+    records = [Record(o.params, o.distributions or own, o.val_loss, o.dead)
+               for o in inp.observed]
     prior = None
     if inp.spec is not None and "lr" in cfg.space:
         prior = {"lr": prior_lr(RunSpec.from_dict(inp.spec))}

@@ -10,8 +10,11 @@ retry, given the same records, suggests the same points:
   RNG state of its own to restore (optuna PR #3992);
 - the study name is fixed (HyperbandPruner picks a trial's bracket from a hash of the study
   name and trial number);
-- a trial that died or diverged is recorded FAIL, never RUNNING: TPE's constant liar (on by
-  default in optuna 5) would otherwise treat it as in flight forever and steer around it.
+- a trial that died (no result) is told FAIL, never RUNNING: TPE's constant liar (on by
+  default in optuna 5) would otherwise treat it as in flight forever and steer around it;
+- a trial that diverged (non-finite held-out loss) is told COMPLETE at the worst finite loss
+  seen: FAIL would teach the sampler nothing, and it would go on sampling the too-high
+  learning rates that diverge.
 
 Trial 0 is the scaling-law prior (sweep/prior.py), enqueued before the first ask. Called from
 the `suggest_trials` activity only; workflow code never imports optuna (pyproject's
@@ -57,12 +60,13 @@ class Dim:
 
 @dataclass(frozen=True)
 class Record:
-    """One recorded trial: its params, their distributions (optuna JSON), its loss (None:
-    the trial died or diverged, told as FAIL)."""
+    """One recorded trial: its params, their distributions (optuna JSON), its held-out loss
+    (None or non-finite: diverged), and whether it died without a result."""
 
     params: Params
     distributions: dict[str, str]
     val_loss: float | None
+    dead: bool = False
 
 
 def sweep_space(cfg: SweepConfig) -> list[Dim]:
@@ -90,15 +94,21 @@ def sampler_for(kind: str, seed: int, startup: int) -> optuna.samplers.BaseSampl
                                       constant_liar=True)
 
 
-def frozen(record: Record) -> optuna.trial.FrozenTrial:
+def finite(v: float | None) -> bool:
+    return v is not None and math.isfinite(v)
+
+
+def frozen(record: Record, worst: float | None) -> optuna.trial.FrozenTrial:
+    """A COMPLETE trial, a diverged one at `worst` (the worst finite loss recorded), or FAIL:
+    dead, or diverged with no finite loss to stand for it."""
     dists = {k: json_to_distribution(v) for k, v in record.distributions.items()}
     params: dict[str, Any] = {k: int(round(v)) if isinstance(dists[k], IntDistribution) else v
                               for k, v in record.params.items()}
-    dead = record.val_loss is None or not math.isfinite(record.val_loss)
-    return optuna.trial.create_trial(
-        params=params, distributions=dists,
-        state=TrialState.FAIL if dead else TrialState.COMPLETE,
-        value=None if dead else record.val_loss)
+    value = record.val_loss if finite(record.val_loss) else worst
+    if record.dead or value is None:
+        return optuna.trial.create_trial(params=params, distributions=dists,
+                                         state=TrialState.FAIL)
+    return optuna.trial.create_trial(params=params, distributions=dists, value=value)
 
 
 def rebuild(records: Sequence[Record], kind: str, seed: int, startup: int) -> optuna.Study:
@@ -106,7 +116,9 @@ def rebuild(records: Sequence[Record], kind: str, seed: int, startup: int) -> op
     study = optuna.create_study(
         study_name=STUDY_NAME, direction="minimize",
         sampler=sampler_for(kind, (seed * SEED_STRIDE + len(records)) % 2**32, startup))
-    study.add_trials([frozen(r) for r in records])
+    losses = [r.val_loss for r in records if not r.dead and finite(r.val_loss)]
+    worst = max(losses) if losses else None
+    study.add_trials([frozen(r, worst) for r in records])
     return study
 
 

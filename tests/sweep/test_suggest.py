@@ -42,12 +42,21 @@ def test_the_same_records_and_seed_suggest_the_same_points_a_replay_or_retry_wou
     assert nxt != suggest(SPACE, records, 2, seed=8)  # the seed matters
 
 
-def test_a_dead_trial_is_rebuilt_as_fail_never_running():
-    records = records_of([{"lr": 1e-3, "warmup_steps": 2.0, "weight_decay": 0.1},
-                          {"lr": 1e-2, "warmup_steps": 5.0, "weight_decay": 0.2}], [2.5, None])
+def test_a_dead_trial_is_rebuilt_as_fail_never_running_and_a_diverged_one_as_the_worst():
+    points = [{"lr": 1e-3, "warmup_steps": 2.0, "weight_decay": 0.1},
+              {"lr": 1e-2, "warmup_steps": 5.0, "weight_decay": 0.2},
+              {"lr": 1e-1, "warmup_steps": 1.0, "weight_decay": 0.0},
+              {"lr": 3e-2, "warmup_steps": 1.0, "weight_decay": 0.0}]
+    records = records_of(points, [2.5, 3.0, None, math.inf])
+    records[1] = Record(points[1], DISTS, None, dead=True)
     study = rebuild(records, "tpe", seed=1, startup=2)
-    assert [t.state for t in study.trials] == [TrialState.COMPLETE, TrialState.FAIL]
-    assert study.trials[0].value == 2.5 and study.trials[0].params["warmup_steps"] == 2
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE, TrialState.FAIL,
+                                               TrialState.COMPLETE, TrialState.COMPLETE]
+    # diverged: the worst finite loss of a live trial (2.5; the dead one's 3.0 is no result)
+    assert [t.value for t in study.trials] == [2.5, None, 2.5, 2.5]
+    assert study.trials[0].params["warmup_steps"] == 2
+    only_diverged = rebuild(records_of(points[:1], [None]), "tpe", seed=1, startup=2)
+    assert only_diverged.trials[0].state == TrialState.FAIL  # no finite loss to stand for it
 
 
 def test_the_prior_point_is_trial_zero_and_only_when_nothing_is_recorded():
