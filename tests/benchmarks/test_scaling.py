@@ -51,7 +51,9 @@ def test_other_runnable_groups_leave_out_our_own_process_tree():
         assert mine.read_text().split()[0] not in other_runnable_groups(os.getpid())
 
 
-@pytest.mark.e2e
+# Soak: launches real ranks at 1 and 2 (15-20 s); the default suite checks the arithmetic
+# and the JSON shape on literal launches above.
+@pytest.mark.soak
 def test_a_quick_run_prints_one_json_line_with_measured_and_predicted_speedups(capsys):
     assert main(["--quick", "--ranks", "2"]) == 0
     line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

@@ -104,28 +104,6 @@ def test_activation_checkpointing_gives_the_same_loss_and_gradients():
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(grads[0][1], grads[1][1]))
 
 
-def test_compiled_blocks_give_the_eager_loss_and_gradients_under_the_same_parameter_names():
-    """model.compile: the blocks compiled in place (a checkpoint saved either way loads in
-    the other), each block's code compiled once for all of them, numbers as eager."""
-    from torch._dynamo.utils import counters
-
-    torch._dynamo.reset()
-    counters.clear()
-    x, y = tokens(), tokens(seed=1)
-    runs = []
-    for compiled in (False, True):
-        model = GPT(cfg(compile=compiled, n_layers=3), V, seed=0)
-        _, loss = model(x, y)
-        loss.backward()
-        runs.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()},
-                     list(model.state_dict())))
-    (eager_loss, eager_grads, eager_keys), (loss, grads, keys) = runs
-    assert keys == eager_keys
-    assert torch.allclose(loss, eager_loss, atol=1e-5)
-    assert all(torch.allclose(grads[n], g, atol=1e-5) for n, g in eager_grads.items())
-    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
-
-
 def test_flash_attention_without_cuda_is_a_bad_config_naming_the_field():
     with pytest.raises(BadConfig) as err:
         choose_attention("flash", cuda=False)
@@ -269,20 +247,33 @@ def test_activation_checkpointing_keeps_packed_rows_exact():
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(out[0][1], out[1][1]))
 
 
-def test_compiled_blocks_take_any_packed_row_without_a_new_graph():
-    """Per-document attention stays eager inside a compiled block, and the segment count is
-    a dynamic size: packed rows of other document lengths and counts reuse the first graph
-    (tracing the attention, or guarding on the count, would recompile on every step)."""
+def test_compiled_blocks_match_eager_under_its_names_and_take_any_packed_row_in_one_graph():
+    """model.compile: the blocks compiled in place (a checkpoint saved either way loads in
+    the other), numbers as eager, one graph for every block; per-document attention stays
+    eager inside it and the segment count is a dynamic size, so packed rows of other
+    document lengths and counts reuse that graph (tracing the attention, or guarding on the
+    count, would recompile on every step)."""
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
     counters.clear()
-    model = GPT(cfg(compile=True), V, seed=0)
-    eager = GPT(cfg(), V, seed=0)
+    compiled, eager = GPT(cfg(compile=True, n_layers=3), V, seed=0), GPT(cfg(n_layers=3), V, seed=0)
+    assert list(compiled.state_dict()) == list(eager.state_dict())
+    x, y = tokens(), tokens(seed=1)
+    losses = []
+    for model in (eager, compiled):
+        _, loss = model(x, y)
+        loss.backward()
+        losses.append(loss.detach())
+    assert torch.allclose(losses[1], losses[0], atol=1e-5)
+    grads = dict(eager.named_parameters())
+    assert all(torch.allclose(p.grad, grads[n].grad, atol=1e-5)
+               for n, p in compiled.named_parameters())
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
     graphs = []
     for lengths in ((5, 7, 4), (9, 3, 4), (2, 2, 12), (16,), (1, 3, 5, 7)):
         idx, pos, doc = packed_row([tokens(1, n, seed=n)[0] for n in lengths])
-        _, loss = model(idx, (idx + 1) % V, position_ids=pos, doc_ids=doc)
+        _, loss = compiled(idx, (idx + 1) % V, position_ids=pos, doc_ids=doc)
         _, want = eager(idx, (idx + 1) % V, position_ids=pos, doc_ids=doc)
         assert torch.allclose(loss, want, atol=1e-5)
         graphs.append(counters["stats"]["unique_graphs"])

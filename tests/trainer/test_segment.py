@@ -310,9 +310,13 @@ def test_packing_flag_chooses_packed_documents_or_fixed_windows(tmp_path, datase
     assert len(packed.get(0)) == 4 and len(windows.get(0)) == 2
 
 
-def test_bf16_zero1_with_overlap_comm_and_no_clipping_trains_on_cpu(tmp_path, dataset_uri):
+def test_bf16_zero1_with_overlap_comm_no_clipping_and_compiled_blocks_trains_on_cpu(
+        tmp_path, dataset_uri):
+    # model.compile compiles each block in place: the engine trains it, and the checkpoint
+    # carries the eager parameter names, so turning compile off resumes the same run (the
+    # names' equality and the numbers: tests/trainer/test_model.py)
     over = {"train.precision": "bf16", "train.zero_stage": 1, "train.overlap_comm": True,
-            "train.grad_clip": 0.0, "train.checkpoint_every": 6}
+            "train.grad_clip": 0.0, "train.checkpoint_every": 6, "model.compile": True}
     spec = write_spec(tiny_spec(tmp_path / "s", **over), tmp_path / "spec.json")
     ok(run_segment(spec, dataset_uri, 6, tmp_path / "w"))
     steps = [ln for ln in read_jsonl(tmp_path / "w" / "progress.jsonl") if ln["type"] == "step"]
@@ -320,6 +324,8 @@ def test_bf16_zero1_with_overlap_comm_and_no_clipping_trains_on_cpu(tmp_path, da
     assert steps[-1]["loss"] < steps[0]["loss"]
     weights = load_tensors(tmp_path / "s" / CKPT.format(6) / "mp_rank_00_model_states.pt")
     assert weights["/module/embed.weight"].dtype == torch.bfloat16
+    assert "/module/blocks.0.attn.wq.weight" in weights
+    assert not any("_orig_mod" in k for k in weights)
 
 
 def test_fp16_on_cpu_fails_fast_as_bad_config(tmp_path, dataset_uri):
@@ -367,22 +373,6 @@ def test_a_micro_split_that_does_not_divide_the_micro_batch_is_refused_naming_th
     assert proc.returncode != 0  # torchrun exits 1 whatever its rank's code (3) was
     err = json.loads((tmp_path / "w" / "error.json").read_text())
     assert err["type"] == "BadConfig" and "--micro-split" in err["message"]
-
-
-def test_a_compiled_segment_trains_and_checkpoints_under_the_eager_parameter_names(
-        tmp_path, dataset_uri):
-    # model.compile compiles each block in place: the engine trains it, and the checkpoint
-    # carries the eager parameter names, so turning compile off (a CPU fallback, a kernel
-    # bug) resumes the same run (the names' equality itself: tests/trainer/test_model.py)
-    spec = tiny_spec(tmp_path / "s", **{"train.checkpoint_every": 4, "model.compile": True})
-    ok(run_segment(write_spec(spec, tmp_path / "compiled.json"), dataset_uri, 4,
-                   tmp_path / "w"))
-    weights = load_tensors(tmp_path / "s" / CKPT.format(4) / "mp_rank_00_model_states.pt")
-    assert "/module/blocks.0.attn.wq.weight" in weights
-    assert not any("_orig_mod" in k for k in weights)
-    steps = [ln for ln in read_jsonl(tmp_path / "w" / "progress.jsonl") if ln["type"] == "step"]
-    assert [s["step"] for s in steps] == [1, 2, 3, 4]
-    assert steps[-1]["loss"] < steps[0]["loss"]
 
 
 # ---- train.init_from: a fresh run starts from another run's promoted weights -------------
