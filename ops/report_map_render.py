@@ -36,7 +36,7 @@ class Trial:
     params: dict
     val_loss: float | None  # None: not finite
     round: int
-    source: str  # initial | gp
+    source: str  # prior (the Step Law point, trial 0) | tpe | gp: the sampler that chose it
     best: bool
     curve: list[tuple[int, float]]  # (step, training loss) of the trial's metrics windows
 
