@@ -105,7 +105,7 @@ class Sentence:
         return "".join(self.parts)
 
 
-def step_seconds(events: list[dict], world: int, tokens_per_step: int | None) -> float | None:
+def step_seconds(events: list[dict], tokens_per_step: int | None) -> float | None:
     """Pure: the run's typical step time, from its train_metrics windows (tokens/s over
     the tokens of a step); None without either."""
     rates = [e["payload"]["tokens_per_s"] for e in events if e["kind"] == "train_metrics"
@@ -126,7 +126,7 @@ def incidents(events: Iterable[dict], spec: dict | None = None) -> list[Incident
     train = (spec or {}).get("train") or {}
     per_step = (int(train["micro_batch_tokens"]) * int(train.get("grad_accum", 1)) * accels
                 if train.get("micro_batch_tokens") else None)
-    cost = Cost(accels, step_seconds(evs, accels, per_step))
+    cost = Cost(accels, step_seconds(evs, per_step))
     faults = [e for e in evs if e["kind"] == "fault"]
     injected = [e for e in faults if e["payload"].get("injected")]
     detected = [e for e in faults if not e["payload"].get("injected")]
@@ -161,6 +161,9 @@ def incidents(events: Iterable[dict], spec: dict | None = None) -> list[Incident
 
 @dataclass(frozen=True)
 class Cost:
+    """What an incident's lost time is priced with: the run's accelerators and its typical
+    step time (None: no throughput recorded, so steps trained again are counted, not timed)."""
+
     accels: int
     step_s: float | None
 
