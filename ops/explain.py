@@ -28,7 +28,7 @@ from typing import Any
 from common.errors import BadConfig, StorageUnavailable
 from common.redact import redact_value
 from ops.report import exit_code, missing_run, ordered
-from ops.report_map import accelerators, stored_spec
+from ops.report_map import accelerators
 
 SPIKE_KINDS = ("loss_spike", "batch_skipped", "spike_diagnosed", "rollback")
 DECISIONS = ("needs_attention", "oom_adapted", "lr_adjusted", "checkpoint_corrupt",
@@ -389,6 +389,7 @@ def decision_story(e: dict) -> Sentence:
 # ---- the command -------------------------------------------------------------------------
 def explain(durable_url: str, run_id: str) -> list[Incident]:
     from storage.events import read_events
+    from storage.runs import stored_spec
 
     events = redact_value(read_events(durable_url, run_id))
     if not events:

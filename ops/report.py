@@ -35,7 +35,6 @@ from ops.report_map import (
     dataset_stats,
     hour_price,
     priced,
-    stored_spec,
     training_map,
     trials_of,
 )
@@ -317,6 +316,8 @@ def build_report(durable_url: str, run_id: str, out_dir: str, *,
     events = redact_value(read_events(durable_url, run_id))
     if not events:
         raise missing_run(durable_url, run_id)
+    from storage.runs import stored_spec
+
     spec = stored_spec(durable_url, run_id)
     hourly = hour_price(spec, price)  # a bad price is refused before anything is written
     spans = read_spans(durable_url, run_id)

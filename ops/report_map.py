@@ -21,7 +21,6 @@ gathers the records, ops/report_map_render.py draws what this returns (and defin
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable
 
@@ -61,24 +60,7 @@ PRICE_FIX = ("set ops.accelerator_hour_price (or --price) to what one accelerato
              "hour, e.g. 2.5, or 0 to leave the costs unpriced")
 
 
-# ---- the two reads of the store --------------------------------------------------------
-def stored_spec(durable_url: str, run_id: str) -> dict | None:
-    """The spec the run's claim stored (RUN.json), as JSON; None for a run without one."""
-    from storage.fs import join, resolve
-    from storage.runs import RUN_FILE
-
-    fs, root = resolve(durable_url)
-    path = join(root, "runs", run_id, RUN_FILE)
-    try:
-        spec = json.loads(fs.cat_file(path)).get("spec")
-    except FileNotFoundError:
-        return None
-    except (ValueError, AttributeError, OSError) as exc:
-        log.warning("report_spec_unreadable", path=path, error=repr(exc)[:200])
-        return None
-    return spec if isinstance(spec, dict) else None
-
-
+# ---- the two reads of the store (the spec: storage/runs.py stored_spec) ------------------
 def dataset_stats(durable_url: str, events: list[dict]) -> tuple[dict, str]:
     """(the dataset manifest's stats, where they came from). The manifest is looked up by
     content hash in this store first (a store copied elsewhere still finds it), then at

@@ -7,7 +7,6 @@ same source (trainer/init_from.py).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +17,7 @@ from storage.checkpoints import CheckpointStore
 from storage.dataset import DatasetManifest, load_manifest
 from storage.events import read_events
 from storage.fs import join, resolve, sha256_file
-from storage.runs import RUN_FILE
+from storage.runs import stored_spec
 
 FIELD = "train.init_from"
 # what the weights' shapes and meaning depend on (seq_len does not: RoPE is computed)
@@ -59,15 +58,6 @@ def promoted_source(durable_url: str, init_from: str) -> InitSource:
         raise BadConfig(FIELD, f"run {run_id} has no promoted checkpoint at step {step}",
                         f"choose one of its promoted steps: {promoted}")
     return InitSource(run_id, step, store)
-
-
-def stored_spec(durable_url: str, run_id: str) -> dict[str, Any] | None:
-    """The spec a run's claim stored (RUN.json), as JSON; None without one."""
-    fs, root = resolve(durable_url)
-    try:
-        return json.loads(fs.cat_file(join(root, "runs", run_id, RUN_FILE))).get("spec")
-    except FileNotFoundError:
-        return None
 
 
 def source_dataset(durable_url: str, run_id: str) -> tuple[str, DatasetManifest] | None:

@@ -118,3 +118,18 @@ def _storage_error(durable_url: str, run_id: str, exc: BaseException) -> Excepti
         return StorageUnavailable(durable_url, str(exc))
     return BadConfig("storage.durable", f"cannot claim run {run_id} in {durable_url}: {exc}",
                      "make the durable store readable and writable by every worker")
+
+
+def stored_spec(durable_url: str, run_id: str) -> dict[str, Any] | None:
+    """The spec the run's claim stored (RUN.json), as JSON; None for a run without one, or
+    whose claim does not read (logged): a report or a check then goes on without it."""
+    fs, root = resolve(durable_url)
+    path = join(root, "runs", run_id, RUN_FILE)
+    try:
+        spec = json.loads(fs.cat_file(path)).get("spec")
+    except FileNotFoundError:
+        return None
+    except (ValueError, AttributeError, OSError) as exc:
+        log.warning("run_spec_unreadable", path=path, error=repr(exc)[:200])
+        return None
+    return spec if isinstance(spec, dict) else None

@@ -19,10 +19,11 @@ import pytest
 from common.errors import BadConfig
 from ops.goodput import BADPUT_CAUSES, from_record
 from ops.report import build_report, loss_series, training_map_of
-from ops.report_map import COST_GROUPS, OTHER, hour_price, stored_spec
+from ops.report_map import COST_GROUPS, OTHER, hour_price
 from spec import RunSpec
 from storage.dataset import load_manifest, manifest_url
 from storage.events import read_events
+from storage.runs import stored_spec
 from storage.spans import read_spans
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
