@@ -15,8 +15,8 @@ same seconds, none measured again - into what a budget asks about, priced at
 `other / idle` is what no cause explains (from_record's `other`, and any cause without a
 row of its own).
 
-Pure, apart from the two reads of the store (`stored_spec`, `dataset_stats`); ops/report.py
-gathers the records, ops/report_map_render.py draws what this returns (and defines it).
+Pure, apart from one read of the store (`dataset_stats`; the run's spec comes from
+storage/runs.py `stored_spec`); ops/report.py gathers the records, ops/report_map_render.py draws what this returns (and defines it).
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ PRICE_FIX = ("set ops.accelerator_hour_price (or --price) to what one accelerato
              "hour, e.g. 2.5, or 0 to leave the costs unpriced")
 
 
-# ---- the two reads of the store (the spec: storage/runs.py stored_spec) ------------------
+# ---- the read of the store (the spec: storage/runs.py stored_spec) ----------------------
 def dataset_stats(durable_url: str, events: list[dict]) -> tuple[dict, str]:
     """(the dataset manifest's stats, where they came from). The manifest is looked up by
     content hash in this store first (a store copied elsewhere still finds it), then at
