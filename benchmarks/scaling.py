@@ -139,12 +139,19 @@ def other_runnable_groups(own: int) -> set[str]:
         pid = int(path.parts[2])
         if descends(pid, own):
             continue
-        try:  # "/autogroup-N nice K"; empty for a kernel thread or one that just ended
-            group = Path(f"/proc/{pid}/autogroup").read_text().split()
-        except OSError:
-            group = []
-        groups.add(group[0] if group else str(pid))
+        groups.add(autogroup(pid) or str(pid))
     return groups
+
+
+def autogroup(pid: int) -> str | None:
+    """`pid`'s scheduling group, "/autogroup-N", or None where there is none to read: the
+    file is empty for a kernel thread, in some containers and with autogroup off, and gone
+    for a process that just ended."""
+    try:
+        fields = Path(f"/proc/{pid}/autogroup").read_text().split()
+    except OSError:
+        return None
+    return fields[0] if fields else None
 
 
 def descends(pid: int, ancestor: int) -> bool:
