@@ -1,4 +1,5 @@
-"""Data-queue activities: prepare_data (corpus -> verified token shards) and promote."""
+"""Data-queue activities: prepare_data (corpus -> verified token shards) and promote (which
+also writes the run's quarantine, the last activity a finished run passes)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from spec import RunSpec
 from storage.checkpoints import CheckpointStore
 from storage.events import EventLog
 from storage.init_source import check_fit
+from storage.quarantine import write_quarantine
 
 
 @activity.defn(name=PREPARE_DATA)
@@ -66,6 +68,9 @@ def promote(inp: PromoteInput) -> PromoteResult:
 
 
 def _promote(spec: RunSpec, inp: PromoteInput) -> PromoteResult:
+    # derived from the durable spike_diagnosed events and written whole, so a retry writes
+    # the same file; an outage fails this attempt (retryable) before anything is promoted
+    write_quarantine(spec.storage.durable, spec.run_id)
     uri, man = CheckpointStore(spec.storage.durable, spec.run_id).promote(inp.step)
     with EventLog(spec.storage.durable, spec.run_id, "data") as events:
         events.emit("promoted", step=inp.step, event_id=f"promoted/{inp.step}", uri=uri,

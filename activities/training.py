@@ -39,6 +39,7 @@ from spec import RunSpec
 from storage import fast_tier
 from storage.checkpoints import CheckpointStore
 from storage.events import EventLog
+from storage.quarantine import write_quarantine
 from trainer.extensions import clear_stale_build_locks
 
 log = structlog.get_logger(__name__)
@@ -163,7 +164,19 @@ def _supervise_segment(a: Attempt, recovery: Recovery | None,
                   from_step=inp.from_step, to_step=inp.to_step, attempt=a.number,
                   train_loss=res.train_loss, resumed_from=res.resumed_from)
     _, committed = concurrently(a.events.flush, a.store.list_committed)  # two round trips
+    if res.outcome.rollbacks:  # a rollback may have found guilty documents
+        update_quarantine(spec)
     return segment_result(res, a.number, committed, in_place_faults=a.faults.restart)
+
+
+def update_quarantine(spec: RunSpec) -> None:
+    """Rewrite the run's quarantine from its log (storage/quarantine.py). It is derived and
+    written again at promotion, so a failure here costs the segment nothing: logged."""
+    try:
+        write_quarantine(spec.storage.durable, spec.run_id, cache_dir=os.path.join(
+            fast_tier.cache_dir(spec.storage.fast, spec.run_id), "events"))
+    except Exception as exc:  # noqa: BLE001 - logged; promote writes it again
+        log.warning("quarantine_write_deferred", run_id=spec.run_id, error=repr(exc)[:300])
 
 
 def prepare_fast_tier(spec: RunSpec, store: CheckpointStore, committed: list[int]) -> int:

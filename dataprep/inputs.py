@@ -124,11 +124,15 @@ def _input_file(fs: AbstractFileSystem, path: str, info: dict[str, Any]) -> Inpu
                      fingerprint=str(marker))
 
 
-def content_hash(data: DataConfig, files: list[InputFile]) -> str:
-    """Cache key of a dataset: every input's (url, size, change marker) + the data config.
+def content_hash(data: DataConfig, files: list[InputFile], quarantine: str = "") -> str:
+    """Cache key of a dataset: every input's (url, size, change marker) + the data config
+    + `quarantine`, the key of the set of quarantined hashes (storage.quarantine
+    quarantine_key; "" for none).
 
     Only listing metadata is used, so a cache hit never reads the corpus. A given
-    tokenizer.json is fingerprinted the same way.
+    tokenizer.json is fingerprinted the same way. The quarantine files' URIs are not in
+    the key, their hashes are: the same quarantine at another path reuses the dataset, and
+    a spec without one keeps the key it had before quarantines existed.
     """
     inputs = sorted((f.url, f.size, f.fingerprint) for f in files)
     tokenizer: list[Any] = []
@@ -140,9 +144,12 @@ def content_hash(data: DataConfig, files: list[InputFile]) -> str:
             raise BadData(data.tokenizer.path, "tokenizer file not found",
                           "fix data.tokenizer.path or leave it empty to train one") from None
     # `workers` changes how fast, never what: datasets made with any count are the same.
-    config = {k: v for k, v in asdict(data).items() if k != "workers"}
-    blob = json.dumps({"version": DATAPREP_VERSION, "inputs": inputs, "tokenizer": tokenizer,
-                       "config": config}, sort_keys=True, default=str)
+    config = {k: v for k, v in asdict(data).items() if k not in ("workers", "quarantine")}
+    key: dict[str, Any] = {"version": DATAPREP_VERSION, "inputs": inputs,
+                           "tokenizer": tokenizer, "config": config}
+    if quarantine:
+        key["quarantine"] = quarantine
+    blob = json.dumps(key, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

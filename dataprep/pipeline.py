@@ -1,10 +1,10 @@
 """prepare_dataset: corpus → cleaned, deduplicated, tokenized shards + DatasetManifest.
 
-Stages (DESIGN §1, stage 1): list inputs → cache check → clean (read, filter, MinHash;
-per work unit, in processes) → dedup (exact, then near) → split → tokenizer → tokenize
-(per work unit, in processes) → shards → commit. The manifest is written last (DESIGN §3
-commit point); `content_hash` of (input listing metadata, DataConfig) names the dataset
-directory, so a second call with the same inputs returns the committed manifest without
+Stages (DESIGN §1, stage 1): list inputs (and read the quarantine files) → cache check →
+clean (read, filter, MinHash; per work unit, in processes) → quarantine, dedup (exact, then
+near) → split → tokenizer → tokenize (per work unit, in processes) → shards → commit. The
+manifest is written last (DESIGN §3 commit point); `content_hash` of (input listing
+metadata, DataConfig, the quarantined hashes) names the dataset directory, so a second call with the same inputs returns the committed manifest without
 reading the corpus, and a retry after a crash reuses every finished work unit
 (`dataprep.units`). The trainer reads the result only through `storage.dataset`.
 
@@ -53,6 +53,7 @@ from storage.dataset import (
     token_dtype,
 )
 from storage.fs import join, resolve, storage_errors
+from storage.quarantine import HASH_HEX, quarantine_key, quarantined_hashes
 
 log = structlog.get_logger(__name__)
 
@@ -106,8 +107,12 @@ def prepare_dataset(data: DataConfig, durable_url: str, seed: int,
     log.info("dataprep_started", corpus=data.corpus, durable=durable_url, seed=seed)
     with phases("list") as counts:
         in_fs, files = list_inputs(data)
-        key = content_hash(data, files)
-        counts.update(files=len(files), bytes_in=sum(f.size for f in files))
+        # read before the cache check: the key is the quarantine's content; an unreadable
+        # file is BadData naming it (retrying would not make it readable)
+        quarantine = quarantined_hashes(data.quarantine)
+        key = content_hash(data, files, quarantine_key(quarantine) if quarantine else "")
+        counts.update(files=len(files), bytes_in=sum(f.size for f in files),
+                      quarantine_hashes=len(quarantine))
     url = manifest_url(durable_url, key)
     out_fs, out_dir = resolve(dataset_dir(durable_url, key))
     with _durable(durable_url):
@@ -118,7 +123,8 @@ def prepare_dataset(data: DataConfig, durable_url: str, seed: int,
             return url, manifest, True
         work = WorkDir(out_fs, out_dir)
         try:
-            manifest = _build(data, key, in_fs, files, work, out_fs, out_dir, phases)
+            manifest = _build(data, key, in_fs, files, work, out_fs, out_dir, phases,
+                              quarantine)
         except BadData:  # deterministic: a retry would fail the same way, so keep nothing
             if out_fs.exists(out_dir):
                 out_fs.rm(out_dir, recursive=True)
@@ -133,7 +139,7 @@ def prepare_dataset(data: DataConfig, durable_url: str, seed: int,
 
 def _build(data: DataConfig, key: str, in_fs: AbstractFileSystem, files: list[InputFile],
            work: WorkDir, out_fs: AbstractFileSystem, out_dir: str,
-           phases: _Phases) -> DatasetManifest:
+           phases: _Phases, quarantine: frozenset[str] = frozenset()) -> DatasetManifest:
     units = plan_units(files, data.unit_bytes)
     resume = {"units": len(units), "clean_reused": 0, "tokenize_reused": 0}
     workers = worker_count(data, len(units), sum(f.size for f in files), corpus_url(data.corpus))
@@ -142,7 +148,7 @@ def _build(data: DataConfig, key: str, in_fs: AbstractFileSystem, files: list[In
     log.info("dataprep_workers", workers=workers, units=len(units), configured=data.workers)
     with worker_pool(workers) as pool, tokenizer_threads(data.workers != 1):
         outputs = _clean_units(data, in_fs, units, work, pool, phases, resume)
-        docs, unit_of = _dedup(data, outputs, phases)
+        docs, unit_of = _dedup(data, outputs, phases, quarantine)
         with phases("split") as counts:
             train, val = split_by_hash(docs, data.val_fraction, data.corpus)
             counts.update(docs_train=len(train), docs_val=len(val))
@@ -204,10 +210,10 @@ def _clean_units(data: DataConfig, in_fs: AbstractFileSystem, units: list, work:
     return [outputs[i] for i in range(len(units))]
 
 
-def _dedup(data: DataConfig, outputs: list[CleanOutput],
-           phases: _Phases) -> tuple[list[Document], list[int]]:
-    """Kept documents (first `max_documents` raw ones, filtered, exact- then near-deduped)
-    with the unit each came from."""
+def _dedup(data: DataConfig, outputs: list[CleanOutput], phases: _Phases,
+           quarantine: frozenset[str] = frozenset()) -> tuple[list[Document], list[int]]:
+    """Kept documents (first `max_documents` raw ones, filtered, quarantined ones dropped,
+    exact- then near-deduped) with the unit each came from."""
     cap = data.max_documents or None
     counts_in: dict[str, int] = {"undecodable_files": 0}
     records, unit_of, sig_rows = [], [], []
@@ -225,11 +231,15 @@ def _dedup(data: DataConfig, outputs: list[CleanOutput],
     with phases("dedup") as counts:
         counts.update(counts_in, docs_in=len(records))
         docs = tally(records, counts)
-        keep = list(range(len(docs)))
+        # the hash prefix the document index stores, as the quarantine lists it; every
+        # copy of a quarantined text goes, before exact dedup could keep one
+        keep = [i for i, d in enumerate(docs) if d.sha256[:HASH_HEX] not in quarantine]
+        counts["dropped_quarantined"] = len(docs) - len(keep)
+        before = len(keep)
         if data.dedup.exact:
-            first = {d.sha256: i for i, d in reversed(list(enumerate(docs)))}
+            first = {docs[i].sha256: i for i in reversed(keep)}
             keep = sorted(first.values())
-        counts["exact_dups"] = len(docs) - len(keep)
+        counts["exact_dups"] = before - len(keep)
         near: list[int] = []
         if data.dedup.near and len(keep) > 1:
             sigs = np.stack([sig_rows[i] for i in keep])
@@ -306,5 +316,6 @@ def _empty_problem(counts: dict[str, Any], data: DataConfig) -> str:
     return (f"no documents left after cleaning ({counts.get('docs_in', 0)} read, "
             f"{counts.get('dropped_min_chars', 0)} dropped by min_chars={c.min_chars}, "
             f"{counts.get('dropped_max_chars', 0)} dropped by max_chars={c.max_chars}, "
-            f"{filters}, {counts.get('exact_dups', 0)} exact duplicates, "
+            f"{filters}, {counts.get('dropped_quarantined', 0)} quarantined, "
+            f"{counts.get('exact_dups', 0)} exact duplicates, "
             f"{counts.get('near_dups', 0)} near duplicates)")

@@ -4,6 +4,7 @@ tokenizes it (dataprep/). Stdlib only; re-exported by spec."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from spec.codec import STEPS, num
 from spec.codec import positive as _positive
@@ -94,6 +95,11 @@ class DataConfig:
     val_fraction: float = num(0.05, 0, 0.5)  # share of documents (by hash) held out for validation
     workers: int = num(0, 0, 4096)  # processes for read/clean/hash/tokenize; 0 = every core
     unit_bytes: int = num(1 << 20, 1, 1 << 40)  # input bytes per work unit (unit of resume)
+    # Quarantine files (runs/<run_id>/quarantine.jsonl of earlier runs, local paths or
+    # URLs): every document whose cleaned text has a hash they list is dropped.
+    quarantine: tuple[str, ...] = ()
+    # added fields at their default: out of spec_hash (spec/run.py, without_added)
+    ADDED: ClassVar[dict[str, Any]] = {"quarantine": []}
 
     def __post_init__(self) -> None:
         _require(bool(self.corpus.strip()), "corpus", "is empty",
@@ -107,3 +113,23 @@ class DataConfig:
         _positive(self, "shard_tokens")
         _require(0.0 < self.val_fraction < 0.5, "val_fraction",
                  f"must be in (0, 0.5), got {self.val_fraction}", "use e.g. 0.05")
+        check_quarantine(self.quarantine)
+
+
+QUARANTINE_FIX = ("list each run's quarantine file once, e.g. "
+                  "s3://bucket/store/runs/<run_id>/quarantine.jsonl")
+
+
+def check_quarantine(uris: tuple[str, ...]) -> None:
+    """`data.quarantine`: non-empty `.jsonl` file names, no glob, each listed once."""
+    seen: set[str] = set()
+    for i, uri in enumerate(uris):
+        name = f"quarantine[{i}]"
+        _require(bool(uri.strip()), name, "is empty", QUARANTINE_FIX)
+        _require(uri.lower().endswith(".jsonl"), name,
+                 f"{uri!r} is not a .jsonl file", QUARANTINE_FIX)
+        _require(not any(c in uri for c in "*?["), name, f"{uri!r} is a glob, not a file",
+                 QUARANTINE_FIX)
+        _require(uri not in seen, name, f"{uri!r} is listed twice",
+                 "remove the repeated entry")
+        seen.add(uri)

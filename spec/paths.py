@@ -1,13 +1,13 @@
 """Where a spec's relative paths point: one place for every process that reads the spec.
 
 A spec names local paths (`storage.durable` when it is not a URL, `storage.fast`,
-`data.corpus`, `data.tokenizer.path`, `faults[].path`). Read as written, a relative one
-resolves against the working directory of whichever process opens it — the data worker,
-a trainer worker, a trainer child running in its segment's directory — so one spec meant
-several places (seen: a run started with `temporal workflow start` and the docs'
-example prepared its dataset under the data worker's directory and failed in the sweep's
-first trial, whose trainer child looked under its own). `anchor` makes every such path
-absolute under one root, once, before any of them reads it:
+`data.corpus`, `data.tokenizer.path`, `data.quarantine[]`, `faults[].path`). Read as
+written, a relative one resolves against the working directory of whichever process opens
+it — the data worker, a trainer worker, a trainer child running in its segment's
+directory — so one spec meant several places (seen: a run started with `temporal workflow
+start` and the docs' example prepared its dataset under the data worker's directory and
+failed in the sweep's first trial, whose trainer child looked under its own). `anchor`
+makes every such path absolute under one root, once, before any of them reads it:
 
 - `mainspring run start` anchors at the client's working directory (ops/client.py:localize);
 - a spec that reaches TrainingRun still relative (the Temporal CLI or UI, any SDK client)
@@ -76,6 +76,7 @@ def _paths(spec: RunSpec) -> list[tuple[str, str, str]]:
            ("storage.fast", spec.storage.fast, "local"),
            ("data.corpus", spec.data.corpus, "input"),
            ("data.tokenizer.path", spec.data.tokenizer.path, "input")]
+    out += [(f"data.quarantine[{i}]", q, "input") for i, q in enumerate(spec.data.quarantine)]
     out += [(f"faults[{i}].path", f.path, "local") for i, f in enumerate(spec.faults)]
     return out
 
@@ -90,6 +91,9 @@ def _changes(spec: RunSpec, root: str, home: str) -> dict[str, Any]:
             changes.setdefault(section, {})[key] = new[f"{section}.{key}"]
     if new["data.tokenizer.path"] != spec.data.tokenizer.path:
         changes.setdefault("data", {})["tokenizer"] = {"path": new["data.tokenizer.path"]}
+    quarantine = [new[f"data.quarantine[{i}]"] for i in range(len(spec.data.quarantine))]
+    if quarantine != list(spec.data.quarantine):
+        changes.setdefault("data", {})["quarantine"] = quarantine
     faults = [new[f"faults[{i}].path"] for i in range(len(spec.faults))]
     if faults != [f.path for f in spec.faults]:
         changes["faults"] = [{**f, "path": p} for f, p in zip(spec.to_dict()["faults"], faults)]

@@ -78,6 +78,8 @@ class RunSpec:
         urls.check_input(self.data.corpus, "data.corpus", stdlib=True)
         if self.data.tokenizer.path:
             urls.check_input(self.data.tokenizer.path, "data.tokenizer.path")
+        for i, uri in enumerate(self.data.quarantine):
+            urls.check_input(uri, f"data.quarantine[{i}]")
         urls.check_endpoint(self.ops.otlp_endpoint, "ops.otlp_endpoint")
         lr_dim = self.sweep.space.get("lr")
         _require(not (self.sweep.enabled and lr_dim and lr_dim.low < t.min_lr),

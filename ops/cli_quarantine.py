@@ -1,0 +1,150 @@
+"""`mainspring data quarantine RUN [--json]`: the documents a run's loss spikes were
+diagnosed as caused by (storage/quarantine.py), each with the start of its text.
+
+The list is derived from the run's durable event log, as `runs/<run_id>/quarantine.jsonl`
+is, so it is current during a run too. Each document's text is read back from its source
+record (jsonl line, parquet row, or the whole text file), cleaned as data prep cleaned it
+(the run's stored spec says how) and checked against the quarantined hash; it is shown
+scrubbed of secrets (common/redact.py), its control and format characters escaped, cut at
+SNIPPET_CHARS. A source that cannot be read (moved, no credentials here) or that no longer
+holds that text says so instead. No Temporal needed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import sys
+import unicodedata
+from typing import Any
+
+from common.errors import BadConfig, BadData, StorageUnavailable
+from common.redact import redact
+from ops.cli_output import json_line
+
+SNIPPET_CHARS = 80
+NOT_READABLE = "(source not readable)"
+CHANGED = "(source no longer holds this text)"
+_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add `data quarantine RUN [--durable URL] [--json]`."""
+    data = sub.add_parser("data", help="a run's data: its quarantined documents")
+    data_sub = data.add_subparsers(dest="data_command", required=True)
+    p = data_sub.add_parser("quarantine", help="the documents a run's loss spikes were "
+                                               "diagnosed as caused by")
+    p.add_argument("run_id")
+    p.add_argument("--durable", default=".mainspring/store", help="durable storage URL")
+    p.add_argument("--json", action="store_true", help="one JSON object per document and line")
+    p.set_defaults(fn=cmd_quarantine)
+
+
+def snippet(text: str, width: int = SNIPPET_CHARS) -> str:
+    """Pure: `text` scrubbed of secrets, then control and format characters escaped (no
+    terminal escape or bidi override reaches the screen), cut at `width` characters with
+    an ellipsis."""
+    out = []
+    for ch in redact(text):
+        if ch in _ESCAPES:
+            out.append(_ESCAPES[ch])
+        elif unicodedata.category(ch) in ("Cc", "Cf"):
+            out.append(f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    shown = "".join(out)
+    return shown if len(shown) <= width else shown[:width - 1] + "…"
+
+
+def source_text(source: str, record: int, sha256: str, data: Any) -> str | None:
+    """The cleaned text of `record` of the input file `source` when it still has hash
+    `sha256`; CHANGED when it does not; None when the file cannot be read."""
+    from dataprep.clean import clean_text
+    from dataprep.inputs import InputFile, read_file_documents
+    from storage.fs import resolve
+
+    try:
+        fs, path = resolve(source)
+        file = InputFile(path=path, url=source, size=0, fingerprint="")
+        docs = read_file_documents(fs, file, data, {})
+    except (BadData, StorageUnavailable, OSError, ValueError, ImportError):
+        return None
+    name = source if record < 0 else f"{source}:{record}"
+    raw = next((d.text for d in docs if d.source == name), None)
+    if raw is None:
+        return CHANGED
+    text = clean_text(raw, data.cleaning.normalize)[0]
+    return text if hashlib.sha256(text.encode()).hexdigest().startswith(sha256) else CHANGED
+
+
+def run_data_config(durable_url: str, run_id: str) -> Any:
+    """The run's data section (how its documents were read and cleaned); the defaults when
+    its stored spec is missing or no longer reads."""
+    from spec import DataConfig, RunSpec
+    from storage.runs import stored_spec
+
+    stored = stored_spec(durable_url, run_id)
+    try:
+        return RunSpec.from_dict(stored).data if stored else DataConfig()
+    except BadConfig:
+        return DataConfig()
+
+
+def quarantine_rows(durable_url: str, run_id: str) -> tuple[list[dict[str, Any]], str]:
+    """(one row per quarantined document, the run's quarantine file URI)."""
+    from ops.report import missing_run
+    from storage.events import read_events
+    from storage.quarantine import quarantine_entries, quarantine_uri
+
+    events = read_events(durable_url, run_id)
+    if not events:
+        raise missing_run(durable_url, run_id)
+    entries = quarantine_entries(events)
+    data = run_data_config(durable_url, run_id) if entries else None
+    rows = []
+    for e in entries:
+        text = source_text(e.source, e.record, e.sha256, data)
+        found = text not in (None, CHANGED)
+        rows.append({"source": redact(e.source), "record": e.record, "sha256": e.sha256,
+                     "z": e.z, "loss": e.loss, "step": e.step, "document": e.document,
+                     "chars": e.chars, "event_id": e.event_id,
+                     "snippet": snippet(text) if found else text or NOT_READABLE,
+                     "text_from": "source" if found else None})
+    return rows, redact(quarantine_uri(durable_url, run_id))
+
+
+def row_line(row: dict[str, Any]) -> str:
+    """Pure: one document as a line of text."""
+    where = row["source"] if row["record"] < 0 else f"{row['source']}:{row['record']}"
+    z = f"{row['z']:.1f}" if row["z"] is not None else "?"
+    text = f'"{row["snippet"]}"' if row["text_from"] else row["snippet"]
+    return f"step {row['step']}  z {z}  sha256 {row['sha256']}  {where}\n    {text}"
+
+
+def cmd_quarantine(args: argparse.Namespace) -> int:
+    from common import telemetry
+    from ops.report import exit_code
+
+    telemetry.configure_logging(os.environ.get("MAINSPRING_LOG_LEVEL", "warning"))
+    try:
+        rows, uri = quarantine_rows(args.durable, args.run_id)
+    except (BadConfig, StorageUnavailable) as exc:
+        print(f"mainspring data quarantine: {' '.join(redact(str(exc)).split())}",
+              file=sys.stderr)
+        return exit_code(exc)
+    if args.json:
+        for row in rows:
+            print(json_line(row))
+        if not rows:  # stdout stays JSON lines (none); the person reading gets a word
+            print(f"mainspring data quarantine: run {args.run_id} has no quarantined "
+                  "documents", file=sys.stderr)
+    elif not rows:
+        print(f"run {args.run_id}: no quarantined documents — no loss spike was diagnosed "
+              "as caused by documents the dataset's index names.")
+    else:
+        print(f"run {args.run_id}: {len(rows)} quarantined document"
+              f"{'s' if len(rows) != 1 else ''} (data.quarantine: {uri})")
+        for row in rows:
+            print(row_line(row))
+    return 0
