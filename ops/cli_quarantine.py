@@ -2,10 +2,12 @@
 diagnosed as caused by (storage/quarantine.py), each with the start of its text.
 
 The list is derived from the run's durable event log, as `runs/<run_id>/quarantine.jsonl`
-is, so it is current during a run too. Each document's text is read back from its source
-record (jsonl line, parquet row, or the whole text file), cleaned as data prep cleaned it
-(the run's stored spec says how) and checked against the quarantined hash; it is shown
-scrubbed of secrets (common/redact.py), its control and format characters escaped, cut at
+is, so it is current during a run too. Each document's text is decoded from the run's
+dataset (its document number in the train split, the shards it lies in, the dataset's
+tokenizer); where that is not there, it is read back from its source record (jsonl line,
+parquet row, or the whole text file) and cleaned as data prep cleaned it (the run's stored
+spec says how). Either is checked against the quarantined hash, then shown scrubbed of
+secrets (common/redact.py), its control and format characters escaped, cut at
 SNIPPET_CHARS. A source that cannot be read (moved, no credentials here) or that no longer
 holds that text says so instead. No Temporal needed.
 """
@@ -17,12 +19,15 @@ import hashlib
 import os
 import sys
 import unicodedata
-from typing import Any
+from typing import Any, Callable
+
+import structlog
 
 from common.errors import BadConfig, BadData, StorageUnavailable
 from common.redact import redact
 from ops.cli_output import json_line
 
+log = structlog.get_logger(__name__)
 SNIPPET_CHARS = 80
 NOT_READABLE = "(source not readable)"
 CHANGED = "(source no longer holds this text)"
@@ -78,6 +83,46 @@ def source_text(source: str, record: int, sha256: str, data: Any) -> str | None:
     return text if hashlib.sha256(text.encode()).hexdigest().startswith(sha256) else CHANGED
 
 
+def run_dataset(durable_url: str, events: list[dict]) -> str | None:
+    """The manifest URL of the dataset the run trained on: by content hash in this store
+    (a store copied elsewhere still finds it), else the URI it recorded; None if neither."""
+    from storage.dataset import manifest_url
+
+    ready = [e["payload"] for e in events if e["kind"] == "dataset_ready"]
+    if not ready:
+        return None
+    key, uri = ready[-1].get("content_hash"), ready[-1].get("uri")
+    return manifest_url(durable_url, key) if key else uri
+
+
+def dataset_reader(manifest: str | None) -> Callable[[int, str], str | None]:
+    """`read(document, sha256)`: the train split's document, decoded, when it has that hash;
+    None when it does not or the dataset cannot be read (logged)."""
+    from tokenizers import Tokenizer
+
+    from storage.dataset import document_tokens, tokenizer_path
+    from storage.fs import resolve
+
+    tokenizer: list[Any] = []
+
+    def read(document: int, sha256: str) -> str | None:
+        if manifest is None or document < 0:
+            return None
+        try:
+            if not tokenizer:
+                fs, path = resolve(tokenizer_path(manifest))
+                tokenizer.append(Tokenizer.from_str(fs.cat_file(path).decode()))
+            ids = document_tokens(manifest, "train", document).tolist()
+            text = tokenizer[0].decode(ids, skip_special_tokens=False)
+        except Exception as exc:  # noqa: BLE001 - logged; the source is read instead
+            log.info("quarantine_text_not_in_dataset", manifest=manifest, document=document,
+                     error=repr(exc)[:200])
+            return None
+        return text if hashlib.sha256(text.encode()).hexdigest().startswith(sha256) else None
+
+    return read
+
+
 def run_data_config(durable_url: str, run_id: str) -> Any:
     """The run's data section (how its documents were read and cleaned); the defaults when
     its stored spec is missing or no longer reads."""
@@ -102,15 +147,18 @@ def quarantine_rows(durable_url: str, run_id: str) -> tuple[list[dict[str, Any]]
         raise missing_run(durable_url, run_id)
     entries = quarantine_entries(events)
     data = run_data_config(durable_url, run_id) if entries else None
+    from_dataset = dataset_reader(run_dataset(durable_url, events))
     rows = []
     for e in entries:
-        text = source_text(e.source, e.record, e.sha256, data)
+        text, where = from_dataset(e.document, e.sha256), "dataset"
+        if text is None:
+            text, where = source_text(e.source, e.record, e.sha256, data), "source"
         found = text not in (None, CHANGED)
         rows.append({"source": redact(e.source), "record": e.record, "sha256": e.sha256,
                      "z": e.z, "loss": e.loss, "step": e.step, "document": e.document,
                      "chars": e.chars, "event_id": e.event_id,
                      "snippet": snippet(text) if found else text or NOT_READABLE,
-                     "text_from": "source" if found else None})
+                     "text_from": where if found else None})
     return rows, redact(quarantine_uri(durable_url, run_id))
 
 

@@ -192,3 +192,32 @@ def read_split(manifest_uri: str, split: str, cache_dir: str | None = None
 def tokenizer_path(manifest_uri: str) -> str:
     man = load_manifest(manifest_uri)
     return join(manifest_uri.rsplit("/", 1)[0], man.tokenizer)
+
+
+def document_tokens(manifest_uri: str, split: str, document: int) -> np.ndarray:
+    """The tokens of the split's `document`-th document, its end-of-document token left
+    out. Reads every shard's document offsets (small) and only the shards the document
+    lies in (it may run on into the next). IndexError when the split has fewer documents."""
+    man = load_manifest(manifest_uri)
+    fs, mpath = resolve(manifest_uri)
+    directory = mpath.rsplit("/", 1)[0]
+    shards = man.split_shards(split)
+    starts, spans, offset = [], [], 0
+    for shard in shards:
+        url = fs.unstrip_protocol(join(directory, shard.docs_path))
+        docs = read_array(fs, join(directory, shard.docs_path), "uint64", shard.docs_sha256, url)
+        starts.append(docs.astype(np.int64) + offset)
+        spans.append((offset, offset + shard.tokens))
+        offset += shard.tokens
+    every = np.concatenate(starts) if starts else np.empty(0, np.int64)
+    if not 0 <= document < every.size:
+        raise IndexError(f"the {split} split has {every.size} documents, not {document + 1}")
+    lo = int(every[document])
+    hi = int(every[document + 1]) if document + 1 < every.size else offset
+    parts = []
+    for shard, (a, b) in zip(shards, spans):
+        if a < hi and lo < b:
+            url = fs.unstrip_protocol(join(directory, shard.path))
+            tokens = read_array(fs, join(directory, shard.path), man.dtype, shard.sha256, url)
+            parts.append(tokens[max(lo - a, 0):min(hi, b) - a])
+    return np.concatenate(parts)[:-1]

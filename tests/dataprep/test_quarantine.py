@@ -107,3 +107,18 @@ def test_an_unreadable_quarantine_file_fails_data_prep_at_once_naming_it(tmp_pat
     assert err.value.path == missing and not err.value.retryable
     assert "data.quarantine" in err.value.fix
     assert not store.exists() or not any(store.rglob("MANIFEST.json"))  # nothing was built
+
+
+def test_a_document_read_alone_is_its_slice_of_the_split_across_shard_cuts(tmp_path):
+    from storage.dataset import document_tokens, load_manifest, read_split
+
+    corpus = write_txt(tmp_path / "c", TEXTS[:10])
+    url, man, _ = prepare_dataset(config(corpus, shard_tokens=16), str(tmp_path / "s"), seed=1)
+    assert len(man.split_shards("train")) > 3  # documents run on into the next shard
+    tokens, starts = read_split(url, "train")
+    ends = [*starts[1:].tolist(), tokens.size]
+    for d, (a, b) in enumerate(zip(starts.tolist(), ends)):
+        assert document_tokens(url, "train", d).tolist() == tokens[a:b - 1].tolist()
+    assert load_manifest(url).eos_id not in document_tokens(url, "train", 0)
+    with pytest.raises(IndexError):
+        document_tokens(url, "train", len(starts))

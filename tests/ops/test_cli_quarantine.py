@@ -111,3 +111,36 @@ def test_an_unknown_run_is_one_line_naming_the_store_exit_1(tmp_path, capsys):
 def test_a_snippet_escapes_terminal_controls_and_cuts_at_the_width():
     assert snippet("a\x1b[31mred\x00\u200bz") == "a\\x1b[31mred\\x00\\u200bz"
     assert snippet("x" * 200, 10) == "x" * 9 + "…" and snippet("short") == "short"
+
+
+def test_the_text_is_decoded_from_the_run_s_dataset_when_its_source_is_gone(tmp_path, capsys):
+    from dataprep.pipeline import prepare_dataset
+    from storage.provenance import load_provenance
+    from tests.dataprep.test_pipeline import TEXTS, config
+
+    c = tmp_path / "corpus"
+    c.mkdir()
+    planted = [f"planted {i}: secret_token=abcdefgh12345678 "
+               + " ".join(f"odd{i}w{j}" for j in range(30)) for i in range(3)]
+    (c / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n"
+                                       for t in TEXTS[:12] + planted))
+    store = str(tmp_path / "store")
+    url, man, _ = prepare_dataset(config(c), store, seed=1)
+    index = load_provenance(url, "train").index
+    doc = next(d for d in range(len(index)) if index.entry(d).record > 12)  # a planted one
+    entry = index.entry(doc)
+    (c / "a.jsonl").unlink()  # the corpus is gone; the dataset still holds the text
+    with EventLog(store, RUN, "data") as log:
+        log.emit("dataset_ready", event_id=f"dataset_ready/{man.content_hash}", uri=url,
+                 content_hash=man.content_hash)
+        log.emit("spike_diagnosed", step=12, event_id="spike_diagnosed/12/10/5/a1r1",
+                 verdict="data", documents=[doc],
+                 outliers=[{"document": doc, "loss": 9.0, "z": 8.0}],
+                 sources=[{"document": doc, "source": entry.source, "record": entry.record,
+                           "sha256": entry.sha256, "chars": entry.chars}])
+    capsys.readouterr()
+    assert cli(["data", "quarantine", RUN, "--durable", store, "--json"]) == 0
+    (row,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert row["text_from"] == "dataset" and row["record"] == entry.record
+    assert row["snippet"].startswith(f"planted {entry.record - 13}: secret_token=***")
+    assert "abcdefgh12345678" not in row["snippet"] and len(row["snippet"]) == SNIPPET_CHARS
