@@ -73,7 +73,9 @@ def source_text(source: str, record: int, sha256: str, data: Any) -> str | None:
         fs, path = resolve(source)
         file = InputFile(path=path, url=source, size=0, fingerprint="")
         docs = read_file_documents(fs, file, data, {})
-    except (BadData, StorageUnavailable, OSError, ValueError, ImportError):
+    except (BadData, StorageUnavailable, OSError, ValueError, ImportError) as exc:
+        log.info("quarantine_source_not_readable", source=redact(source), error=redact(
+            repr(exc)[:200]))
         return None
     name = source if record < 0 else f"{source}:{record}"
     raw = next((d.text for d in docs if d.source == name), None)
