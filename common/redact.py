@@ -112,9 +112,11 @@ def _harmless(value: str) -> bool:
 
 
 def _mask_key_value(m: re.Match[str]) -> str:
-    if not is_secret_name(m["key"]):
-        return m[0]
     head = m[0][:m.end("sep") - m.start()]
+    if not is_secret_name(m["key"]):
+        # the value may itself hold `key=value` ("leaked: password=…"): a match has
+        # consumed it, so look inside it again
+        return head + _KEY_VALUE.sub(_mask_key_value, m[0][len(head):])
     if m["dq"] is not None:
         return m[0] if _harmless(m["dq"]) else f'{head}"{MASK}"'
     if m["sq"] is not None:

@@ -58,6 +58,9 @@ def test_redact_masks_url_userinfo_keeping_scheme_and_host():
     ("https://b.s3.amazonaws.com/k?X-Amz-Signature=abc123&X-Amz-Credential=AKID%2F2024&v=2",
      "https://b.s3.amazonaws.com/k?X-Amz-Signature=***&X-Amz-Credential=***&v=2"),
     ("export GITHUB_TOKEN=abcdefgh12", "export GITHUB_TOKEN=***"),
+    # a secret pair inside the value of an ordinary key
+    ("leaked: password=hunter2xx", "leaked: password=***"),
+    ('note: "token=abcdefgh12 ok"', 'note: "token=*** ok"'),
 ])
 def test_redact_masks_values_after_secret_named_keys(text, expected):
     assert redact(text, environ={}) == expected
