@@ -4,7 +4,9 @@ optuna's samplers are CPU work and numpy, which workflow code must not do or imp
 (DESIGN §5: yield within 2 s); as a local activity the result is also recorded in the
 workflow's history, so a replay reuses it instead of recomputing it, and a retry, rebuilding
 the same study from the same records with the same seed, suggests the same points
-(sweep/suggest.py).
+(sweep/suggest.py). Trial 0 is the prior: Step Law's learning rate (sweep/prior.py) and the
+main run's own value of every other swept parameter (spec/sweep.py main_values), clipped
+into the space.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from activities.contracts import (
 )
 from activities.errors import classified
 from spec import RunSpec, SearchDim, SweepConfig
+from spec.sweep import accumulation_tokens, main_values
 from sweep.prior import prior_lr
 from sweep.suggest import Record, distributions_json, suggest, sweep_space
 
@@ -29,13 +32,15 @@ def suggest_trials(inp: SuggestInput) -> SuggestResult:
     raw = dict(inp.sweep)
     space = {name: SearchDim(**dim) for name, dim in raw.pop("space").items()}
     cfg = SweepConfig(space=space, **raw)
-    dims = sweep_space(cfg)
+    spec = RunSpec.from_dict(inp.spec) if inp.spec is not None else None
+    # older histories (no spec) never swept the batch: its unit does not matter there
+    dims = sweep_space(cfg, accumulation_tokens(spec.train) if spec else 1)
     own = distributions_json(dims)
     records = [Record(o.params, o.distributions or own, o.val_loss, o.dead)
                for o in inp.observed]
     prior = None
-    if inp.spec is not None and "lr" in cfg.space:
-        prior = {"lr": prior_lr(RunSpec.from_dict(inp.spec))}
+    if spec is not None:
+        prior = {**main_values(spec.train), "lr": prior_lr(spec)}
     points = suggest(dims, records, inp.count, seed=inp.seed, kind=cfg.sampler, prior=prior,
                      startup=max(2, len(dims) + 1))
     sources = [SOURCE_PRIOR if prior and not records and i == 0 else cfg.sampler

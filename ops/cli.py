@@ -1,8 +1,9 @@
 """The `mainspring` command line (DESIGN §6): the parser, `dev`, `worker`, `bench`.
 
 The run commands are in ops/cli_runs.py, `events` in ops/cli_events.py, `data quarantine`
-in ops/cli_quarantine.py, what they print in ops/cli_output.py, and the one-line errors
-(unknown run, unreachable server: exit 1) in ops/cli_errors.py. A bad config exits 2.
+in ops/cli_quarantine.py, `sweep` in ops/cli_sweep.py, what they print in
+ops/cli_output.py, and the one-line errors (unknown run, unreachable server: exit 1) in
+ops/cli_errors.py. A bad config exits 2.
 """
 
 from __future__ import annotations
@@ -274,6 +275,10 @@ def build_parser() -> argparse.ArgumentParser:
     from ops.cli_quarantine import register as register_data
 
     register_data(sub)  # mainspring data quarantine RUN [--json]
+
+    from ops.cli_sweep import register as register_sweep
+
+    register_sweep(sub)  # mainspring sweep RUN [--json]
 
     from ops.trace_view import register as register_trace
 

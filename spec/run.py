@@ -29,7 +29,14 @@ from spec.model import ModelConfig
 from spec.ops import OpsConfig
 from spec.spikes import SpikeConfig
 from spec.storage import StorageConfig
-from spec.sweep import SweepConfig, sweep_ends
+from spec.sweep import (
+    SweepConfig,
+    accumulation_tokens,
+    point_overrides,
+    sweep_budget,
+    sweep_ends,
+    trial_overrides,
+)
 from spec.train import TrainConfig
 
 __all__ = ["RunSpec", "PRESETS", "preset"]
@@ -81,10 +88,26 @@ class RunSpec:
         for i, uri in enumerate(self.data.quarantine):
             urls.check_input(uri, f"data.quarantine[{i}]")
         urls.check_endpoint(self.ops.otlp_endpoint, "ops.otlp_endpoint")
-        lr_dim = self.sweep.space.get("lr")
-        _require(not (self.sweep.enabled and lr_dim and lr_dim.low < t.min_lr),
+        self._check_sweep()
+
+    def _check_sweep(self) -> None:
+        """The sweep against the run: lr above min_lr, the batch in whole accumulation
+        steps, the budget (spec/sweep.py sweep_budget), then every trial it can run."""
+        t, sw = self.train, self.sweep
+        if not sw.enabled:
+            return
+        lr_dim = sw.space.get("lr")
+        _require(not (lr_dim and lr_dim.low < t.min_lr),
                  "sweep.space.lr.low", f"is below train.min_lr={t.min_lr}",
                  "raise the sweep's lower bound or lower train.min_lr")
+        batch, unit = sw.space.get("batch_tokens"), accumulation_tokens(t)
+        for end, value in (("low", batch.low), ("high", batch.high)) if batch else ():
+            _require(value % unit == 0, f"sweep.space.batch_tokens.{end}",
+                     f"{value:g} tokens is not a whole number of accumulation steps of "
+                     f"{unit:,} tokens (train.micro_batch_tokens x {t.world_size} ranks)",
+                     f"use a multiple of {unit:,}")
+        budget = sweep_budget(sw, t)
+        _require(not budget.over, "sweep.budget_fraction", budget.problem(), budget.fix())
         self._check_sweep_ends()
 
     def _check_layout(self) -> None:
@@ -107,27 +130,23 @@ class RunSpec:
         """Every trial the sweep can run, and the run its best point trains, is a valid spec.
 
         Checked at both ends of each swept dimension: each rule on a swept value involves
-        one swept parameter (lr vs min_lr, warmup_steps vs total_steps), so the ends bound
-        every point in between. Mirrors workflows/policy.py `trial_spec` and `with_params`
-        (tests/spec/test_spec.py holds them to it); the checked specs have the sweep off,
-        so they do not check further.
+        one swept parameter (lr vs min_lr, warmup_steps vs total_steps, the batch's
+        grad_accum vs its range and the layout), so the ends bound every point in between.
+        Built by the same overrides as workflows/sweep_plan.py `trial_spec` and
+        `with_params`; the checked specs have the sweep off, so they do not check further.
         """
-        if not self.sweep.enabled:
-            return
         base = deep_merge(self.to_dict(), {"sweep": {"enabled": False}})
-        steps = self.sweep.trial_steps
         for name, dim in sorted(self.sweep.space.items()):
             for end, value in sweep_ends(name, dim):
-                trial = {"faults": [], "train": {
-                    "total_steps": steps, "segment_steps": steps, "checkpoint_every": steps,
-                    "warmup_steps": min(self.train.warmup_steps, steps // 5), name: value}}
-                for what, over in (("a sweep trial", trial), ("training", {"train": {name: value}})):
+                trial = trial_overrides({name: value}, self.train, self.sweep)
+                main = point_overrides({name: value}, self.train)
+                for what, over in (("a sweep trial", trial), ("training", main)):
                     try:
-                        RunSpec.from_dict(deep_merge(base, over))
+                        RunSpec.from_dict(deep_merge(base, dotted_to_nested(over)))
                     except BadConfig as exc:
                         raise BadConfig(
                             f"sweep.space.{name}.{end}",
-                            f"{what} with train.{name}={value!r} is refused ({exc.field}: "
+                            f"{what} with {name}={value!r} is refused ({exc.field}: "
                             f"{exc.problem})",
                             f"narrow sweep.space.{name}" + (f"; {exc.fix}" if exc.fix else "")
                         ) from None

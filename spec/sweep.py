@@ -1,18 +1,29 @@
 """RunSpec's `sweep` section: the warm-up sweep the Sweep child workflow runs (workflows/sweep.py)
-over a search space the suggester samples (sweep/suggest.py). `sweep_ends` gives the values
-at both ends of a swept dimension, which RunSpec checks as whole trials. Stdlib only;
-re-exported by spec."""
+over a search space the suggester samples (sweep/suggest.py), and the pure rules that turn a
+swept point into train fields (`point_overrides`, `trial_overrides`), give the values at both
+ends of a swept dimension (`sweep_ends`, which RunSpec checks as whole trials), and weigh the
+sweep's compute against the main run's (`sweep_budget`). Stdlib only; re-exported by spec."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from spec.codec import STEPS, num
 from spec.codec import positive as _positive
 from spec.codec import require as _require
+from spec.train import TrainConfig
 
-SWEPT = ("lr", "weight_decay", "warmup_steps")  # the train fields a sweep may search
+# The hyperparameters a sweep may search, each with the train field it sets. batch_tokens is
+# the global batch in tokens: it sets train.grad_accum (micro_batch_tokens x ranks x
+# grad_accum tokens a step), so its bounds are whole multiples of one accumulation step.
+SWEPT: dict[str, str] = {
+    "lr": "train.lr", "warmup_steps": "train.warmup_steps",
+    "weight_decay": "train.weight_decay", "beta2": "train.betas[1]",
+    "grad_clip": "train.grad_clip", "batch_tokens": "train.grad_accum"}
+INTEGER = ("warmup_steps", "batch_tokens")  # searched in whole numbers
 SAMPLERS = ("tpe", "gp")  # optuna's TPESampler (multivariate, constant liar) | GPSampler
 
 
@@ -35,9 +46,11 @@ class SweepConfig:
 
     # Added fields, with the default they came with: out of spec_hash at that default
     # (spec/run.py without_added), so a run claimed before they existed keeps its hash.
-    ADDED: ClassVar[dict[str, Any]] = {"sampler": "tpe"}
+    ADDED: ClassVar[dict[str, Any]] = {"sampler": "tpe", "budget_fraction": 0.0}
 
     enabled: bool = True
+    # name -> {low, high, log}; names from SWEPT. warmup_steps and batch_tokens are whole
+    # numbers; the rest are real. Each end must make a valid trial and a valid main run.
     space: dict[str, SearchDim] = field(
         default_factory=lambda: {"lr": SearchDim(low=1e-3, high=1e-2, log=True)})
     trials: int = num(2, 1, 1000)  # trial run ids end in -trial-<index>: 3 digits at most
@@ -46,6 +59,11 @@ class SweepConfig:
     # the suggest activity's optuna sampler (activities/suggest.py): "tpe" (TPESampler,
     # multivariate, constant liar) or "gp" (GPSampler, log expected improvement)
     sampler: str = "tpe"
+    # The most the sweep may cost, as a fraction of the main run's planned tokens: trials x
+    # trial_steps x the largest global batch a trial may use, against train.total_steps x
+    # the run's global batch (`sweep_budget`). Over it the spec is refused, naming both
+    # figures. 0: no budget (what a spec written before this field meant).
+    budget_fraction: float = num(0.0, 0, 1)
 
     def __post_init__(self) -> None:
         _positive(self, "trials", "parallel", "trial_steps")
@@ -53,9 +71,64 @@ class SweepConfig:
                  f"use one of {', '.join(SAMPLERS)}")
         _require(set(self.space) <= set(SWEPT), "space",
                  f"unknown parameter(s) {sorted(set(self.space) - set(SWEPT))}",
-                 "sweep lr, weight_decay or warmup_steps")
+                 f"sweep any of {', '.join(SWEPT)}")
+        for name in INTEGER:
+            dim = self.space.get(name)
+            _require(dim is None or math.ceil(dim.low) <= math.floor(dim.high),
+                     f"space.{name}", "holds no whole number between low and high",
+                     f"{name} is a whole number: widen the range to include one")
         _require(not self.enabled or self.trials >= 2, "trials", "a sweep needs >= 2 trials",
                  "raise trials or set enabled=false")
+
+
+def tokens_per_step(train: TrainConfig) -> int:
+    """The main run's global batch in tokens: micro_batch_tokens x ranks x grad_accum."""
+    return train.micro_batch_tokens * train.world_size * train.grad_accum
+
+
+def accumulation_tokens(train: TrainConfig) -> int:
+    """Tokens in one accumulation step across the run's ranks: batch_tokens' unit."""
+    return train.micro_batch_tokens * train.world_size
+
+
+def main_values(train: TrainConfig) -> dict[str, float]:
+    """The main run's own value of every parameter a sweep may search (the prior's point
+    for all but lr)."""
+    return {"lr": train.lr, "warmup_steps": float(train.warmup_steps),
+            "weight_decay": train.weight_decay, "beta2": train.betas[1],
+            "grad_clip": train.grad_clip, "batch_tokens": float(tokens_per_step(train))}
+
+
+def point_overrides(params: Mapping[str, float], train: TrainConfig,
+                    ranks: int | None = None) -> dict[str, Any]:
+    """The dotted train fields a swept point sets, on `ranks` ranks (default: the run's).
+    batch_tokens becomes grad_accum: the batch over the tokens one accumulation step of
+    those ranks holds (at least 1)."""
+    out: dict[str, Any] = {}
+    for name, value in params.items():
+        if name == "beta2":
+            out["train.betas"] = [train.betas[0], value]
+        elif name == "batch_tokens":
+            step = train.micro_batch_tokens * (ranks or train.world_size)
+            out["train.grad_accum"] = max(1, int(round(value / step)))
+        elif name == "warmup_steps":
+            out["train.warmup_steps"] = int(round(value))
+        else:
+            out[f"train.{name}"] = value
+    return out
+
+
+def trial_overrides(params: Mapping[str, float], train: TrainConfig,
+                    sweep: SweepConfig) -> dict[str, Any]:
+    """A trial: trial_steps long, one segment and one checkpoint, faults off, on one node
+    with the run's global batch (decision 65), then the point applied."""
+    steps = sweep.trial_steps
+    return {"faults": [], "train.total_steps": steps, "train.segment_steps": steps,
+            "train.checkpoint_every": steps,
+            "train.warmup_steps": min(train.warmup_steps, steps // 5),
+            "train.nodes": 1, "train.min_nodes": 0,
+            "train.grad_accum": train.grad_accum * train.nodes,
+            **point_overrides(params, train, ranks=train.procs_per_node)}
 
 
 def sweep_ends(name: str, dim: SearchDim) -> tuple[tuple[str, float | int], ...]:
@@ -63,6 +136,69 @@ def sweep_ends(name: str, dim: SearchDim) -> tuple[tuple[str, float | int], ...]
     (optuna samples inside [low, high], bounds included) and `trial_spec` (int) applies them."""
     high = dim.low * (dim.high / dim.low) ** 1.0 if dim.log else dim.low + (dim.high - dim.low)
     ends = (("low", dim.low), ("high", high))
-    if name == "warmup_steps":
+    if name in INTEGER:
         return tuple((end, int(float(round(v)))) for end, v in ends)
     return ends
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The sweep's planned compute against the main run's, in tokens."""
+
+    trials: int
+    trial_steps: int
+    trial_tokens_per_step: int  # the largest global batch a trial may use
+    main_steps: int
+    main_tokens_per_step: int
+    fraction: float  # sweep.budget_fraction; 0: no budget
+
+    @property
+    def sweep_tokens(self) -> int:
+        return self.trials * self.trial_steps * self.trial_tokens_per_step
+
+    @property
+    def main_tokens(self) -> int:
+        return self.main_steps * self.main_tokens_per_step
+
+    @property
+    def allowed_tokens(self) -> float:
+        return self.fraction * self.main_tokens
+
+    @property
+    def over(self) -> bool:
+        return self.fraction > 0 and self.sweep_tokens > self.allowed_tokens
+
+    @property
+    def max_trial_steps(self) -> int:
+        """The longest trials that fit the budget at this many trials."""
+        return int(self.allowed_tokens // (self.trials * self.trial_tokens_per_step))
+
+    @property
+    def max_trials(self) -> int:
+        """The most trials that fit the budget at this trial length."""
+        return int(self.allowed_tokens // (self.trial_steps * self.trial_tokens_per_step))
+
+    def problem(self) -> str:
+        return (f"the sweep plans {self.sweep_tokens:,} tokens (trials {self.trials} x "
+                f"trial_steps {self.trial_steps} x {self.trial_tokens_per_step:,} tokens a "
+                f"step), {self.sweep_tokens / self.main_tokens:.1%} of the main run's "
+                f"{self.main_tokens:,} (train.total_steps {self.main_steps} x "
+                f"{self.main_tokens_per_step:,} tokens a step); budget_fraction "
+                f"{self.fraction:g} allows {int(self.allowed_tokens):,}")
+
+    def fix(self) -> str:
+        return (f"lower sweep.trial_steps to at most {self.max_trial_steps} or sweep.trials "
+                f"to at most {self.max_trials}"
+                + (" (a sweep needs >= 2)" if self.max_trials < 2 else "")
+                + ", or raise sweep.budget_fraction (or train.total_steps)")
+
+
+def sweep_budget(sweep: SweepConfig, train: TrainConfig) -> Budget:
+    """Pure: the sweep's planned tokens against the main run's. A trial steps with the
+    run's global batch, or with the top of the batch_tokens range when that is swept."""
+    main = tokens_per_step(train)
+    batch = sweep.space.get("batch_tokens")
+    trial = int(sweep_ends("batch_tokens", batch)[1][1]) if batch else main
+    return Budget(trials=sweep.trials, trial_steps=sweep.trial_steps,
+                  trial_tokens_per_step=trial, main_steps=train.total_steps,
+                  main_tokens_per_step=main, fraction=sweep.budget_fraction)

@@ -16,7 +16,11 @@ retry, given the same records, suggests the same points:
   seen: FAIL would teach the sampler nothing, and it would go on sampling the too-high
   learning rates that diverge.
 
-Trial 0 is the scaling-law prior (sweep/prior.py), enqueued before the first ask. Called from
+Each dimension is a parameter of spec/sweep.py SWEPT: real (lr, weight_decay, beta2,
+grad_clip) or whole (warmup_steps, batch_tokens; the batch also snapped to whole
+accumulation steps after the ask, so the recorded point is the one a trial trains).
+Trial 0 is the prior (sweep/prior.py: Step Law's learning rate, the main run's own value of
+every other parameter), enqueued before the first ask. Called from
 the `suggest_trials` activity only; workflow code never imports optuna (pyproject's
 import-linter contracts).
 """
@@ -39,6 +43,7 @@ from optuna.distributions import (
 from optuna.trial import TrialState
 
 from spec import SweepConfig
+from spec.sweep import INTEGER
 
 Params = dict[str, float]
 STUDY_NAME = "mainspring-sweep"  # fixed: optuna derives per-trial randomness from it
@@ -55,7 +60,23 @@ class Dim:
     low: float
     high: float
     log: bool = False  # searched in log space (low > 0)
-    integer: bool = False  # a whole number (warmup_steps)
+    integer: bool = False  # a whole number (warmup_steps, batch_tokens)
+    unit: int = 1  # an integer dimension's points are whole multiples of it (batch_tokens)
+
+    @property
+    def bounds(self) -> tuple[float, float]:
+        """The lowest and highest point: whole multiples of `unit` for an integer dimension."""
+        if not self.integer:
+            return self.low, self.high
+        u = self.unit
+        return math.ceil(self.low / u) * u, math.floor(self.high / u) * u
+
+    def snap(self, value: float) -> float:
+        """`value` inside the bounds; an integer dimension's to the nearest multiple of `unit`."""
+        lo, hi = self.bounds
+        if self.integer:
+            value = round(value / self.unit) * self.unit
+        return float(min(hi, max(lo, value)))
 
 
 @dataclass(frozen=True)
@@ -69,9 +90,12 @@ class Record:
     dead: bool = False
 
 
-def sweep_space(cfg: SweepConfig) -> list[Dim]:
-    """The swept dimensions in name order; warmup_steps moves in whole steps."""
-    return [Dim(name, d.low, d.high, d.log, integer=name == "warmup_steps")
+def sweep_space(cfg: SweepConfig, batch_unit: int = 1) -> list[Dim]:
+    """The swept dimensions in name order; warmup_steps and batch_tokens in whole numbers,
+    the batch in whole accumulation steps of `batch_unit` tokens (spec/sweep.py
+    accumulation_tokens)."""
+    return [Dim(name, d.low, d.high, d.log, integer=name in INTEGER,
+                unit=batch_unit if name == "batch_tokens" else 1)
             for name, d in sorted(cfg.space.items())]
 
 
@@ -133,15 +157,16 @@ def suggest(space: Sequence[Dim], records: Sequence[Record], count: int, *, seed
     points = []
     for _ in range(count):  # asked, never told: the rest of the round sees them RUNNING
         trial = study.ask(dists)
-        points.append({k: float(v) for k, v in trial.params.items()})
+        points.append({d.name: d.snap(float(trial.params[d.name])) for d in space})
     return points
 
 
 def clip(space: Sequence[Dim], params: Params) -> dict[str, Any]:
-    """`params` inside the space's bounds (integers rounded); names outside it dropped."""
+    """`params` inside the space's bounds (integers rounded, the batch to whole
+    accumulation steps); names outside it dropped."""
     out: dict[str, Any] = {}
     for d in space:
         if d.name in params:
-            v = min(d.high, max(d.low, params[d.name]))
-            out[d.name] = int(round(v)) if d.integer else v
+            v = d.snap(params[d.name])
+            out[d.name] = int(v) if d.integer else v
     return out

@@ -7,7 +7,10 @@ local activity: no CPU work and no optuna here, each round's points (with their
 distributions) are in the history, and this workflow's trials are the study's only record,
 rebuilt by the activity on every call.
 Each trial is a short run of its own (own run id and checkpoints) trained by the same
-train_segment activity and scored by held-out loss; the lowest finite loss wins.
+train_segment activity and scored by held-out loss; the lowest finite loss wins. Its
+`sweep_trial` event carries its point, source, steps, status and loss: what `mainspring
+sweep RUN` (ops/cli_sweep.py) prints. Adding payload keys changes no command, so recorded
+histories replay as they were.
 """
 
 from __future__ import annotations
@@ -90,7 +93,8 @@ class Sweep:
                 durable=spec.storage.durable, run_id=spec.run_id, kind="sweep_trial",
                 event_id=f"sweep_trial/{index}", step=0,
                 payload={"params": params, "result": val_loss, "trial_run_id": tspec.run_id,
-                         "round": round_no, "source": source}),
+                         "round": round_no, "source": source, "steps": steps,
+                         "status": "complete" if math.isfinite(val_loss) else "diverged"}),
             start_to_close_timeout=timedelta(seconds=60),
             summary=f"event sweep_trial/{index}: held-out loss {val_loss:.4f}")
         return TrialResult(params=params, val_loss=val_loss, run_id=tspec.run_id, source=source,

@@ -6,6 +6,7 @@ sandbox.
 from __future__ import annotations
 
 from spec import RunSpec, SweepConfig
+from spec.sweep import point_overrides, trial_overrides
 
 
 def initial_trials(cfg: SweepConfig) -> int:
@@ -28,18 +29,13 @@ def trial_run_id(run_id: str, index: int) -> str:
 
 
 def trial_spec(spec: RunSpec, index: int, params: dict[str, float]) -> RunSpec:
-    """A short run of its own (own run id and checkpoints), faults off, params applied."""
-    steps = spec.sweep.trial_steps
-    overrides = {f"train.{k}": (int(v) if k == "warmup_steps" else v) for k, v in params.items()}
-    overrides.setdefault("train.warmup_steps", min(spec.train.warmup_steps, steps // 5))
-    # one node (a trial is short), the run's global batch (workflows/gang.py)
-    one_node = {"train.nodes": 1, "train.min_nodes": 0,
-                "train.grad_accum": spec.train.grad_accum * spec.train.nodes}
-    return spec.replace(**{"run_id": trial_run_id(spec.run_id, index), "faults": [],
-                           "train.total_steps": steps, "train.segment_steps": steps,
-                           "train.checkpoint_every": steps, **one_node, **overrides})
+    """A short run of its own (own run id and checkpoints), faults off, on one node with the
+    run's global batch (workflows/gang.py), params applied (spec/sweep.py trial_overrides:
+    each swept parameter to its train field, batch_tokens to grad_accum)."""
+    return spec.replace(**{"run_id": trial_run_id(spec.run_id, index),
+                           **trial_overrides(params, spec.train, spec.sweep)})
 
 
 def with_params(spec: RunSpec, params: dict[str, float]) -> RunSpec:
-    return spec.replace(**{f"train.{k}": (int(v) if k == "warmup_steps" else v)
-                           for k, v in params.items()})
+    """The main run with the sweep's winning point applied, as each trial applied it."""
+    return spec.replace(**point_overrides(params, spec.train))

@@ -1,0 +1,160 @@
+"""`mainspring sweep RUN [--durable URL] [--json]`: a run's warm-up sweep as a table, from its
+durable event log (storage/events.py), no Temporal needed.
+
+One row per `sweep_trial` event (workflows/sweep.py writes one as each trial is scored): the
+trial's number, where its point came from (`prior`: the scaling-law point, trial 0; else the
+sampler, `tpe` | `gp`; `initial` in runs older than optuna), each swept parameter, its status,
+its held-out loss and its steps, the winner starred: the lowest finite loss, the earliest
+trial on a tie, as the Sweep workflow chooses it. Events written before they carried a
+status or steps get them derived: a finite loss is `complete`, any other `diverged`; the
+steps are the stored spec's sweep.trial_steps. A run with no sweep says so, exit 0; a run
+with no event log is one line naming the store and the fix, exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from common.errors import BadConfig, StorageUnavailable
+from common.redact import redact
+from ops.cli_output import json_line
+
+STATUSES = ("complete", "diverged", "failed", "pruned")  # as recorded; derived: the first two
+
+
+@dataclass(frozen=True)
+class TrialRow:
+    trial: int
+    run_id: str
+    source: str
+    round: int
+    params: dict[str, float]
+    status: str
+    val_loss: float | None  # None: no finite held-out loss
+    steps: int | None  # None: neither the event nor the stored spec says
+    winner: bool = False
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add `sweep RUN [--durable URL] [--json]`."""
+    p = sub.add_parser("sweep", help="a run's warm-up sweep: each trial's point, status, "
+                                     "loss and steps, the winner marked")
+    p.add_argument("run_id")
+    p.add_argument("--durable", default=".mainspring/store", help="durable storage URL")
+    p.add_argument("--json", action="store_true", help="the table as one JSON document")
+    p.set_defaults(fn=cmd_sweep)
+
+
+def _finite(value: Any) -> float | None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok else None
+
+
+def _index(payload: dict, event_id: str, fallback: int) -> int:
+    """The trial's number: from its run id (`<run>-trial-<i>`), else its event id
+    (`sweep_trial/<i>`), else its place in the log."""
+    for text, sep in ((str(payload.get("trial_run_id", "")), "-trial-"),
+                      (event_id, "sweep_trial/")):
+        tail = text.rsplit(sep, 1)[-1] if sep in text else ""
+        if tail.isdigit():
+            return int(tail)
+    return fallback
+
+
+def sweep_rows(events: list[dict], trial_steps: int | None = None) -> list[TrialRow]:
+    """Pure: one row per trial from a run's events, in trial order, the winner marked.
+    `trial_steps` stands in for the steps of events that do not carry them."""
+    rows: dict[int, TrialRow] = {}
+    for n, e in enumerate(e for e in events if e["kind"] == "sweep_trial"):
+        p = e["payload"]
+        index = _index(p, str(e.get("event_id", "")), n)
+        loss = _finite(p.get("result"))
+        status = p.get("status") if p.get("status") in STATUSES else \
+            "complete" if loss is not None else "diverged"
+        steps = p.get("steps")
+        rows.setdefault(index, TrialRow(  # a trial's event written twice: the first stays
+            trial=index, run_id=str(p.get("trial_run_id", "")), source=str(p.get("source", "")),
+            round=int(p.get("round", 0)), params=dict(p.get("params") or {}), status=status,
+            val_loss=loss if status == "complete" else None,
+            steps=steps if isinstance(steps, int) else trial_steps))
+    ordered = [rows[i] for i in sorted(rows)]
+    scored = [r for r in ordered if r.val_loss is not None]
+    best = min(scored, key=lambda r: r.val_loss).trial if scored else None  # first on a tie
+    return [TrialRow(**{**asdict(r), "winner": r.trial == best}) for r in ordered]
+
+
+def _stored_trial_steps(durable_url: str, run_id: str) -> int | None:
+    from spec import RunSpec
+    from storage.runs import stored_spec
+
+    raw = stored_spec(durable_url, run_id)
+    try:
+        return RunSpec.from_dict(raw).sweep.trial_steps if raw else None
+    except BadConfig:
+        return None
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
+def table(run_id: str, rows: list[TrialRow]) -> str:
+    """Pure: the rows as an aligned text table, a star on the winner."""
+    names = sorted({k for r in rows for k in r.params})
+    head = ["", "trial", "source", *names, "status", "loss", "steps"]
+    body = [["*" if r.winner else "", str(r.trial), r.source,
+             *(_num(r.params.get(k)) for k in names), r.status,
+             "-" if r.val_loss is None else f"{r.val_loss:.4f}",
+             "-" if r.steps is None else str(r.steps)] for r in rows]
+    widths = [max(len(line[i]) for line in [head, *body]) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip()
+             for line in [head, *body]]
+    winner = next((r for r in rows if r.winner), None)
+    if winner:
+        point = ", ".join(f"{k} {_num(v)}" for k, v in sorted(winner.params.items()))
+        close = f"winner: trial {winner.trial} ({point})"
+    else:
+        close = "no winner: no trial has a finite held-out loss"
+    return "\n".join([f"run {run_id}: {len(rows)} sweep trial{'s' if len(rows) != 1 else ''}",
+                      *lines, close])
+
+
+def document(run_id: str, rows: list[TrialRow]) -> dict[str, Any]:
+    """Pure: the table as one JSON-ready object."""
+    winner = next((r.trial for r in rows if r.winner), None)
+    return {"run_id": run_id, "swept": bool(rows),
+            "parameters": sorted({k for r in rows for k in r.params}),
+            "winner": winner, "trials": [asdict(r) for r in rows]}
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from common import telemetry
+    from ops.report import exit_code, missing_run
+    from storage.events import read_events
+
+    # Logs (a damaged batch's warning) to stderr: stdout carries only the table.
+    telemetry.configure_logging(os.environ.get("MAINSPRING_LOG_LEVEL", "warning"))
+    try:
+        events = read_events(args.durable, args.run_id)
+        if not events:
+            raise missing_run(args.durable, args.run_id)
+        rows = sweep_rows(events)
+        if any(r.steps is None for r in rows):
+            rows = sweep_rows(events, _stored_trial_steps(args.durable, args.run_id))
+    except (BadConfig, StorageUnavailable) as exc:
+        print(f"mainspring sweep: {' '.join(redact(str(exc)).split())}", file=sys.stderr)
+        return exit_code(exc)
+    if args.json:
+        print(json_line(document(args.run_id, rows)))
+    elif not rows:
+        print(f"run {args.run_id}: no sweep — its event log holds no sweep_trial event "
+              "(sweep.enabled false, or the sweep has not scored a trial yet).")
+    else:
+        print(table(args.run_id, rows))
+    return 0
+
