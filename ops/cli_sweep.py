@@ -100,7 +100,13 @@ def _stored_trial_steps(durable_url: str, run_id: str) -> int | None:
 
 
 def _num(value: float | None) -> str:
-    return "-" if value is None else f"{value:.4g}"
+    """A parameter for the table: whole numbers whole (a 16,384-token batch), the rest to
+    four significant digits."""
+    if value is None:
+        return "-"
+    if float(value).is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return f"{value:.4g}"
 
 
 def table(run_id: str, rows: list[TrialRow]) -> str:

@@ -8,6 +8,7 @@ import json
 import math
 
 from ops.cli import main as cli
+from ops.cli_sweep import sweep_rows, table
 from spec import preset
 from storage.events import EventLog
 from storage.runs import claim_run
@@ -104,3 +105,12 @@ def test_an_unknown_run_is_one_line_naming_the_store_and_exits_1(tmp_path, capsy
     assert captured.out == ""
     (line,) = captured.err.strip().splitlines()
     assert line.startswith("mainspring sweep: ") and "nosuch" in line and RUN in line
+
+
+def test_whole_number_parameters_show_whole_and_the_rest_to_four_digits():
+    events = [{"kind": "sweep_trial", "event_id": "sweep_trial/0", "payload": {
+        "params": {"batch_tokens": 16384.0, "grad_clip": 1.0, "lr": 0.0123456},
+        "result": 3.0, "trial_run_id": f"{RUN}-trial-0", "source": "prior", "steps": 15}}]
+    text = table(RUN, sweep_rows(events))
+    assert text.splitlines()[2].split() == ["*", "0", "prior", "16384", "1", "0.01235",
+                                            "complete", "3.0000", "15"]
