@@ -178,7 +178,8 @@ def judge_fault(r: dict, clean: dict, event: dict, patience: int) -> dict:
         handled = bool(set(verdict_steps(r, s0 + 1, s0 + n + 1)) & {"skip", "rollback"})
     elif n >= patience:
         c0, c1 = p["cursors"]
-        handled = any(a <= c0 and c1 <= b for a, b in (rb["skip"] for rb in rollbacks))
+        handled = any(a <= c0 and c1 <= b for a, b in (rb["skip"] for rb in rollbacks
+                                                         if rb.get("skip")))
     else:
         handled = all(v == "skip" for v in verdict_steps(r, s0, s0 + n - 1))
     every = r["spec"].train.eval_every
@@ -281,7 +282,9 @@ def main(argv: list[str] | None = None) -> int:
         "lr_burst_on_checkpoint": on_checkpoint_summary(runs["lr-burst-on-checkpoint"]),
         "faults": faults, "rollbacks": rbs,
         "skipped_steps": on["result"].get("outcome", {}).get("skipped_steps", []),
-        "skipped_data_batches": sum(b - a for a, b in (rb["skip"] for rb in rbs)),
+        "skipped_data_batches": sum(b - a for a, b in (rb["skip"] for rb in rbs
+                                                       if rb.get("skip"))),
+        "skipped": [rb.get("skipped", "window") for rb in rbs],
         "false_positive_verdicts": fp, "clean_steps": clean_steps,
         "clean_final_val_loss": [round(x, 4) for x in finals],
         "clean_seed_spread": round(max(finals) / min(finals), 4)

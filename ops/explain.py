@@ -328,6 +328,7 @@ def spike_story(group: list[dict], cause: dict | None, cost: Cost) -> Sentence:
     s.say(". ")
     if diagnosed:
         tell_diagnosis(s, diagnosed, rollback)
+    tell_skip(s, rollback)
     tell_cost(s, cost, rollback, "", rollback["ts"] - first["ts"], "lost_steps",
               int(r.get("lost_steps") or 0), "from the first outlier to the rollback")
     return s
@@ -359,6 +360,30 @@ def tell_diagnosis(s: Sentence, e: dict, rollback: dict) -> None:
               f" — suspected silent data corruption on rank {s.payload('rank', e, 'rank')}. ")
     else:
         s.say("no cause stood out (unclear). ")
+
+
+def tell_skip(s: Sentence, rollback: dict) -> None:
+    """What the rollback skipped instead of its data window, as its diagnosis decided
+    (trainer/guard.py); a window skip is said with the rollback, an older record has none."""
+    r = rollback["payload"]
+    if r.get("skipped") not in ("documents", "nothing") or not r.get("window"):
+        return
+    lo, hi = r["window"]
+    window = (f"data batches {s.fig('window_from', lo, str(lo), rollback, 'window')}–"
+              f"{s.fig('window_to', hi, str(hi), rollback, 'window')}")
+    kept = (f"{s.payload('kept_batches', rollback, 'kept_batches')} micro-batches "
+            f"({s.payload('kept_sequences', rollback, 'kept_sequences')} sequences)")
+    if r["skipped"] == "documents":
+        docs = r["documents"]
+        listed = s.fig("skipped_documents", docs, ", ".join(map(str, docs)), rollback,
+                       "documents")
+        one = len(docs) == 1
+        s.say(f"Decided: skip document{'' if one else 's'} {listed} wherever "
+              f"{'it occurs' if one else 'they occur'} (no training target on "
+              f"{'its' if one else 'their'} tokens), not {window}: {kept} that window held "
+              "still train. ")
+    else:
+        s.say(f"Decided: skip no data, not {window}: {kept} train again. ")
 
 
 def operator_story(e: dict) -> Sentence:

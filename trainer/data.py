@@ -16,6 +16,12 @@ positions restart at each document and each row, and the target of a document's 
 token is ignored, so each token is an input exactly once per epoch and only the epoch's
 last row is padded. The rows then play the role of the windows above: same cursor
 arithmetic, same skip ranges.
+
+Skipped documents (`PackedBatches.skip_documents`: a spike's diagnosis accused them,
+trainer/guard.py): every slot of theirs carries the target IGNORE in every batch read from
+then on (`mask_documents`), so they train nothing wherever they occur while the other
+documents packed in the same rows still train; attention never crosses a document, so
+their tokens change no other document's loss either.
 """
 
 from __future__ import annotations
@@ -109,6 +115,15 @@ class TrainBatches:
         return to_tensors(self.windows[self.window_ids(cursor)])
 
 
+def mask_documents(targets: np.ndarray, documents: np.ndarray,
+                   skipped: Sequence[int] | np.ndarray) -> np.ndarray:
+    """Pure: `targets` with every slot whose document (by number in the split, `documents`,
+    same shape) is in `skipped` set to IGNORE; the rest unchanged."""
+    if len(skipped) == 0:
+        return targets
+    return np.where(np.isin(documents, np.asarray(skipped, dtype=np.int64)), IGNORE, targets)
+
+
 def doc_lengths(doc_starts: np.ndarray, n_tokens: int) -> np.ndarray:
     """Token count of each document; empty documents (repeated starts) have length 0."""
     starts = np.asarray(doc_starts, dtype=np.int64)
@@ -159,6 +174,7 @@ class PackedBatches:
         self.seq_len, self.batch_size, self.seed = seq_len, batch_size, seed
         self.rank, self.world = rank, world
         self._layout: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self.skipped = np.zeros(0, dtype=np.int64)  # documents with no target (skip_documents)
 
     def layout(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         if epoch not in self._layout:
@@ -166,29 +182,38 @@ class PackedBatches:
             self._layout = {epoch: (order, pack_layout(self.lengths, order))}  # keep one epoch
         return self._layout[epoch]
 
+    def skip_documents(self, documents: Iterable[int]) -> None:
+        """From now on every batch read carries no target on these documents' slots."""
+        self.skipped = np.array(sorted({int(d) for d in documents}), dtype=np.int64)
+
     def rows(self, cursor: int) -> list[tuple[np.ndarray, ...]]:
-        epochs, rows = locate(sample_indices(cursor, self.rank, self.world, self.batch_size),
-                              self.n)
-        return [pack_row(int(r), self.seq_len, self.starts, *self.layout(int(e)))
-                for e, r in zip(epochs, rows)]
+        """Batch `cursor`'s rows as pack_row's arrays plus each slot's document number in
+        the split (-1: padding)."""
+        out = []
+        for e, r in zip(*locate(sample_indices(cursor, self.rank, self.world, self.batch_size),
+                                self.n)):
+            order, offsets = self.layout(int(e))
+            src, tgt, pos, k = pack_row(int(r), self.seq_len, self.starts, order, offsets)
+            out.append((src, tgt, pos, k, np.where(k >= 0, order[np.maximum(k, 0)], -1)))
+        return out
 
     def documents(self, cursor: int) -> torch.Tensor:
         """(batch_size, seq_len): the number in the split of the document each slot of
         batch `cursor` holds (-1: padding) — what a spike's diagnosis accuses."""
-        docs = []
-        for e, r in zip(*locate(sample_indices(cursor, self.rank, self.world, self.batch_size),
-                                self.n)):
-            order, offsets = self.layout(int(e))
-            *_, k = pack_row(int(r), self.seq_len, self.starts, order, offsets)
-            docs.append(np.where(k >= 0, order[np.maximum(k, 0)], -1))
-        return torch.from_numpy(np.stack(docs).astype(np.int64))
+        return torch.from_numpy(np.stack([row[4] for row in self.rows(cursor)]).astype(np.int64))
+
+    def tokens_of(self, documents: Iterable[int]) -> int:
+        """How many tokens these documents hold together."""
+        return int(sum(int(self.lengths[int(d)]) for d in documents))
 
     def get(self, cursor: int) -> tuple[torch.Tensor, ...]:
-        """(inputs, targets, position_ids, doc_ids), each (batch_size, seq_len) int64."""
-        src, tgt, pos, doc = (np.stack(a) for a in zip(*self.rows(cursor)))
+        """(inputs, targets, position_ids, doc_ids), each (batch_size, seq_len) int64; no
+        target on a skipped document's slots."""
+        src, tgt, pos, doc, number = (np.stack(a) for a in zip(*self.rows(cursor)))
         # int64 before mixing in IGNORE: token arrays are unsigned (uint16 would wrap -100).
         x = np.where(src >= 0, self.tokens[np.maximum(src, 0)].astype(np.int64), 0)
         y = np.where(tgt >= 0, self.tokens[np.maximum(tgt, 0)].astype(np.int64), IGNORE)
+        y = mask_documents(y, number, self.skipped)
         return tuple(torch.from_numpy(a.astype(np.int64)) for a in (x, y, pos, doc))
 
 

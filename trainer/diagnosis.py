@@ -4,16 +4,19 @@ spike's data window is replayed on them with no update, twice, and the evidence 
 - `numerics`: the two replays of the same batches disagree (on CPU and with deterministic
   kernels they are bitwise equal): silent data corruption is suspected on this rank;
 - `data`: documents whose loss on the healthy weights is an outlier against the window's
-  other documents (a robust z-score over per-document mean losses): those documents are
-  the cause; where no document stands out, the spike's batches that are still above the
-  detector's threshold on the healthy weights while the window's other batches are not;
+  other documents (a robust z-score over per-document mean losses) and that explain the
+  spike (`explains`: the spike's batches above the threshold on the healthy weights fall
+  below it without those documents' tokens): those documents are the cause; otherwise
+  the spike's batches that are still above the detector's threshold on the healthy
+  weights while the window's other batches are not (documents empty, `batches`);
 - `optimisation`: the spike's own batches are unremarkable on the healthy weights, so the
   data is not guilty — the update was (a learning rate too large for the moment);
 - `unclear`: none of these holds.
 
 The pure verdict is `diagnose`; `Replayer` does the forward passes (no gradients, eval
-mode, the batch source's own batches and documents). The rollback records the verdict as a
-`spike_diagnosed` event with its evidence and cost (trainer/guard.py).
+mode, the batch source's own batches and documents) and pools every rank's replays, so
+every rank reaches the same verdict on the same evidence. The rollback records the verdict
+as a `spike_diagnosed` event with its evidence and cost, then acts on it (trainer/guard.py).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from statistics import median
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 from trainer.model import IGNORE
@@ -108,20 +112,49 @@ def diagnose(first: Sequence[BatchReplay], second: Sequence[BatchReplay],
                     window_doc_loss_median=median(means) if means else None,
                     spike_batch_losses=in_spike,
                     outliers=[{"document": d, "loss": m, "z": z} for d, m, z in guilty])
-    if guilty:
+    if guilty and explains(first, spiky, {d for d, _, _ in guilty}, threshold):
         return Diagnosis("data", tuple(d for d, _, _ in guilty), evidence)
+    if guilty:  # outliers, but the spike's batches stay bad without them
+        evidence["documents_explain_spike"] = False
     # no document stands out (a batch may hold one long document, or bad bytes spread over
-    # many): batches still above the threshold on healthy weights — the spike's among them
+    # many), or those that do leave the spike's batches bad: batches still above the threshold on healthy weights — the spike's among them
     # — while the weights do well on the rest of the window (a quarter of it, two batches
     # at least: evidence that they are healthy)
     bad = [b.cursor for b in first if not b.loss <= threshold]
     clean = len(first) - len(bad)
     if spiky & set(bad) and clean >= max(2, len(first) / 4):
-        evidence["batches"] = bad
+        evidence["batches"] = sorted(set(bad))  # pooled: a cursor once per rank
         return Diagnosis("data", (), evidence)
     if in_spike and all(math.isfinite(v) and v <= threshold for v in in_spike):
         return Diagnosis("optimisation", (), evidence)
     return Diagnosis("unclear", (), evidence)
+
+
+def explains(replays: Sequence[BatchReplay], spike_cursors: set[int], documents: set[int],
+             threshold: float) -> bool:
+    """Pure: the spike's batches that are above `threshold` on the healthy weights (one at
+    least) are all at or below it without `documents`' tokens, each keeping some scored
+    token. A batch of random bytes holds more than the accused documents: leaving them out
+    would not make it healthy, and masking them would not get past it."""
+    high = [b for b in replays if b.cursor in spike_cursors and not b.loss <= threshold]
+    if not high:
+        return False
+    for b in high:
+        rest = [(loss, n) for d, (loss, n) in b.docs.items() if d not in documents]
+        tokens = sum(n for _, n in rest)
+        if not tokens or not sum(loss for loss, _ in rest) / tokens <= threshold:
+            return False
+    return True
+
+
+def pooled(replays: list[BatchReplay]) -> list[BatchReplay]:
+    """Every rank's replays of the same cursors, in rank order (the same list on every
+    rank: each rank reads its own samples at a cursor)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return replays
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, replays)
+    return [b for rank in gathered for b in rank]
 
 
 class Sources:
@@ -181,8 +214,9 @@ class Replayer:
                  threshold: float) -> tuple[Diagnosis, float]:
         """Two replays of `cursors` and their verdict; with the seconds it took."""
         began = time.perf_counter()
-        first = self.replay(cursors, step)
-        second = self.replay(cursors, step)
+        # collectives: every rank's replays pooled, so the verdict is the same on every rank
+        first = pooled(self.replay(cursors, step))
+        second = pooled(self.replay(cursors, step))
         found = diagnose(first, second, spike_cursors, threshold)
         if found.documents and self.sources is not None:  # the guilty documents' records
             found.evidence["sources"] = self.sources(found.documents)

@@ -11,12 +11,19 @@ and records every one with its evidence:
   still advance (the schedule is a function of the step, so the run ends on its planned
   step and token budget; docs/decisions.md). Events `loss_spike` + `batch_skipped`.
 - `rollback`: uncommit checkpoints from the spike's onset on, restore the newest committed
-  checkpoint before the onset, add the data window around the onset to the skip ranges
-  (doubled when the region already had one), reset the detector's outlier window and
-  continue. Events `loss_spike` + `rollback`, flushed at once. More rollbacks in this
-  segment than the workflow allows end the segment early so the workflow can escalate
-  (trainer/stopping.py); no checkpoint before the onset at all raises Diverged.
-Every rank runs the same code on the same all-reduced loss, so verdicts agree across ranks.
+  checkpoint before the onset, replay the data window around the onset on the restored
+  weights to diagnose the spike (trainer/diagnosis.py), reset the detector's outlier window
+  and continue. The verdict decides what is skipped from then on (spikes.what_to_skip):
+  `data` with accused documents: those documents, wherever they occur (no target on their
+  tokens, trainer/data.py), not the window; `optimisation`: no data; anything else (bad
+  batches, numerics, unclear, no diagnosis) and a repeat in the region of an earlier
+  rollback that skipped no window: the window (doubled when the region already had one).
+  Events `loss_spike` + `spike_diagnosed` + `rollback`, flushed at once. More rollbacks in
+  this segment than the workflow allows end the segment early so the workflow can escalate
+  (trainer/stopping.py): a spike that keeps coming back ends in an LR backoff, then a hold;
+  no checkpoint before the onset at all raises Diverged.
+Every rank runs the same code on the same all-reduced loss and diagnoses on every rank's
+pooled replays, so verdicts and what they skip agree across ranks.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ from common.protocol import SegmentOutcome
 from trainer import tracing
 from trainer.checkpoint_manager import CheckpointManager
 from trainer.context import SegmentContext
-from trainer.diagnosis import Replayer
+from trainer.diagnosis import Diagnosis, Replayer
 from trainer.spikes import (
     Verdict,
     merge_ranges,
@@ -38,6 +45,8 @@ from trainer.spikes import (
     reset_window,
     skip_range,
     times_in_region,
+    uncovered,
+    what_to_skip,
 )
 from trainer.state import TrainState
 
@@ -72,6 +81,11 @@ class SpikeGuard:
         self.accepted: list[float] = []  # accepted losses since online_eval last took them
         self.recent: list[float] = []  # last accepted losses (the segment's reported loss)
         self.replayer: Replayer | None = None  # the spike's diagnosis (trainer/diagnosis.py)
+        self.source = None  # the batch source whose documents a `data` verdict skips
+        self.spared: list[int] = []  # onset cursors of this segment's rollbacks with no window
+        rows = ctx.spec.train.micro_batch_tokens // ctx.spec.model.seq_len  # per micro-batch
+        self.batch_tokens = rows * ctx.spec.model.seq_len  # one micro-batch's token slots
+        self.rows = rows * ctx.world  # sequences one cursor names on all ranks together
 
     # ---- per step ------------------------------------------------------------------
     def judge(self, state: TrainState, step: int, loss: float, cursor: int) -> Verdict:
@@ -136,26 +150,53 @@ class SpikeGuard:
             raise Diverged(verdict.step, f"no committed checkpoint at or before step {before} "
                                          f"(before the spike's onset at step {onset}) to roll "
                                          f"back to; every checkpoint is kept")
+        # decisions made after the restored checkpoint was written stay decided
         ranges = merge_ranges(list(state.skip_ranges) + list(restored.skip_ranges))
+        documents = sorted(set(state.skip_documents) | set(restored.skip_documents))
+        skip_documents(self.source, documents)  # the replay reads what the loop will read
         times = times_in_region(ranges, onset_cursor, self.cfg, self.per_step)
         window = skip_range(onset_cursor, self.cfg, times, self.per_step)
-        restored.skip_ranges = merge_ranges(ranges + [window])
         restored.detector = reset_window(restored.detector)
-        self._diagnose(verdict, onset, window, restored.step)
+        found = self._diagnose(verdict, onset, window, restored.step)
+        skipped = self._what_to_skip(found, onset_cursor)
+        accused = sorted(found.documents) if skipped == "documents" else []
+        kept = 0 if skipped == "window" else uncovered(window, ranges)
+        if skipped == "window":
+            restored.skip_ranges = merge_ranges(ranges + [window])
+        else:
+            restored.skip_ranges = ranges
+            self.spared.append(onset_cursor)
+        restored.skip_documents = sorted(set(documents) | set(accused))
+        skip_documents(self.source, restored.skip_documents)
         record = {"at_step": verdict.step, "onset": onset, "to_step": restored.step,
-                  "skip": list(window), "times_in_region": times, "discarded": gone}
+                  "skipped": skipped, "skip": list(window) if skipped == "window" else None,
+                  "window": list(window), "documents": accused, "kept_batches": kept,
+                  "kept_sequences": kept * self.rows, "verdict": found.verdict if found else None,
+                  "times_in_region": times, "discarded": gone}
         self.outcome.rollbacks.append(record)
         self._event("rollback", verdict.step, f"rollback/{verdict.step}/{onset}/{restored.step}",
                     **record, lost_steps=verdict.step - restored.step, **evidence(verdict))
-        log.warning("rollback", **record)
+        log.warning("rollback", **{**record, "documents": accused[:20]})
         return restored
 
+    def _what_to_skip(self, found: Diagnosis | None, onset_cursor: int) -> str:
+        """spikes.what_to_skip for this rollback: documents only where the batch source can
+        mask them and they fill at most half a micro-batch together (a micro-batch left with
+        no target at all would make a NaN loss)."""
+        near = self.cfg.skip_window * self.per_step
+        repeat = any(abs(onset_cursor - c) <= near for c in self.spared)
+        tokens_of = getattr(self.source, "tokens_of", None)
+        maskable = bool(found and found.documents and tokens_of is not None
+                        and 2 * tokens_of(found.documents) <= self.batch_tokens)
+        return what_to_skip(found.verdict if found else None,
+                            found.documents if found else (), maskable=maskable, repeat=repeat)
+
     def _diagnose(self, verdict: Verdict, onset: int, window: tuple[int, int],
-                  restored: int) -> None:
+                  restored: int) -> Diagnosis | None:
         """Replay the spike's data window on the restored weights and record why it spiked
-        (`spike_diagnosed`); what the rollback does is not changed by it yet."""
+        (`spike_diagnosed`, before the rollback it decides); None when no replay is possible."""
         if self.replayer is None or verdict.threshold is None:
-            return
+            return None
         spike = {self.cursors[s] + i for s in range(onset, verdict.step + 1)
                  if s in self.cursors for i in range(self.per_step)}
         lo, hi = window
@@ -169,6 +210,7 @@ class SpikeGuard:
                     rank=self.ctx.rank, **json_safe(found.evidence))
         log.warning("spike_diagnosed", step=verdict.step, verdict=found.verdict,
                     documents=list(found.documents)[:20], replay_s=round(seconds, 3))
+        return found
 
     def _event(self, kind: str, step: int, event_id: str, **payload) -> None:
         decision_event(self.ctx, self.outcome, kind, step, event_id, **payload)
@@ -196,7 +238,35 @@ def recorded_skip_ranges(ctx: SegmentContext) -> list[tuple[int, int]]:
     """
     events = ctx.read_events(("rollback",))
     return [(int(e["payload"]["skip"][0]), int(e["payload"]["skip"][1]))
-            for e in events if e["payload"].get("skip")]
+            for e in events if e["payload"].get("skip")]  # None: no window was skipped
+
+
+def recorded_skip_documents(ctx: SegmentContext) -> list[int]:
+    """The documents every rollback in the run's event log skipped (as for the windows,
+    recorded_skip_ranges: a rollback's decision lives only in memory and events until the
+    next commit)."""
+    events = ctx.read_events(("rollback",))
+    return sorted({int(d) for e in events if e["payload"].get("skipped") == "documents"
+                   for d in e["payload"].get("documents") or ()})
+
+
+def resume_skipped_documents(ctx: SegmentContext, state: TrainState, source) -> None:
+    """At a segment's start: the restored state's skipped documents and those of the
+    rollbacks decided after its checkpoint (events, read by rank 0 and broadcast), masked by
+    `source` from the first batch on."""
+    state.skip_documents = sorted(set(state.skip_documents) | set(recorded_skip_documents(ctx)))
+    skip_documents(source, state.skip_documents)
+
+
+def skip_documents(source, documents: list[int]) -> None:
+    """`source` masks these documents from its next batch on; a source without documents
+    (fixed windows) is never asked to skip any."""
+    mask = getattr(source, "skip_documents", None)
+    if mask is not None:
+        mask(documents)
+    elif documents:
+        log.warning("documents_not_skipped", documents=documents[:20],
+                    reason="the batch source has no documents")
 
 
 def evidence(v: Verdict) -> dict:

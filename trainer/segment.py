@@ -67,7 +67,7 @@ from trainer.elastic import on_nodes
 from trainer.engine import build_engine, micro_batch_size
 from trainer.extensions import install_owned_build_locks
 from trainer.faults import FaultInjector
-from trainer.guard import SpikeGuard, finite_or_none
+from trainer.guard import SpikeGuard, finite_or_none, resume_skipped_documents
 from trainer.init_from import load_init_weights
 from trainer.loop import Trainer
 from trainer.model import GPT
@@ -167,6 +167,7 @@ def run_segment(args: SegmentArgs, rank: int, world: int) -> None:
     if started is None:  # an operator rollback to a target retention removed: refused
         return end_at_newest(ctx)
     state, restore_s = started
+    resume_skipped_documents(ctx, state, source)  # collective: the events' broadcast
     resumed_from = checkpoints.restored[0] if checkpoints.restored else None  # None: fresh
     ctx.progress.write(StartLine(
         resumed_from=resumed_from, world_size=world, params=model.param_count(),
@@ -213,6 +214,7 @@ def build_trainer(ctx: SegmentContext, engine, *, vocab_size: int, source, meter
                            events=ctx.events)
     faults.attach(engine.module)
     guard = SpikeGuard(ctx, engine, outcome, checkpoints)
+    guard.source = source  # a `data` verdict's accused documents are skipped by it
     batches = faults.batches(source)
     # a rollback's diagnosis replays these, and names the accused documents' sources
     guard.replayer = Replayer(engine, batches, Sources(args.dataset, args.cache("dataset")))

@@ -8,7 +8,8 @@ cannot drag the baseline or the spread towards itself. Verdicts:
 - `ok`       — within `skip_threshold` robust deviations, or still warming up;
 - `skip`     — a non-finite loss, or one outlier: do not apply this batch's update;
 - `rollback` — `patience` outliers inside the window: a sustained spike; restore the last
-               checkpoint before `onset` and skip the data window around it (PaLM, §5.1).
+               checkpoint before `onset` and skip the data window around it (PaLM, §5.1),
+               or what the spike's diagnosis names instead (`what_to_skip`).
 
 After an outlier the loss must *return towards the baseline* (within `return_threshold`
 robust deviations): a loss above that but under the skip threshold still counts as an
@@ -148,6 +149,31 @@ def times_in_region(skip_ranges: list[tuple[int, int]], onset: int, cfg: SpikeCo
     """1 + the skip ranges already within one skip window of this onset (same bad region)."""
     near = cfg.skip_window * batches_per_step
     return 1 + sum(1 for a, b in skip_ranges if a - near <= onset <= b + near)
+
+
+def what_to_skip(verdict: str | None, documents: tuple[int, ...] | list[int], *,
+                 maskable: bool, repeat: bool) -> str:
+    """What a rollback skips, from its spike's diagnosis (trainer/diagnosis.py; None: none
+    was possible): "documents" (a `data` verdict that accuses documents, few enough to mask:
+    they train nothing from now on, the window's other data trains), "nothing" (an
+    `optimisation` verdict: the update was bad, not the data) or "window" (today's data
+    window: bad batches, numerics, unclear, no diagnosis). A spike again in the region of an
+    earlier rollback that skipped no window gets the window: the verdict did not get past it.
+    """
+    if repeat:
+        return "window"
+    if verdict == "data" and documents and maskable:
+        return "documents"
+    if verdict == "optimisation":
+        return "nothing"
+    return "window"
+
+
+def uncovered(window: tuple[int, int], ranges: list[tuple[int, int]]) -> int:
+    """How many cursors of `window` no range in `ranges` covers."""
+    lo, hi = window
+    covered = sum(max(0, min(b, hi) - max(a, lo)) for a, b in merge_ranges(ranges))
+    return hi - lo - covered
 
 
 def merge_ranges(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:

@@ -16,7 +16,7 @@ import torch
 
 from trainer.spikes import DetectorState
 
-STATE_VERSION = 2  # 2: + detector, evals, skipped (version 1 loads with empty ones)
+STATE_VERSION = 3  # 2: + detector, evals, skipped; 3: + skip_documents (older: empty ones)
 
 
 def state_file(rank: int) -> str:
@@ -29,6 +29,9 @@ class TrainState:
     tokens_seen: int = 0  # training tokens consumed by all ranks
     data_cursor: int = 0  # next micro-batch index (see trainer.data)
     skip_ranges: list[tuple[int, int]] = field(default_factory=list)  # [start, end) cursors
+    # documents (numbers in the train split) that train nothing wherever they occur: a
+    # spike's diagnosis accused them (trainer/guard.py, trainer/data.py mask_documents)
+    skip_documents: list[int] = field(default_factory=list)
     detector: DetectorState = field(default_factory=DetectorState)  # trainer/spikes.py
     evals: list[list[float]] = field(default_factory=list)  # online evals: [step, train, val]
     skipped: list[int] = field(default_factory=list)  # steps whose update was not applied
@@ -62,6 +65,7 @@ class TrainState:
             "tokens_seen": self.tokens_seen,
             "data_cursor": self.data_cursor,
             "skip_ranges": [list(r) for r in self.skip_ranges],
+            "skip_documents": list(self.skip_documents),
             "detector": self.detector.to_dict(),
             "evals": [list(e) for e in self.evals],
             "skipped": list(self.skipped),
@@ -69,11 +73,12 @@ class TrainState:
         }
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
-        if sd.get("version") not in (1, STATE_VERSION):
+        if sd.get("version") not in (1, 2, STATE_VERSION):
             raise ValueError(f"train state version {sd.get('version')} != {STATE_VERSION}")
         self.step, self.tokens_seen = int(sd["step"]), int(sd["tokens_seen"])
         self.data_cursor = int(sd["data_cursor"])
         self.skip_ranges = [(int(a), int(b)) for a, b in sd["skip_ranges"]]
+        self.skip_documents = [int(d) for d in sd.get("skip_documents", [])]
         self.detector = DetectorState.from_dict(sd["detector"]) if sd.get("detector") \
             else DetectorState()
         self.evals = [[int(e[0]), float(e[1]), float(e[2])] for e in sd.get("evals", [])]

@@ -161,6 +161,48 @@ def test_a_diagnosed_spike_says_what_the_replay_found_with_figures_from_its_even
     assert not re.search(r"\d", rest), rest
 
 
+def only_figures_hold_digits(incident) -> bool:
+    rest = incident.text.split(": ", 1)[1]
+    for f in sorted(incident.figures, key=lambda f: -len(f.text)):
+        rest = rest.replace(f.text, "", 1)
+    return not re.search(r"\d", rest)
+
+
+def test_a_spike_diagnosed_as_a_bad_document_says_it_skipped_the_document_not_the_window():
+    (spike,) = incidents([
+        ev("loss_spike", 9, 1.0, loss=4.4, baseline=3.5, spread=0.03, threshold=3.7,
+           reason="outlier"),
+        ev("spike_diagnosed", 10, 1.3, verdict="data", documents=[76], forward_passes=8,
+           replay_s=0.05, onset=9, rank=0, replay_disagreement=0.0),
+        ev("rollback", 10, 1.4, onset=9, to_step=6, lost_steps=4, skip=None,
+           skipped="documents", documents=[76], window=[7, 11], kept_batches=4,
+           kept_sequences=16, outlier_steps=[9, 10]),
+    ])
+    assert "rolled back at step 10 to step 6. Replayed twice" in spike.text
+    assert "documents 76 stand out" in spike.text
+    assert ("Decided: skip document 76 wherever it occurs (no training target on its tokens)"
+            ", not data batches 7–11: 4 micro-batches (16 sequences) that window held still "
+            "train.") in spike.text
+    assert spike.text.index("Replayed twice") < spike.text.index("Decided: skip document")
+    assert "skipping data batches" not in spike.text
+    assert only_figures_hold_digits(spike)
+
+
+def test_a_spike_diagnosed_as_a_bad_update_says_it_skipped_no_data():
+    (spike,) = incidents([
+        ev("loss_spike", 9, 1.0, loss=4.4, baseline=3.5, spread=0.03, threshold=3.7,
+           reason="outlier"),
+        ev("spike_diagnosed", 10, 1.3, verdict="optimisation", documents=[], forward_passes=8,
+           replay_s=0.05, onset=9, rank=0, replay_disagreement=0.0),
+        ev("rollback", 10, 1.4, onset=9, to_step=6, lost_steps=4, skip=None, skipped="nothing",
+           documents=[], window=[7, 11], kept_batches=4, kept_sequences=16),
+    ])
+    assert "the update, not the data, was the cause" in spike.text
+    assert "Decided: skip no data, not data batches 7–11: 4 micro-batches (16 sequences) " \
+        "train again." in spike.text
+    assert only_figures_hold_digits(spike)
+
+
 def test_cli_explain_prints_one_incident_or_names_the_range(capsys):
     assert cli(["explain", RUN, "--durable", STORE, "--incident", "2", "--json"]) == 0
     (only,) = json.loads(capsys.readouterr().out)

@@ -15,6 +15,7 @@ from trainer.data import (
     doc_lengths,
     epoch_order,
     locate,
+    mask_documents,
     n_windows,
     pack_layout,
     pack_row,
@@ -244,3 +245,33 @@ def test_unsigned_token_arrays_still_get_ignore_targets():
     p = PackedBatches(tokens.astype(np.uint16), starts, seq_len=4, batch_size=2, seed=0)
     y = p.get(0)[1]
     assert (y == IGNORE).sum() == 2 and y.dtype == torch.int64  # the two document ends
+
+
+# ---- skipped documents ------------------------------------------------------------------
+def test_mask_documents_takes_the_target_of_every_slot_of_a_skipped_document_only():
+    targets = np.array([[5, 6, IGNORE, 8], [9, 10, 11, IGNORE]])
+    docs = np.array([[3, 3, 3, 4], [4, 7, 7, -1]])
+    assert mask_documents(targets, docs, [4]).tolist() == [[5, 6, IGNORE, IGNORE],
+                                                           [IGNORE, 10, 11, IGNORE]]
+    assert mask_documents(targets, docs, [3, 7]).tolist() == [[IGNORE] * 3 + [8],
+                                                              [9] + [IGNORE] * 3]
+    assert mask_documents(targets, docs, []) is targets  # nothing skipped: untouched
+
+
+def test_a_skipped_document_trains_nothing_in_any_batch_while_its_row_mates_still_train():
+    tokens, starts = corpus(SKEWED * 3)
+    p = PackedBatches(tokens, starts, seq_len=8, batch_size=2, seed=0)
+    before = [p.get(c) for c in range(60)]  # several epochs
+    p.skip_documents([6, 13])  # 64 tokens (document 6) and 40 (13 = 12 + 1)
+    seen = 0
+    for c, (x, y, pos, doc) in enumerate(before):
+        x2, y2, pos2, doc2 = p.get(c)
+        assert x2.equal(x) and pos2.equal(pos) and doc2.equal(doc)  # the same rows
+        mine = np.isin(p.documents(c).numpy(), [6, 13])
+        assert (y2.numpy()[mine] == IGNORE).all()
+        assert y2.numpy()[~mine].tolist() == y.numpy()[~mine].tolist()
+        seen += int(mine.any() and (y2.numpy()[~mine] != IGNORE).any())
+    assert seen >= 2  # batches shared with the skipped documents kept their other targets
+    assert p.tokens_of([6, 13]) == 64 + 40
+    p.skip_documents([])
+    assert all(a.equal(b) for a, b in zip(p.get(3), before[3]))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from trainer.diagnosis import BatchReplay, diagnose, per_document, robust_z
+from trainer.diagnosis import BatchReplay, diagnose, explains, per_document, robust_z
 from trainer.model import IGNORE
 
 THRESHOLD = 5.0
@@ -19,14 +19,45 @@ def window(doc_losses: dict[int, float], spike: dict[int, float] | None = None,
             for d, loss in doc_losses.items()]
 
 
-def test_a_document_far_above_the_windows_others_is_the_cause():
+def shared(doc_losses: dict[int, float], tokens: int = 32) -> list[BatchReplay]:
+    """One batch per document d (cursor d), half of it d's tokens, half a healthy
+    document 100 + d's (loss 3.0 to 3.1)."""
+    healthy = {d: 3.0 + 0.05 * (d % 3) for d in doc_losses}
+    return [BatchReplay(d, (loss + healthy[d]) / 2, {d: (loss * tokens, tokens),
+                                                     100 + d: (healthy[d] * tokens, tokens)})
+            for d, loss in doc_losses.items()]
+
+
+def test_a_document_far_above_the_windows_others_that_explains_the_spike_is_the_cause():
     losses = {d: 3.0 + 0.05 * (d % 3) for d in range(10)}
     losses[7] = 9.0
-    first = window(losses)
+    first = shared(losses)  # batch 7: 6.0, above the threshold; 3.0 without document 7
     found = diagnose(first, first, spike_cursors=[7], threshold=THRESHOLD)
     assert found.verdict == "data" and found.documents == (7,)
     (outlier,) = found.evidence["outliers"]
     assert outlier["document"] == 7 and outlier["z"] > 6
+
+
+def test_outlier_documents_that_leave_the_spike_batch_bad_accuse_the_batch_not_them():
+    # a corrupted batch: every slot random, its own documents outliers, and the rest of
+    # another document in it as bad: masking the outliers would not make it healthy
+    first = shared({d: 3.0 + 0.05 * (d % 3) for d in range(10)})
+    docs = {7: (9.0 * 32, 32), 107: (8.0 * 32, 32)}
+    first[7] = BatchReplay(7, 8.5, docs)
+    found = diagnose(first, first, spike_cursors=[7], threshold=THRESHOLD)
+    assert found.evidence["outliers"] and found.documents == ()
+    assert found.verdict == "data" and found.evidence["batches"] == [7]
+    assert found.evidence["documents_explain_spike"] is False
+
+
+def test_documents_explain_a_spike_only_if_its_bad_batches_keep_healthy_tokens_without_them():
+    two = BatchReplay(1, 6.0, {7: (9.0 * 4, 4), 8: (3.0 * 4, 4)})
+    assert explains([two], {1}, {7}, THRESHOLD)
+    alone = BatchReplay(1, 9.0, {7: (9.0 * 4, 4)})  # masked, it would have no target left
+    assert not explains([alone], {1}, {7}, THRESHOLD)
+    healthy = BatchReplay(1, 3.0, {7: (3.0 * 4, 4)})  # nothing to explain: not the cause
+    assert not explains([healthy], {1}, {7}, THRESHOLD)
+    assert not explains([two], {1}, {8}, THRESHOLD)  # the wrong document
 
 
 def test_two_replays_that_disagree_are_numerics_whatever_the_data():

@@ -85,6 +85,7 @@ def test_every_decision_is_an_event_with_its_evidence(spiky):
     assert rb["reason"] == "sustained_spike" and rb["onset"] == CORRUPT_AT
     assert rb["loss"] > rb["threshold"] > rb["baseline"] and rb["spread"] > 0
     assert rb["outlier_steps"][0] == CORRUPT_AT and rb["skip"] == result["outcome"]["rollbacks"][0]["skip"]
+    assert rb["skipped"] == "window" and rb["verdict"] == "data"  # bad batches: the window
     spikes = [e["payload"] for e in events if e["kind"] == "loss_spike"]
     assert len(spikes) >= spec.spikes.patience
     skipped = [e["payload"] for e in events if e["kind"] == "batch_skipped"]

@@ -16,6 +16,8 @@ from trainer.spikes import (
     robust_stats,
     skip_range,
     times_in_region,
+    uncovered,
+    what_to_skip,
 )
 
 CFG = SpikeConfig(window=10, warmup=5, skip_threshold=6.0, patience=3, skip_before=2,
@@ -232,3 +234,23 @@ def test_repeated_non_finite_losses_are_a_sustained_spike():
     for i in range(CFG.patience):
         state, v = observe(state, 30 + i, float("nan"), CFG)
     assert v.action == "rollback" and v.onset == 30
+
+
+def test_what_a_rollback_skips_follows_its_diagnosis():
+    assert what_to_skip("data", (7, 9), maskable=True, repeat=False) == "documents"
+    assert what_to_skip("data", (7, 9), maskable=False, repeat=False) == "window"  # too long
+    assert what_to_skip("data", (), maskable=False, repeat=False) == "window"  # bad batches
+    assert what_to_skip("optimisation", (), maskable=False, repeat=False) == "nothing"
+    for verdict in ("numerics", "unclear", None):  # None: no diagnosis was possible
+        assert what_to_skip(verdict, (), maskable=False, repeat=False) == "window"
+
+
+def test_a_spike_back_in_the_region_of_a_rollback_that_skipped_no_window_skips_it():
+    assert what_to_skip("optimisation", (), maskable=False, repeat=True) == "window"
+    assert what_to_skip("data", (7,), maskable=True, repeat=True) == "window"
+
+
+def test_uncovered_counts_the_cursors_of_a_window_no_range_skips_yet():
+    assert uncovered((10, 20), []) == 10
+    assert uncovered((10, 20), [(5, 12), (11, 14), (18, 30)]) == 4  # 14..17
+    assert uncovered((10, 20), [(0, 40)]) == 0

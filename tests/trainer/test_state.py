@@ -37,6 +37,18 @@ def test_state_round_trips_through_a_weights_only_torch_file(tmp_path):
     assert path.name == "train_state-rank1.pt"
 
 
+def test_skipped_documents_round_trip_and_an_older_state_loads_with_none(tmp_path):
+    state = TrainState(step=8, skip_ranges=[(3, 5)], skip_documents=[17, 4096])
+    state.save(str(tmp_path / "s.pt"))
+    assert TrainState.load(str(tmp_path / "s.pt")).skip_documents == [17, 4096]
+    old = state.state_dict()
+    del old["skip_documents"]
+    old["version"] = 2  # written before documents could be skipped
+    fresh = TrainState()
+    fresh.load_state_dict(old)
+    assert fresh.skip_documents == [] and fresh.skip_ranges == [(3, 5)]
+
+
 def test_detector_state_evals_and_skips_round_trip_and_version_1_still_loads(tmp_path):
     from trainer.spikes import DetectorState
 
