@@ -33,6 +33,12 @@ AUTO = {"train.total_steps": 180, "train.segment_steps": 60, "train.segments_per
 SEGMENTS = ([0, 60], [60, 120], [120, 180])
 
 
+# Soak: the default suite covers its parts faster — the workflow's choice of each segment's
+# interval and its shrinking after a fault (tests/workflows/test_training_run_stubs.py), the
+# formula (tests/workflows/test_interval.py) and the trainer committing at the interval it is
+# passed (tests/trainer/test_segment.py); a finished run's status after continue-as-new is
+# read by the demo's test.
+@pytest.mark.soak
 def test_auto_checkpoint_interval_shrinks_after_an_observed_fault_and_commits_follow_it(
         temporal_server, fleet_factory, tmp_path, capsys):
     spec = tiny_spec("e2e-auto-ckpt", str(tmp_path / "store"), str(tmp_path / "fast"), **AUTO)

@@ -71,6 +71,10 @@ def test_oom_under_a_real_memory_limit_halves_the_micro_batch_and_completes_with
     assert tokens  # it trained, at the adapted micro-batch, to the end
 
 
+# Soak: the default suite covers its parts faster — the fingerprint and repeat budget of real
+# crash records (tests/activities/test_repeat_budget.py) and the workflow's hold and resume
+# (tests/workflows/test_training_run_stubs.py, a repeated failure pauses in needs_attention).
+@pytest.mark.soak
 def test_a_repeated_crash_at_a_fixed_step_pauses_in_needs_attention_and_resume_after_the_fix_completes(
         temporal_server, fleet_factory, tmp_path, capsys):
     bug = tmp_path / "bug"

@@ -80,6 +80,11 @@ def test_repeated_spikes_lower_the_lr_then_pause_until_resumed(temporal_server, 
     assert inside and all(m["lr"] == pytest.approx(lr_at(m["last_step"], spec.train) * 0.5)
                           for m in inside)
 
+    # `mainspring run status` of the finished run, answered through the workflow's query
+    done = status()
+    assert (done["workflow_status"], done["stage"]) == ("COMPLETED", "completed")
+    assert done["step"] == spec.train.total_steps
+
     # Nothing to resume any more: a clear refusal, not a hang.
     capsys.readouterr()
     assert main(["run", "resume", spec.run_id, "--address", address]) == 1

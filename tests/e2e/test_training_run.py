@@ -24,8 +24,7 @@ pytestmark = pytest.mark.e2e
 # of two trials, the trainer worker SIGKILLed by an injected kill_worker and resumed from
 # the last commit, continue-as-new between two segments, `mainspring trace` naming the
 # fault, no checkpoint left on the fast tier), whose test checks these claims on the demo's
-# record; `run status` of a finished run and the workflow runs' statuses are checked by
-# tests/e2e/test_auto_checkpoint.py.
+# record; `run status` of a finished run is checked by tests/e2e/test_spike_escalation.py.
 @pytest.mark.soak
 def test_five_stage_run_survives_injected_kill_and_continues_as_new(temporal_server,
                                                                      fleet_factory, tmp_path,
