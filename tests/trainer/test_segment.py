@@ -338,20 +338,19 @@ def test_fp16_on_cpu_fails_fast_as_bad_config(tmp_path, dataset_uri):
     assert error["type"] == "BadConfig" and "train.precision" in error["message"]
 
 
-def test_a_micro_split_run_trains_the_same_global_batch_to_the_same_weights(tmp_path, dataset_uri):
+def test_a_micro_split_run_trains_the_same_global_batch_to_the_same_weights(
+        single, tmp_path, dataset_uri):
     # After an OOM the workflow runs each micro-batch as two halves: DeepSpeed
     # sees half the micro-batch and twice the accumulation, the data cursor and order are
     # untouched — so the weights match the unsplit run up to float reassociation, and a
     # checkpoint of one resumes under the other.
-    over = {"train.micro_batch_tokens": 256}  # 8 sequences of 32
-    a, b = tmp_path / "a", tmp_path / "b"
-    ok(run_segment(write_spec(tiny_spec(a, **over), tmp_path / "a.json"), dataset_uri, 8,
-                   tmp_path / "wa"))
-    spec_b = write_spec(tiny_spec(b, **over), tmp_path / "b.json")
+    root, a, _ = single  # the unsplit run: 8 steps of 4 sequences of 32, ZeRO 0
+    b = tmp_path / "b"
+    spec_b = write_spec(tiny_spec(b, **{"train.zero_stage": 0}), tmp_path / "b.json")
     ok(run_segment(spec_b, dataset_uri, 4, tmp_path / "wb1", extra=("--micro-split", "2")))
     ok(run_segment(spec_b, dataset_uri, 8, tmp_path / "wb2", extra=("--micro-split", "4")))
     ma, mb = (CheckpointStore(str(x), "t").manifest(8) for x in (a, b))
-    assert (ma.data_cursor, ma.tokens_seen) == (mb.data_cursor, mb.tokens_seen) == (8, 8 * 256)
+    assert (ma.data_cursor, ma.tokens_seen) == (mb.data_cursor, mb.tokens_seen) == (8, 8 * 128)
     wa = load_tensors(a / CKPT.format(8) / "mp_rank_00_model_states.pt")
     wb = load_tensors(b / CKPT.format(8) / "mp_rank_00_model_states.pt")
     # Adam divides by sqrt(v): float-order differences in tiny gradients grow a little, so
@@ -361,8 +360,8 @@ def test_a_micro_split_run_trains_the_same_global_batch_to_the_same_weights(tmp_
     drift = max((wa[k] - wb[k]).abs().max().item() for k in module)
     moved = max((wa[k] - w4[k]).abs().max().item() for k in module)
     assert module and moved > 0 and drift < 1e-3 * moved, (drift, moved)
-    losses = [[p["loss"] for p in read_jsonl(tmp_path / w / "progress.jsonl") if p["type"] == "step"]
-              for w in ("wa", "wb2")]
+    losses = [[p["loss"] for p in read_jsonl(w / "progress.jsonl") if p["type"] == "step"]
+              for w in (root / "wa", tmp_path / "wb2")]
     assert losses[0][4:] == pytest.approx(losses[1], rel=1e-4)
 
 
