@@ -16,6 +16,9 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet '$(TORCH)'
 	$(BIN)/pip install --quiet -e '.[dev]'
+	# DeepSpeed's JIT-built ops (on CPU its shared-memory comm op): built here, not by the
+	# first trainer to start
+	$(BIN)/python -m trainer.prebuild
 	touch $@
 
 demo: install

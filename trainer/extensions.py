@@ -212,3 +212,21 @@ def clear_stale_build_locks(older_than_s: float, root: str | None = None,
         return []
     locks = (os.path.join(root, op, "lock") for op in sorted(os.listdir(root)))
     return [lock for lock in locks if _remove_unheld(lock, older_than_s, now)]
+
+
+def build_ops() -> list[str]:
+    """Build, ahead of any trainer, the JIT ops a trainer on this machine's accelerator
+    loads at start (on CPU: DeepSpeed's shared-memory comm op, ~25 s of g++ on 2 cores);
+    return their names. `make install` runs it, so a fresh install's first trainer (the
+    demo's, a test's, a node's first segment) loads the op instead of building it while its
+    heartbeat clock runs. Under the same lock protocol as a trainer's own load."""
+    install_owned_build_locks()
+    import deepspeed.ops
+    from deepspeed.accelerator import get_accelerator
+
+    builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
+    if builder is None or not deepspeed.ops.__compatible_ops__.get(builder.NAME, False):
+        return []  # this accelerator loads no such op (CUDA ranks talk over NCCL)
+    builder.load(verbose=False)
+    return [builder.NAME]
+

@@ -214,3 +214,18 @@ def test_an_owner_s_release_removes_only_its_own_lock_and_survives_its_loss(tmp_
     assert not second.try_acquire() and not remove_if_orphaned(lock)  # still held
     second.release()
     assert not os.path.exists(lock)
+
+
+def test_the_install_step_builds_the_shm_op_where_every_trainer_of_this_environment_loads_it():
+    # `make install` runs it: the first trainer to start loads the op instead of building it
+    # for ~25 s while its heartbeat clock runs (after the install, this call only loads)
+    make = (REPO / "Makefile").read_text()
+    install = make[make.index("$(VENV)/.installed:"):make.index("touch $@")]
+    assert "-m trainer.prebuild" in install
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_EXTENSIONS_DIR"}
+    out = subprocess.run([sys.executable, "-m", "trainer.prebuild"], cwd=REPO,
+                         env={**env, "DS_ACCELERATOR": "cpu"}, capture_output=True, text=True,
+                         timeout=300, check=True)
+    assert out.stdout.split() == ["built", "deepspeed_shm_comm", "in", default_extensions_dir()]
+    built = os.listdir(os.path.join(default_extensions_dir(), "deepspeed_shm_comm"))
+    assert any(name.endswith(".so") for name in built), built
