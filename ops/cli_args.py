@@ -1,6 +1,8 @@
-"""Argument types the CLI's subcommands share: a duration flag is held to a documented
+"""Arguments the CLI's subcommands share: a duration flag is held to a documented
 minimum the way a RunSpec duration is (spec/codec.py:seconds_problem), so `--poll-s 1e-300`
-is a usage error naming the flag, not a loop that reads the event log without pause."""
+is a usage error naming the flag, not a loop that reads the event log without pause; and
+every command about one recorded run takes the run and the durable store it is read from
+(`run_command`)."""
 
 from __future__ import annotations
 
@@ -23,3 +25,14 @@ def seconds(lo: float, why: str, hi: float = 7 * DAY) -> Callable[[str], float]:
         return value
     parse.__name__ = "seconds"  # argparse's "invalid seconds value" on an unparsable one
     return parse
+
+
+DEFAULT_DURABLE = ".mainspring/store"
+
+
+def run_command(sub: argparse._SubParsersAction, name: str, help: str) -> argparse.ArgumentParser:
+    """A subcommand `name RUN [--durable URL]`; the caller adds its own flags."""
+    p = sub.add_parser(name, help=help)
+    p.add_argument("run_id")
+    p.add_argument("--durable", default=DEFAULT_DURABLE, help="durable storage URL")
+    return p

@@ -17,7 +17,7 @@ import time
 
 from common.errors import BadConfig, StorageUnavailable
 from common.redact import redact, redact_value
-from ops.cli_args import seconds
+from ops.cli_args import run_command, seconds
 from ops.cli_output import json_line
 
 # The event the workflow writes last, completed or aborted (workflows/training_run.py).
@@ -29,9 +29,7 @@ POLL_WHY = "below it --follow lists the event log in a busy loop"
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add `events RUN [--durable URL] [--kind K]... [--json] [--follow [--poll-s S]]`."""
-    p = sub.add_parser("events", help="print a run's event log (--follow: as it grows)")
-    p.add_argument("run_id")
-    p.add_argument("--durable", default=".mainspring/store", help="durable storage URL")
+    p = run_command(sub, "events", "print a run's event log (--follow: as it grows)")
     p.add_argument("--kind", action="append",
                    help="only events of this kind (e.g. fault, recovered); may be repeated")
     p.add_argument("--json", action="store_true", help="one JSON object per event and line")

@@ -25,6 +25,7 @@ import structlog
 
 from common.errors import BadConfig, BadData, StorageUnavailable
 from common.redact import redact
+from ops.cli_args import run_command
 from ops.cli_output import json_line
 
 log = structlog.get_logger(__name__)
@@ -38,10 +39,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     """Add `data quarantine RUN [--durable URL] [--json]`."""
     data = sub.add_parser("data", help="a run's data: its quarantined documents")
     data_sub = data.add_subparsers(dest="data_command", required=True)
-    p = data_sub.add_parser("quarantine", help="the documents a run's loss spikes were "
-                                               "diagnosed as caused by")
-    p.add_argument("run_id")
-    p.add_argument("--durable", default=".mainspring/store", help="durable storage URL")
+    p = run_command(data_sub, "quarantine",
+                    "the documents a run's loss spikes were diagnosed as caused by")
     p.add_argument("--json", action="store_true", help="one JSON object per document and line")
     p.set_defaults(fn=cmd_quarantine)
 

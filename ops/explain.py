@@ -27,6 +27,7 @@ from typing import Any
 
 from common.errors import BadConfig, StorageUnavailable
 from common.redact import redact_value
+from ops.cli_args import run_command
 from ops.report import exit_code, missing_run, ordered
 from ops.report_map import accelerators
 
@@ -449,9 +450,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add `explain RUN_ID [--durable URL] [--incident N] [--json]`."""
-    p = sub.add_parser("explain", help="each incident of a run in plain words, from its record")
-    p.add_argument("run_id")
-    p.add_argument("--durable", default=".mainspring/store", help="durable storage URL")
+    p = run_command(sub, "explain", "each incident of a run in plain words, from its record")
     p.add_argument("--incident", type=int, default=None, help="only the N-th incident (1-based)")
     p.add_argument("--json", action="store_true", help="the incidents with their figures, as JSON")
     p.set_defaults(fn=cmd_explain)

@@ -29,6 +29,7 @@ import structlog
 
 from common.errors import BadConfig, StorageUnavailable
 from common.redact import redact, redact_value
+from ops.cli_args import run_command
 from ops.goodput import from_record
 from ops.report_map import (
     accelerators,
@@ -385,9 +386,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add `report RUN_ID [--durable URL] [--out DIR] [--price P]` to the CLI's subcommands."""
-    p = sub.add_parser("report", help="loss curve PNG + HTML of a run, from its event log")
-    p.add_argument("run_id")
-    p.add_argument("--durable", default=".mainspring/store", help="durable storage URL")
+    p = run_command(sub, "report", "loss curve PNG + HTML of a run, from its event log")
     p.add_argument("--out", default="",
                    help="output directory (default .mainspring/reports/RUN_ID)")
     p.add_argument("--price", type=float, default=None,

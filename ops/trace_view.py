@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.errors import BadConfig, StorageUnavailable
+from ops.cli_args import run_command
 
 # Event attributes the tree line names in its head (`fault rank_lost step 25`) or drops.
 _HEAD_KEYS = ("event_id", "step", "kind", "evidence", "run_id")
@@ -498,16 +499,12 @@ def cmd_goodput(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     """Add `trace RUN [--durable URL] [--json | --perfetto FILE]` and `goodput RUN
     [--durable URL] [--json]` to the CLI's subcommands."""
-    trace = sub.add_parser("trace", help="a run's spans as a tree (or JSON, or a Perfetto file)")
-    trace.add_argument("run_id")
-    trace.add_argument("--durable", default=".mainspring/store", help="durable storage URL")
+    trace = run_command(sub, "trace", "a run's spans as a tree (or JSON, or a Perfetto file)")
     out = trace.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="the span tree as one JSON object")
     out.add_argument("--perfetto", metavar="FILE",
                      help="write Chrome trace-event JSON for ui.perfetto.dev; print its path")
     trace.set_defaults(fn=cmd_trace)
-    goodput = sub.add_parser("goodput", help="productive time vs badput by cause, MTTR by fault")
-    goodput.add_argument("run_id")
-    goodput.add_argument("--durable", default=".mainspring/store", help="durable storage URL")
+    goodput = run_command(sub, "goodput", "productive time vs badput by cause, MTTR by fault")
     goodput.add_argument("--json", action="store_true", help="the figures as one JSON object")
     goodput.set_defaults(fn=cmd_goodput)
