@@ -225,10 +225,13 @@ class SweepInput:
 @dataclass
 class TrialResult:
     params: dict[str, float]
-    val_loss: float
+    val_loss: float  # a pruned trial: its loss at the rung it stopped at
     run_id: str
     source: str = ""  # SOURCE_PRIOR for the scaling-law prior point (trial 0), else the sampler
     distributions: dict[str, str] = field(default_factory=dict)  # as SweepObservation's
+    status: str = ""  # TRIAL_PRUNED when the pruner stopped it; "" in older histories
+    rungs: list[list[float]] = field(default_factory=list)  # as SweepObservation's
+    steps: int = 0  # steps it trained (0 in older histories: trial_steps)
 
 
 @dataclass
@@ -265,6 +268,10 @@ class SweepObservation:
     # space's own distributions then
     distributions: dict[str, str] = field(default_factory=dict)
     dead: bool = False  # the trial ended without a result: told to optuna as FAIL
+    pruned: bool = False  # stopped at a rung boundary by the pruner: told to optuna as PRUNED
+    # [step, held-out loss] at each rung boundary the trial passed or stopped at (a sweep
+    # with sweep.pruning): optuna's intermediate values
+    rungs: list[list[float]] = field(default_factory=list)
 
 
 @dataclass
@@ -286,6 +293,42 @@ class SuggestResult:
     sources: list[str] = field(default_factory=list)
     # optuna's distribution JSON per param, the same for every point of the round
     distributions: dict[str, str] = field(default_factory=dict)
+
+
+# ---- the sweep's pruner (sweep/prune.py: optuna's SuccessiveHalvingPruner), a local activity
+PRUNE_TRIAL = "prune_trial"
+# a trial's status as the Sweep workflow records it (sweep_trial events, PruneInput)
+TRIAL_RUNNING, TRIAL_COMPLETE, TRIAL_DIVERGED, TRIAL_PRUNED = (
+    "running", "complete", "diverged", "pruned")
+
+
+@dataclass
+class RungRecord:
+    """One trial as the pruner sees it: its status and its held-out loss at each rung
+    boundary it reached ([step, loss]; the last one, for the trial in question, the rung
+    it just reached)."""
+
+    status: str  # TRIAL_RUNNING | TRIAL_COMPLETE | TRIAL_DIVERGED | TRIAL_PRUNED
+    rungs: list[list[float]] = field(default_factory=list)
+    val_loss: float | None = None  # a complete trial's final held-out loss
+
+
+@dataclass
+class PruneInput:
+    pruning: dict[str, Any]  # the PruningConfig as its JSON dict (spec sweep.pruning)
+    trial_steps: int
+    trials: list[RungRecord]  # every trial started so far, in trial-index order
+    index: int  # the trial to decide on: running, its last rung value just measured
+
+
+@dataclass
+class PruneResult:
+    prune: bool
+    rung: int  # the rung whose boundary the trial reached (0: the first)
+    step: int
+    val_loss: float
+    competing: int  # trials with a loss at this rung, this one included
+    better: int  # of them, those with a lower loss
 
 
 # ---- the run-id claim (storage/runs.py), a local activity of the orchestrator ----------

@@ -20,7 +20,8 @@ from activities.contracts import (
     SuggestResult,
 )
 from activities.errors import classified
-from spec import RunSpec, SearchDim, SweepConfig
+from spec import RunSpec, SweepConfig
+from spec.codec import build
 from spec.sweep import accumulation_tokens, main_values
 from sweep.prior import prior_lr
 from sweep.suggest import Record, distributions_json, suggest, sweep_space
@@ -29,14 +30,13 @@ from sweep.suggest import Record, distributions_json, suggest, sweep_space
 @activity.defn(name=SUGGEST_TRIALS)
 @classified
 def suggest_trials(inp: SuggestInput) -> SuggestResult:
-    raw = dict(inp.sweep)
-    space = {name: SearchDim(**dim) for name, dim in raw.pop("space").items()}
-    cfg = SweepConfig(space=space, **raw)
+    cfg = build(SweepConfig, inp.sweep, "sweep")
     spec = RunSpec.from_dict(inp.spec) if inp.spec is not None else None
     # older histories (no spec) never swept the batch: its unit does not matter there
     dims = sweep_space(cfg, accumulation_tokens(spec.train) if spec else 1)
     own = distributions_json(dims)
-    records = [Record(o.params, o.distributions or own, o.val_loss, o.dead)
+    records = [Record(o.params, o.distributions or own, o.val_loss, o.dead, o.pruned,
+                      tuple((int(step), float(v)) for step, v in o.rungs))
                for o in inp.observed]
     prior = None
     if spec is not None:

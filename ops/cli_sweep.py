@@ -7,8 +7,11 @@ sampler, `tpe` | `gp`; `initial` in runs older than optuna), each swept paramete
 its held-out loss and its steps, the winner starred: the lowest finite loss, the earliest
 trial on a tie, as the Sweep workflow chooses it. Events written before they carried a
 status or steps get them derived: a finite loss is `complete`, any other `diverged`; the
-steps are the stored spec's sweep.trial_steps. A run with no sweep says so, exit 0; a run
-with no event log is one line naming the store and the fix, exit 1.
+steps are the stored spec's sweep.trial_steps. A pruned sweep (sweep.pruning) adds a
+`rungs` column: each trial's held-out loss at each rung boundary it reached, `loss@step`; a
+`pruned` trial stopped at its last one, with no final loss (it never wins) and the steps it
+trained. A run with no sweep says so, exit 0; a run with no event log is one line naming the
+store and the fix, exit 1.
 """
 
 from __future__ import annotations
@@ -17,12 +20,13 @@ import argparse
 import math
 import os
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from common.errors import BadConfig, StorageUnavailable
 from common.redact import redact
 from ops.cli_output import json_line
+from sweep.saving import pruning_saving
 
 STATUSES = ("complete", "diverged", "failed", "pruned")  # as recorded; derived: the first two
 
@@ -38,6 +42,8 @@ class TrialRow:
     val_loss: float | None  # None: no finite held-out loss
     steps: int | None  # None: neither the event nor the stored spec says
     winner: bool = False
+    # [step, held-out loss] at each rung boundary reached (a pruned sweep); None: not finite
+    rungs: list[list[float | None]] = field(default_factory=list)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -77,11 +83,13 @@ def sweep_rows(events: list[dict], trial_steps: int | None = None) -> list[Trial
         status = p.get("status") if p.get("status") in STATUSES else \
             "complete" if loss is not None else "diverged"
         steps = p.get("steps")
+        rungs = [[int(r[0]), _finite(r[1])] for r in p.get("rungs") or []
+                 if isinstance(r, (list, tuple)) and len(r) == 2 and _finite(r[0]) is not None]
         rows.setdefault(index, TrialRow(  # a trial's event written twice: the first stays
             trial=index, run_id=str(p.get("trial_run_id", "")), source=str(p.get("source", "")),
             round=int(p.get("round", 0)), params=dict(p.get("params") or {}), status=status,
             val_loss=loss if status == "complete" else None,
-            steps=steps if isinstance(steps, int) else trial_steps))
+            steps=steps if isinstance(steps, int) else trial_steps, rungs=rungs))
     ordered = [rows[i] for i in sorted(rows)]
     scored = [r for r in ordered if r.val_loss is not None]
     best = min(scored, key=lambda r: r.val_loss).trial if scored else None  # first on a tie
@@ -109,14 +117,24 @@ def _num(value: float | None) -> str:
     return f"{value:.4g}"
 
 
+def _rungs(row: TrialRow) -> str:
+    """`loss@step` at each rung boundary, comma-separated; `-` for none."""
+    shown = [f"{'-' if v is None else f'{v:.4f}'}@{int(s)}" for s, v in row.rungs]
+    return ",".join(shown) or "-"
+
+
 def table(run_id: str, rows: list[TrialRow]) -> str:
-    """Pure: the rows as an aligned text table, a star on the winner."""
+    """Pure: the rows as an aligned text table, a star on the winner; a `rungs` column when
+    the sweep was pruned."""
     names = sorted({k for r in rows for k in r.params})
-    head = ["", "trial", "source", *names, "status", "loss", "steps"]
+    pruned = any(r.rungs for r in rows)
+    head = ["", "trial", "source", *names, "status", "loss", "steps",
+            *(["rungs"] if pruned else [])]
     body = [["*" if r.winner else "", str(r.trial), r.source,
              *(_num(r.params.get(k)) for k in names), r.status,
              "-" if r.val_loss is None else f"{r.val_loss:.4f}",
-             "-" if r.steps is None else str(r.steps)] for r in rows]
+             "-" if r.steps is None else str(r.steps), *([_rungs(r)] if pruned else [])]
+            for r in rows]
     widths = [max(len(line[i]) for line in [head, *body]) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip()
              for line in [head, *body]]
@@ -127,15 +145,34 @@ def table(run_id: str, rows: list[TrialRow]) -> str:
     else:
         close = "no winner: no trial has a finite held-out loss"
     return "\n".join([f"run {run_id}: {len(rows)} sweep trial{'s' if len(rows) != 1 else ''}",
-                      *lines, close])
+                      *lines, close, *([pruning_line(rows)] if pruned else [])])
+
+
+def pruning_summary(rows: list[TrialRow]) -> dict[str, Any]:
+    """Pure: how many trials the pruner stopped and the share of the trials' planned steps
+    it saved (sweep/saving.py pruning_saving; a trial's planned steps: the longest's)."""
+    planned = max((r.steps or 0) for r in rows)
+    records = [{"steps": r.steps if r.steps is not None else planned} for r in rows]
+    return {"trials_pruned": sum(1 for r in rows if r.status == "pruned"),
+            "pruning_saving": pruning_saving(records, planned) if planned else 0.0,
+            "trained_steps": sum(r["steps"] for r in records),
+            "planned_steps": len(rows) * planned}
+
+
+def pruning_line(rows: list[TrialRow]) -> str:
+    p = pruning_summary(rows)
+    return (f"pruning: {p['trials_pruned']} of {len(rows)} trials pruned, "
+            f"{p['pruning_saving']:.0%} of the trials' steps saved "
+            f"({p['trained_steps']} of {p['planned_steps']})")
 
 
 def document(run_id: str, rows: list[TrialRow]) -> dict[str, Any]:
-    """Pure: the table as one JSON-ready object."""
+    """Pure: the table as one JSON-ready object (with `pruning` when the sweep was pruned)."""
     winner = next((r.trial for r in rows if r.winner), None)
     return {"run_id": run_id, "swept": bool(rows),
             "parameters": sorted({k for r in rows for k in r.params}),
-            "winner": winner, "trials": [asdict(r) for r in rows]}
+            "winner": winner, "trials": [asdict(r) for r in rows],
+            **({"pruning": pruning_summary(rows)} if any(r.rungs for r in rows) else {})}
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:

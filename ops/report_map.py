@@ -272,7 +272,8 @@ def promote_box(events: list[dict]) -> tuple[list[str], dict]:
 
 
 def trials_of(events: list[dict], curves: dict[str, list[tuple[int, float]]]) -> list[Trial]:
-    """Each sweep trial (its `sweep_trial` event), the lowest finite held-out loss best."""
+    """Each sweep trial (its `sweep_trial` event), the lowest finite held-out loss of a
+    trial not pruned best."""
     rows = []
     for e in of_kind(events, "sweep_trial"):
         p = e["payload"]
@@ -280,6 +281,8 @@ def trials_of(events: list[dict], curves: dict[str, list[tuple[int, float]]]) ->
         index = int(rid.rsplit("-trial-", 1)[1]) if "-trial-" in rid else len(rows)
         loss = p.get("result")
         finite = isinstance(loss, (int, float)) and math.isfinite(loss)  # NaN: it diverged
+        # a pruned trial's result is its loss where it stopped, not a final one: never best
+        finite = finite and p.get("status") != "pruned"
         rows.append((index, rid, p.get("params") or {}, loss if finite else None,
                      int(p.get("round", 0)), str(p.get("source", ""))))
     scored = [r for r in rows if r[3] is not None]

@@ -62,6 +62,7 @@ def build_workers(client, roles: set[str], trainer_slots: int = 1,
     from activities.data import prepare_data, promote
     from activities.evaluate import evaluate
     from activities.events import pin_rollback, record_event
+    from activities.prune import prune_trial
     from activities.runs import claim_run
     from activities.scrub import scrub_checkpoints
     from activities.suggest import suggest_trials
@@ -74,8 +75,8 @@ def build_workers(client, roles: set[str], trainer_slots: int = 1,
     if roles & {"orchestrator", "all"}:
         workers.append(Worker(client, task_queue=ORCHESTRATOR_QUEUE,
                               workflows=[TrainingRun, Sweep, NodeRegistry],
-                              activities=[record_event, suggest_trials, claim_run, pin_rollback,
-                                          nodes.list_nodes, spec_root_activity],
+                              activities=[record_event, suggest_trials, prune_trial, claim_run,
+                                          pin_rollback, nodes.list_nodes, spec_root_activity],
                               activity_executor=ThreadPoolExecutor(4)))
     if roles & {"data", "all"}:
         # a slot more than data prep and promotion need: a run's scrub (beside its

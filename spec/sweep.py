@@ -2,7 +2,8 @@
 over a search space the suggester samples (sweep/suggest.py), and the pure rules that turn a
 swept point into train fields (`point_overrides`, `trial_overrides`), give the values at both
 ends of a swept dimension (`sweep_ends`, which RunSpec checks as whole trials), and weigh the
-sweep's compute against the main run's (`sweep_budget`). Stdlib only; re-exported by spec."""
+sweep's compute against the main run's (`sweep_budget`), and the steps at which a pruned sweep
+may stop a trial (`rung_steps`). Stdlib only; re-exported by spec."""
 
 from __future__ import annotations
 
@@ -41,12 +42,49 @@ class SearchDim:
 
 
 @dataclass(frozen=True, kw_only=True)
+class PruningConfig:
+    """Successive halving at rung boundaries (optuna's SuccessiveHalvingPruner, asked by the
+    `prune_trial` activity): a trial trains in `rungs` segments, the first `min_steps` =
+    trial_steps // reduction_factor^(rungs - 1) long, each later boundary reduction_factor
+    times the last, the last at trial_steps. At each boundary but the last its held-out loss
+    is compared with every other trial's at that step and, outside the best 1 /
+    reduction_factor of them, the trial stops there (`rung_steps`)."""
+
+    rungs: int = num(1, 1, 16)  # segments a trial trains in; 1: no pruning (a trial trains whole)
+    reduction_factor: int = num(3, 2, 100)  # optuna's eta: 1 / eta of a rung go on
+
+    def __post_init__(self) -> None:
+        _positive(self, "rungs")
+        _require(self.reduction_factor >= 2, "reduction_factor", "must be >= 2",
+                 "use 2 or more (3 keeps the best third of each rung)")
+
+    @property
+    def enabled(self) -> bool:
+        return self.rungs > 1
+
+
+def rung_steps(pruning: PruningConfig, trial_steps: int) -> list[int]:
+    """Pure: the steps at which a trial's segments end, the last at `trial_steps`: one
+    segment without pruning, else min_steps x reduction_factor^k for each rung k but the
+    last (the points optuna's SuccessiveHalvingPruner promotes at, min_resource
+    min_steps), then `trial_steps`. Empty when trial_steps is too short for the rungs."""
+    if not pruning.enabled:
+        return [trial_steps]
+    eta = pruning.reduction_factor
+    first = trial_steps // eta ** (pruning.rungs - 1)
+    if first < 1:
+        return []
+    return [first * eta ** k for k in range(pruning.rungs - 1)] + [trial_steps]
+
+
+@dataclass(frozen=True, kw_only=True)
 class SweepConfig:
     """Warm-up sweep: short trials over `space`, best held-out loss wins."""
 
     # Added fields, with the default they came with: out of spec_hash at that default
     # (spec/run.py without_added), so a run claimed before they existed keeps its hash.
-    ADDED: ClassVar[dict[str, Any]] = {"sampler": "tpe", "budget_fraction": 0.0}
+    ADDED: ClassVar[dict[str, Any]] = {"sampler": "tpe", "budget_fraction": 0.0,
+                                       "pruning": {"rungs": 1, "reduction_factor": 3}}
 
     enabled: bool = True
     # name -> {low, high, log}; names from SWEPT. warmup_steps and batch_tokens are whole
@@ -64,6 +102,11 @@ class SweepConfig:
     # the run's global batch (`sweep_budget`). Over it the spec is refused, naming both
     # figures. 0: no budget (what a spec written before this field meant).
     budget_fraction: float = num(0.0, 0, 1)
+    # Stop losing trials at rung boundaries (successive halving): {"rungs": 3,
+    # "reduction_factor": 3} trains each trial in segments ending at trial_steps / 9,
+    # trial_steps / 3 and trial_steps, and keeps the best third of each rung going. The
+    # default, one rung, trains every trial whole, as a spec written before this field did.
+    pruning: PruningConfig = field(default_factory=PruningConfig)
 
     def __post_init__(self) -> None:
         _positive(self, "trials", "parallel", "trial_steps")
@@ -77,6 +120,15 @@ class SweepConfig:
             _require(dim is None or math.ceil(dim.low) <= math.floor(dim.high),
                      f"space.{name}", "holds no whole number between low and high",
                      f"{name} is a whole number: widen the range to include one")
+        if self.pruning.enabled and not rung_steps(self.pruning, self.trial_steps):
+            p = self.pruning
+            need = p.reduction_factor ** (p.rungs - 1)
+            _require(False, "pruning.rungs",
+                     f"{p.rungs} rungs at reduction_factor {p.reduction_factor} need trial_steps "
+                     f">= {need} (the first rung ends at trial_steps / {need}), got "
+                     f"{self.trial_steps}",
+                     "lower sweep.pruning.rungs or sweep.pruning.reduction_factor, or raise "
+                     "sweep.trial_steps")
         _require(not self.enabled or self.trials >= 2, "trials", "a sweep needs >= 2 trials",
                  "raise trials or set enabled=false")
 

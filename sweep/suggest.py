@@ -14,7 +14,10 @@ retry, given the same records, suggests the same points:
   default in optuna 5) would otherwise treat it as in flight forever and steer around it;
 - a trial that diverged (non-finite held-out loss) is told COMPLETE at the worst finite loss
   seen: FAIL would teach the sampler nothing, and it would go on sampling the too-high
-  learning rates that diverge.
+  learning rates that diverge;
+- a trial the pruner stopped at a rung boundary (sweep/prune.py) is told PRUNED with its
+  held-out loss at each rung it reached as intermediate values: TPE ranks pruned trials
+  below complete ones, by how far they got and then by their last loss.
 
 Each dimension is a parameter of spec/sweep.py SWEPT: real (lr, weight_decay, beta2,
 grad_clip) or whole (warmup_steps, batch_tokens; the batch also snapped to whole
@@ -82,12 +85,15 @@ class Dim:
 @dataclass(frozen=True)
 class Record:
     """One recorded trial: its params, their distributions (optuna JSON), its held-out loss
-    (None or non-finite: diverged), and whether it died without a result."""
+    (None or non-finite: diverged), whether it died without a result, and whether the
+    pruner stopped it, with its (step, loss) at each rung boundary it reached."""
 
     params: Params
     distributions: dict[str, str]
     val_loss: float | None
     dead: bool = False
+    pruned: bool = False
+    rungs: Sequence[tuple[int, float]] = ()
 
 
 def sweep_space(cfg: SweepConfig, batch_unit: int = 1) -> list[Dim]:
@@ -123,11 +129,15 @@ def finite(v: float | None) -> bool:
 
 
 def frozen(record: Record, worst: float | None) -> optuna.trial.FrozenTrial:
-    """A COMPLETE trial, a diverged one at `worst` (the worst finite loss recorded), or FAIL:
-    dead, or diverged with no finite loss to stand for it."""
+    """A COMPLETE trial, a diverged one at `worst` (the worst finite loss recorded), PRUNED
+    with its rung losses, or FAIL: dead, or diverged with no finite loss to stand for it."""
     dists = {k: json_to_distribution(v) for k, v in record.distributions.items()}
     params: dict[str, Any] = {k: int(round(v)) if isinstance(dists[k], IntDistribution) else v
                               for k, v in record.params.items()}
+    if record.pruned and not record.dead:
+        return optuna.trial.create_trial(
+            params=params, distributions=dists, state=TrialState.PRUNED,
+            intermediate_values={int(step): float(v) for step, v in record.rungs})
     value = record.val_loss if finite(record.val_loss) else worst
     if record.dead or value is None:
         return optuna.trial.create_trial(params=params, distributions=dists,
@@ -140,7 +150,8 @@ def rebuild(records: Sequence[Record], kind: str, seed: int, startup: int) -> op
     study = optuna.create_study(
         study_name=STUDY_NAME, direction="minimize",
         sampler=sampler_for(kind, (seed * SEED_STRIDE + len(records)) % 2**32, startup))
-    losses = [r.val_loss for r in records if not r.dead and finite(r.val_loss)]
+    losses = [r.val_loss for r in records
+              if not r.dead and not r.pruned and finite(r.val_loss)]
     worst = max(losses) if losses else None
     study.add_trials([frozen(r, worst) for r in records])
     return study

@@ -35,6 +35,7 @@ from activities.contracts import (
     PIN_ROLLBACK,
     PREPARE_DATA,
     PROMOTE,
+    PRUNE_TRIAL,
     RECORD_EVENT,
     SCRUB_CHECKPOINTS,
     SPEC_ROOT,
@@ -51,6 +52,8 @@ from activities.contracts import (
     PrepareDataResult,
     PromoteInput,
     PromoteResult,
+    PruneInput,
+    PruneResult,
     RecordEventInput,
     ScrubInput,
     ScrubResult,
@@ -59,6 +62,7 @@ from activities.contracts import (
     TrainSegmentInput,
     TrainSegmentResult,
 )
+from activities.prune import prune_trial
 from ops.cli import main as mainspring
 from ops.services import find_binary
 from spec import preset
@@ -106,6 +110,7 @@ class Stubs:
         self.roots_asked = 0
         self.scrubs: list[ScrubInput] = []  # the checkpoint scrubs asked of the data queue
         self.scrub_fails = False  # they fail (not retried: BadData), as a broken store would
+        self.prunes: list[tuple[PruneInput, PruneResult]] = []  # the pruner's decisions
 
     @staticmethod
     async def _beat_until(gate: asyncio.Event | None) -> None:
@@ -192,6 +197,13 @@ class Stubs:
     async def suggest_trials(self, inp: SuggestInput) -> SuggestResult:
         return SuggestResult([{"lr": 3e-3}, {"lr": 1e-2}][:inp.count], "initial")
 
+    @activity.defn(name=PRUNE_TRIAL)
+    async def prune_trial(self, inp: PruneInput) -> PruneResult:
+        """The real pruner (optuna, sweep/prune.py): pure, so a stub would only copy it."""
+        out = prune_trial(inp)
+        self.prunes.append((inp, out))
+        return out
+
     # ---- what the tests read ----
     def payloads(self, kind: str) -> list[dict]:
         return [e.payload for e in self.events if e.kind == kind]
@@ -210,7 +222,7 @@ class Harness:
         self.workers = [
             Worker(client, task_queue=self.queue, workflows=[TrainingRun, Sweep],
                    activities=[s.record_event, s.pin_rollback, s.claim_run, s.suggest_trials,
-                               s.spec_root]),
+                               s.prune_trial, s.spec_root]),
             Worker(client, task_queue=DATA_QUEUE,
                    activities=[s.prepare_data, s.promote, s.scrub_checkpoints],
                    max_heartbeat_throttle_interval=FAST, default_heartbeat_throttle_interval=FAST),

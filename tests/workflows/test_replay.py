@@ -23,6 +23,10 @@ sets hold it). b2372d4 holds a Sweep whose suggestions came from optuna (test_sw
 its `suggest_trials` markers carry each point's source (the scaling-law prior first) and the
 distributions; the older Sweeps' markers (initial design, no distributions) replay beside it,
 since the sweep's commands (one suggest_trials a round, then its trials) did not change.
+`sweep_pruning` holds a Sweep with sweep.pruning (test_sweep_pruning.py, recorded by the code
+that added it): each trial a segment per rung, an evaluate and a `prune_trial` local
+activity at each boundary but the last, the pruned trials stopping there. Pruning off, the
+Sweep issues the commands of the older sweep fixtures, which replay unpatched.
 
 Keep every directory. Record a new one (never over an old one) when a change makes new
 histories the old fixtures do not cover, with the workflow code of that commit:
