@@ -12,6 +12,7 @@ from typing import Any
 
 from common.errors import BadConfig
 from spec import RunSpec, TrainConfig
+from trainer.tensor_parallel import check_heads, localize_heads, tensor_parallel_config
 
 # DeepSpeed prints a summary every `steps_per_print` steps; the progress file already has it.
 QUIET_STEPS = 1 << 30
@@ -69,13 +70,17 @@ def fp16_config(t: TrainConfig) -> dict[str, Any]:
             "min_loss_scale": t.fp16_min_loss_scale}
 
 
-def deepspeed_config(spec: RunSpec, micro_split: int = 1) -> dict[str, Any]:
+def deepspeed_config(spec: RunSpec, micro_split: int = 1, tp: int = 1) -> dict[str, Any]:
     """With `micro_split` > 1 (after an OOM) DeepSpeed sees micro-batches that many times
-    smaller and that many times more accumulation: the same global batch."""
+    smaller and that many times more accumulation: the same global batch. With `tp` > 1
+    the `tp` ranks of a group share one batch (trainer/tensor_parallel.py), so the global
+    batch is world // tp replicas' worth; DeepSpeed 0.19 checks `train_batch_size`
+    against the whole world before it builds the TP mesh (runtime/config.py
+    `_batch_assertion`), so with TP it is left out and DeepSpeed derives its own count."""
     t = spec.train
     mbs = micro_batch_size(spec) // micro_split
     accum = t.grad_accum * micro_split
-    return {
+    config: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": mbs,
         "gradient_accumulation_steps": accum,
         "train_batch_size": mbs * accum * t.world_size,
@@ -98,6 +103,10 @@ def deepspeed_config(spec: RunSpec, micro_split: int = 1) -> dict[str, Any]:
         "steps_per_print": QUIET_STEPS,
         "wall_clock_breakdown": False,
     }
+    if tp > 1:
+        del config["train_batch_size"]
+        config["tensor_parallel"] = tensor_parallel_config(tp)
+    return config
 
 
 def check_device(spec: RunSpec, cuda: bool) -> None:
@@ -111,9 +120,10 @@ def check_device(spec: RunSpec, cuda: bool) -> None:
                         "no fp16", "use bf16 or fp32 on CPU")
 
 
-def build_engine(spec: RunSpec, model, micro_split: int = 1):
+def build_engine(spec: RunSpec, model, micro_split: int = 1, tp: int = 1):
     """deepspeed.initialize with the derived config; decay/no-decay parameter groups; every
-    checkpoint file it loads is read weights-only (trainer/safe_load.py)."""
+    checkpoint file it loads is read weights-only (trainer/safe_load.py). With `tp` > 1
+    AutoTP shards the model's matrices over groups of `tp` ranks (trainer/tensor_parallel.py)."""
     import deepspeed
     import torch
 
@@ -123,13 +133,16 @@ def build_engine(spec: RunSpec, model, micro_split: int = 1):
     from trainer.safe_load import install_safe_loading
 
     check_micro_split(spec, micro_split)
-    config = deepspeed_config(spec, micro_split)
+    check_heads(spec.model.n_heads, spec.model.n_kv_heads, tp)
+    config = deepspeed_config(spec, micro_split, tp)
     # The optimizer is ours (an AdamW whose update a spike verdict can veto, trainer/optim.py)
     # with exactly the config's hyperparameters; ZeRO accepts it as a torch AdamW subclass.
     optimizer = build_optimizer(param_groups(model, spec.train.weight_decay),
                                 config.pop("optimizer")["params"])
     config["zero_allow_untested_optimizer"] = True
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+    if tp > 1:
+        localize_heads(engine.module)
     install_safe_loading(engine)  # load_checkpoint never unpickles code (DESIGN §3)
     trim_per_step_work(engine)
     return engine

@@ -198,6 +198,8 @@ def test_a_possible_tp_or_pp_above_one_is_refused_until_the_trainer_lays_it_out(
         exc = _refused(layout, **over)
         assert exc.field == "train.layout" and TRAINED_TODAY in exc.problem
         assert TRAINED_TODAY in exc.fix
+        # what TP has today (the training step) and lacks (checkpoints, resume): TP only
+        assert ("checkpoints, exact resume" in exc.problem) == (layout["tp"] > 1), exc.problem
 
 
 @pytest.mark.parametrize(("layout", "problem"), [

@@ -1,0 +1,183 @@
+"""Tensor parallelism (trainer/tensor_parallel.py): the rank mapping and the partition
+config, pure; and a real TP=2 training (torchrun, two gloo ranks on CPU, AutoTP) whose
+losses follow a one-rank run's at the same global batch."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from common.errors import BadConfig
+from spec import RunSpec
+from tests.trainer.helpers import REPO, VOCAB, run_rank_module, tiny_spec
+from trainer.engine import deepspeed_config
+from trainer.model import GPT, ffn_hidden
+from trainer.tensor_parallel import (
+    COLUMN,
+    ROW,
+    check_heads,
+    partition_config,
+    tensor_parallel_config,
+    tp_ranks,
+)
+
+STEPS = 50
+CLIP = 0.2
+MODULE = "tests.trainer.test_tensor_parallel"
+
+
+def test_ranks_of_a_tp_group_are_consecutive_and_share_a_data_parallel_rank():
+    got = [tp_ranks(r, 4, 2) for r in range(4)]
+    assert [(g.dp_rank, g.dp_world, g.tp_rank) for g in got] == [
+        (0, 2, 0), (0, 2, 1), (1, 2, 0), (1, 2, 1)]
+    assert [(g.dp_rank, g.dp_world) for g in (tp_ranks(r, 2, 2) for r in range(2))] == [
+        (0, 1), (0, 1)]
+    assert tp_ranks(3, 4, 1) == tp_ranks(3, 4, 1).__class__(dp_rank=3, dp_world=4, tp_rank=0)
+
+
+def test_a_tp_that_does_not_divide_the_world_is_refused_naming_the_layout():
+    with pytest.raises(BadConfig, match=r"train\.layout\.tp"):
+        tp_ranks(0, 3, 2)
+
+
+def test_heads_that_do_not_split_over_tp_are_refused_naming_the_field():
+    check_heads(4, 2, 2)
+    with pytest.raises(BadConfig, match=r"model\.n_kv_heads"):
+        check_heads(4, 1, 2)
+    with pytest.raises(BadConfig, match=r"model\.n_heads"):
+        check_heads(6, 3, 4)
+
+
+def test_the_partition_config_splits_attention_and_mlp_the_megatron_way_and_nothing_else():
+    """Every matrix of a block is named once, the right way; embedding, norms and the
+    (tied) lm_head match nothing and stay whole."""
+    spec = tiny_spec(REPO)
+    names = [n for n, _ in GPT(spec.model, VOCAB).named_parameters()]
+
+    def matches(patterns):
+        return {n for n in names if any(re.match(p, n) for p in patterns)}
+
+    blocks = spec.model.n_layers
+    assert matches(COLUMN) == {f"blocks.{i}.{m}.weight" for i in range(blocks)
+                               for m in ("attn.wq", "attn.wk", "attn.wv", "ffn.w1", "ffn.w3")}
+    assert matches(ROW) == {f"blocks.{i}.{m}.weight" for i in range(blocks)
+                            for m in ("attn.wo", "ffn.w2")}
+    specs = partition_config()["layer_specs"]
+    assert [s["partition_type"] for s in specs] == ["column", "row"]
+    assert partition_config()["use_default_specs"] is False
+
+
+def test_the_deepspeed_config_carries_autotp_and_no_batch_count_of_the_whole_world():
+    spec = tiny_spec(REPO, **{"train.procs_per_node": 2, "train.grad_accum": 2})
+    plain, tp = deepspeed_config(spec), deepspeed_config(spec, tp=2)
+    # DeepSpeed would count the whole world against train_batch_size: left to derive
+    assert plain["train_batch_size"] == 4 * 2 * 2 and "train_batch_size" not in tp
+    assert tp["gradient_accumulation_steps"] == plain["gradient_accumulation_steps"] == 2
+    assert "tensor_parallel" not in plain
+    assert tp["tensor_parallel"] == tensor_parallel_config(2)
+    assert tp["tensor_parallel"]["autotp_size"] == 2
+
+
+@pytest.mark.soak
+def test_tp2_training_follows_the_one_rank_trajectory_within_1e4(tmp_path):
+    """50 steps of the tiny GPT, fp32, 2 micro-batches a step: TP=2 over two ranks (one
+    data-parallel replica) against one rank holding the whole model, the same batches."""
+    one = run_rank_module(MODULE, "--tp", "1", "--steps", str(STEPS))
+    two = run_torchrun(2, "--tp", "2", "--steps", str(STEPS))
+    assert two["sharded"] == [True, True]  # each rank holds half of wq and of w2
+    assert two["tp_losses_agree"]  # both ranks of the group computed the same loss
+    assert one["sharded"] == [False]
+    a, b = np.array(one["losses"]), np.array(two["losses"])
+    assert len(a) == len(b) == STEPS
+    assert a[-1] < a[0] - 0.5  # it trained
+    assert np.max(np.abs(a - b) / np.abs(a)) < 1e-4, np.abs(a - b) / np.abs(a)
+    assert min(one["norms"]) > CLIP  # every step was clipped, by the same norm
+    assert two["norms"] == pytest.approx(one["norms"], rel=1e-4)
+
+
+def run_torchrun(world: int, *args: str) -> dict:
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+           str(world), "-m", MODULE, *args]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+                          check=False)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+# ---- the child process: one rank of a TP group, or the whole model on one rank -----------------
+def _tokens(n: int = 40_000, seed: int = 0) -> np.ndarray:
+    """tests/trainer/helpers.py make_dataset's stream: next = prev + 1 (mod vocab), noisy."""
+    rng = np.random.default_rng(seed)
+    steps = np.where(rng.random(n) < 0.8, 1, rng.integers(0, VOCAB, n))
+    return (np.cumsum(steps) % VOCAB).astype(np.int64)
+
+
+def _spec(world: int) -> RunSpec:
+    """A clip low enough that every step is clipped: the clip's norm counts each sharded
+    matrix's pieces once and each replicated parameter once (DeepSpeed's clip_grad_norm_
+    with the TP mpu), or the trajectories part."""
+    return tiny_spec(REPO, **{"train.procs_per_node": world, "train.grad_accum": 2,
+                              "train.total_steps": STEPS, "train.precision": "fp32",
+                              "train.grad_clip": CLIP})
+
+
+def _main(tp: int, steps: int) -> dict:
+    import deepspeed
+    import torch.distributed as dist
+
+    from trainer.data import TrainBatches
+    from trainer.engine import build_engine, lr_at, micro_batch_size, set_lr
+
+    deepspeed.init_distributed(dist_backend="gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    spec = _spec(world)
+    at = tp_ranks(rank, world, tp)
+    engine = build_engine(spec, GPT(spec.model, VOCAB, seed=spec.seed), tp=tp)
+    batches = TrainBatches(_tokens(), seq_len=spec.model.seq_len,
+                           batch_size=micro_batch_size(spec), seed=spec.seed,
+                           rank=at.dp_rank, world=at.dp_world)
+    accum, losses, norms, agree = spec.train.grad_accum, [], [], True
+    for step in range(steps):
+        set_lr(engine, lr_at(step, spec.train))
+        total = torch.zeros(())
+        for micro in range(accum):
+            _, loss = engine(*batches.get(step * accum + micro))
+            engine.backward(loss)
+            engine.step()
+            total += loss.detach() / accum
+        if world > 1:  # trainer/context.py loss_and_stop: the mean over every rank
+            every = [torch.zeros(()) for _ in range(world)]
+            dist.all_gather(every, total)
+            agree &= all(torch.equal(e, every[0]) for e in every)
+            total = sum(every) / world
+        losses.append(float(total))
+        norms.append(float(engine.get_global_grad_norm()))
+    block = engine.module.blocks[0]
+    sharded = (block.attn.wq.weight.shape[0] == spec.model.d_model // tp < spec.model.d_model
+               and block.ffn.w2.weight.shape[1] == ffn_hidden(spec.model) // tp)
+    flags = [None] * world
+    if world > 1:
+        dist.all_gather_object(flags, sharded)
+    return {"losses": losses, "norms": norms, "sharded": flags if world > 1 else [sharded], "tp_losses_agree": agree}
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tp", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=STEPS)
+    ns = parser.parse_args()
+    out = _main(ns.tp, ns.steps)
+    if int(os.environ.get("RANK", "0")) == 0:
+        print("RESULT " + json.dumps(out))
