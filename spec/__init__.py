@@ -22,11 +22,10 @@ from spec.ops import OpsConfig
 from spec.run import PRESETS, RunSpec, preset
 from spec.spikes import SpikeBudget, SpikeConfig
 from spec.storage import StorageConfig
-from spec.sweep import PruningConfig, SearchDim, SweepConfig
+from spec.sweep import SearchDim, SweepConfig
 from spec.train import TrainConfig
 
 __all__ = ["CleaningConfig", "DataConfig", "DedupConfig", "FaultSpec", "LayoutConfig",
-           "ModelConfig", "OpsConfig", "PruningConfig", "RunSpec", "SearchDim", "SpikeBudget",
-           "SpikeConfig", "StorageConfig", "SweepConfig", "TokenizerConfig", "TrainConfig",
-           "PRESETS",
+           "ModelConfig", "OpsConfig", "RunSpec", "SearchDim", "SpikeBudget", "SpikeConfig",
+           "StorageConfig", "SweepConfig", "TokenizerConfig", "TrainConfig", "PRESETS",
            "deep_merge", "dotted_to_nested", "plan_layout", "preset"]

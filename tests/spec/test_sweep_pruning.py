@@ -5,8 +5,8 @@ refused naming the field and the fix."""
 
 from __future__ import annotations
 
-from spec import PruningConfig, RunSpec, preset
-from spec.sweep import rung_steps
+from spec import RunSpec, preset
+from spec.sweep import PruningConfig, rung_steps
 from tests.spec.helpers import demo, refused
 
 DEMO_HASH = "c8357bb19b1b4caf"  # the demo preset's hash before sweep.pruning existed

@@ -18,7 +18,8 @@ from activities.contracts import (
 )
 from activities.prune import prune_trial
 from activities.suggest import suggest_trials
-from spec import PruningConfig, preset
+from spec import preset
+from spec.sweep import PruningConfig
 from sweep.prune import Trial, decide
 from sweep.suggest import Dim, Record, distributions_json, rebuild
 
