@@ -11,7 +11,7 @@ from spec.codec import positive as _positive
 from spec.codec import require as _require
 
 FAULT_KINDS = ("kill_worker", "corrupt_batches", "lr_burst", "nan_loss", "crash",
-               "memory_limit")
+               "memory_limit", "corrupt_grad")
 MAX_FAULTS = 64  # entries in RunSpec.faults
 
 
@@ -29,11 +29,14 @@ class FaultSpec:
       on the node named `node` only, when it names one (a bad host);
     - memory_limit: from step `at_step` on, every rank's data segment may grow by at most
       `mb` MiB over what it holds then (a real RLIMIT_DATA, on every attempt: an allocation
-      past it fails like any out-of-memory).
+      past it fails like any out-of-memory);
+    - corrupt_grad: on rank `rank` only, the first update at or after step `at_step`
+      finds one gradient element NaN (its largest in magnitude), once: silent data
+      corruption on one rank, after the gradients are reduced and clipped.
     """
 
     # added fields at their default: out of spec_hash (spec/run.py, OpsConfig.ADDED)
-    ADDED: ClassVar[dict[str, Any]] = {"path": "", "mb": 256, "node": ""}
+    ADDED: ClassVar[dict[str, Any]] = {"path": "", "mb": 256, "node": "", "rank": 0}
 
     kind: str
     at_step: int = num(lo=1, hi=STEPS)
@@ -44,6 +47,7 @@ class FaultSpec:
     path: str = ""  # crash: fires while this file exists
     node: str = ""  # crash: fires on this node only (`mainspring worker --node`; "" any)
     mb: int = num(256, 1, 1 << 30)  # memory_limit: MiB of headroom
+    rank: int = num(0, 0, 1 << 20)  # corrupt_grad: the one global rank it strikes
 
     def __post_init__(self) -> None:
         _require(self.kind in FAULT_KINDS, "kind", f"unknown fault {self.kind!r}",

@@ -75,6 +75,10 @@ class RunSpec:
                      "is longer than a segment", "make checkpoint_every <= segment_steps")
         _require(len(self.faults) <= MAX_FAULTS, "faults",
                  f"has {len(self.faults)} entries (at most {MAX_FAULTS})", "inject fewer faults")
+        for i, f in enumerate(self.faults):  # a rank the run does not have would never fire
+            _require(f.kind != "corrupt_grad" or f.rank < t.world_size, f"faults[{i}].rank",
+                     f"is {f.rank}, but the run has {t.world_size} rank(s)",
+                     f"name a rank below train.nodes x train.procs_per_node = {t.world_size}")
         _require(not t.init_from or t.init_from.split("@")[0] != self.run_id,
                  "train.init_from", f"names this run itself ({self.run_id})",
                  "name the run whose promoted checkpoint this one starts from")

@@ -5,6 +5,7 @@ does about a spike (trainer/guard.py) and the rollback budget the workflow escal
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from spec.codec import STEPS, num
 from spec.codec import positive as _positive
@@ -18,6 +19,38 @@ class SpikeBudget:
 
     def __post_init__(self) -> None:
         _positive(self, "rollbacks", "per_steps")
+
+
+@dataclass(frozen=True, kw_only=True)
+class OscillationConfig:
+    """A loss that shakes rather than spikes (trainer/oscillation.py): a sustained rise of
+    the loss's variance around its trend, measured per block of accepted losses and
+    answered by a larger batch, a lower LR or the data path (trainer/oscillation_watch.py)."""
+
+    enabled: bool = True
+    window: int = num(16, 4, 10**4)  # accepted losses per judged block (a robust trend each)
+    warmup: int = num(32, 0, 10**6)  # accepted losses of a segment before its first block
+    references: int = num(2, 1, 10**4)  # earlier blocks needed; their median is the reference
+    ratio: float = num(9.0, 1, 1e6)  # block / reference variance that is an oscillation
+    min_spread: float = num(0.005, 0, 1e6)  # reference spread floor, relative to the loss
+    noise_every: int = num(10, 0, STEPS)  # steps between gradient noise samples (0: never)
+    batch_margin: float = num(2.0, 1, 1e6)  # noise scale above this x the batch: raise it
+    max_batch_factor: int = num(4, 1, 1024)  # raised grad_accum <= this x train.grad_accum
+    lr_factor: float = num(0.5, 0, 1)  # the LR factor when the step size is the suspect
+    lr_steps: int = num(200, 1, STEPS)  # for this many steps
+
+    def __post_init__(self) -> None:
+        _require(self.window >= 4, "window", f"must be >= 4, got {self.window}",
+                 "use e.g. 16 (a trend needs a few points)")
+        _positive(self, "references", "min_spread", "lr_steps", "max_batch_factor")
+        _require(self.warmup >= 0, "warmup", "must be >= 0", "use 0 to judge from the start")
+        _require(self.noise_every >= 0, "noise_every", "must be >= 0", "use 0 to never sample")
+        _require(self.ratio > 1, "ratio", f"must be > 1, got {self.ratio}",
+                 "use e.g. 9.0 (three times the spread)")
+        _require(self.batch_margin >= 1, "batch_margin", f"must be >= 1, got "
+                 f"{self.batch_margin}", "use e.g. 2.0")
+        _require(0 < self.lr_factor < 1, "lr_factor", f"must be in (0, 1), got "
+                 f"{self.lr_factor}", "use e.g. 0.5")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -36,6 +69,12 @@ class SpikeConfig:
     lr_backoff: float = num(0.5, 0, 1)  # LR factor the workflow applies when the budget is spent
     lr_backoff_steps: int = num(500, 1, STEPS)  # for this many steps
     budget: SpikeBudget = field(default_factory=SpikeBudget)
+    oscillation: OscillationConfig = field(default_factory=OscillationConfig)
+    # added fields at their default: out of spec_hash (spec/run.py, without_added)
+    ADDED: ClassVar[dict[str, Any]] = {"oscillation": {
+        "enabled": True, "window": 16, "warmup": 32, "references": 2, "ratio": 9.0,
+        "min_spread": 0.005, "noise_every": 10, "batch_margin": 2.0, "max_batch_factor": 4,
+        "lr_factor": 0.5, "lr_steps": 200}}
 
     def __post_init__(self) -> None:
         _positive(self, "window", "skip_threshold", "min_spread", "patience", "skip_window",

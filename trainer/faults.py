@@ -12,7 +12,13 @@ symptoms downstream:
 - `crash` raises in one step on every attempt (a bug), while its file exists (on the
   node `node` names only, when it names one: a bad host);
 - `memory_limit` caps each rank's data segment (RLIMIT_DATA) a fixed headroom above what
-  it holds when training starts: an allocation past it fails for real (an OOM).
+  it holds when training starts: an allocation past it fails for real (an OOM);
+- `corrupt_grad` makes one gradient element NaN on one rank, once, inside that rank's
+  optimizer step: after DeepSpeed has reduced (and clipped) the gradients, so the value
+  differs on that rank only. Corrupting it in backward instead would go through the
+  all-reduce and reach every rank alike. At ZeRO 0 that rank's weights then differ from
+  the others'; at ZeRO 1-2 the rank updates its own partition with it and the all-gather
+  hands the NaN weights to every rank.
 """
 
 from __future__ import annotations
@@ -25,10 +31,12 @@ from collections.abc import Iterable
 
 import structlog
 import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from common.faults import Fault, record_fault
 from common.procs import NODE_ENV, WORKER_PID_ENV
 from spec import FaultSpec
+from trainer.optim import SkippableAdamW
 
 log = structlog.get_logger(__name__)
 
@@ -61,14 +69,17 @@ class FaultInjector:
       (`attach`) so that step's loss, and so its gradients, is NaN;
     - `lr_windows()` are the `lr_burst` windows, one-shot in the LR schedule
       (trainer/schedule.py: a replay after a rollback runs at the planned LR);
-    - `after_step(step, ...)` is the loop's one touch: `kill_worker` after a completed step.
+    - `after_step(step, ...)` is the loop's one touch: `kill_worker` after a completed step;
+    - `attach` also hooks the optimizer's step for `corrupt_grad` (a pre-hook on every
+      SkippableAdamW step, trainer/optim.py: what DeepSpeed calls once the gradients of
+      this rank's parameters or partition are reduced and clipped).
 
     One-shot faults (lr_burst, nan_loss) remember that they fired, so a rollback inside the
     segment replays their steps quietly, as a transient fault would. Each fault's first
     firing is recorded as a `fault` event."""
 
     def __init__(self, faults: Iterable[FaultSpec], *, batches_per_step: int, vocab_size: int,
-                 seed: int, attempt: int = 1, events=None) -> None:
+                 seed: int, attempt: int = 1, events=None, rank: int | None = None) -> None:
         self.kills = tuple(f for f in faults if f.kind == "kill_worker")
         self.faults = tuple(f for f in faults if f.kind != "kill_worker")
         self.batches_per_step, self.attempt = batches_per_step, attempt
@@ -78,6 +89,9 @@ class FaultInjector:
         self.fired: set[tuple[str, int]] = set()
         self.poisoned = False  # the forward hook's flag: this micro-batch's loss is NaN
         self.limited = False  # memory_limit applied in this process
+        self.rank = global_rank() if rank is None else rank
+        self.grad_armed: FaultSpec | None = None  # corrupt_grad due at the next update
+        self.grad_hook = None  # the optimizer pre-hook's handle (attach)
 
     def _announce(self, fault: FaultSpec, step: int, **evidence) -> None:
         key = (fault.kind, fault.at_step)
@@ -124,6 +138,9 @@ class FaultInjector:
                 raise RuntimeError(f"injected crash at step {step}")
             elif f.kind == "memory_limit" and step >= f.at_step and not self.limited:
                 self.limit_memory(f, step)
+            elif (f.kind == "corrupt_grad" and f.at_step == step and f.rank == self.rank
+                  and (f.kind, f.at_step) not in self.fired):
+                self.grad_armed = f
 
     def limit_memory(self, fault: FaultSpec, step: int) -> None:
         """memory_limit: from step `at_step` on (each attempt, each rank) this rank's data
@@ -145,7 +162,11 @@ class FaultInjector:
     # ---- the model -----------------------------------------------------------------------
     def attach(self, module: torch.nn.Module) -> None:
         """A forward hook that turns the loss of an armed micro-batch into NaN (a real NaN:
-        the backward pass of that loss makes every gradient NaN). Only with nan_loss faults."""
+        the backward pass of that loss makes every gradient NaN), only with nan_loss
+        faults; the optimizer pre-hook of `corrupt_grad`, only with those."""
+        if any(f.kind == "corrupt_grad" for f in self.faults) and self.grad_hook is None:
+            self.grad_hook = register_optimizer_step_pre_hook(
+                self._corrupt_grad)
         if not any(f.kind == "nan_loss" for f in self.faults):
             return
 
@@ -157,6 +178,24 @@ class FaultInjector:
             return logits, loss * float("nan")
 
         module.register_forward_hook(poison)
+
+    def _corrupt_grad(self, optimizer, _args, _kwargs) -> None:
+        """The armed corrupt_grad: this rank's largest gradient element becomes NaN just
+        before its update. A vetoed update (a skip) would discard it, so it waits for the
+        next one that applies."""
+        fault = self.grad_armed
+        if fault is None or not isinstance(optimizer, SkippableAdamW) or optimizer.veto:
+            return
+        grads = [p.grad for g in optimizer.param_groups for p in g["params"]
+                 if p.grad is not None and p.grad.numel()]
+        if not grads:
+            return
+        grad = max(grads, key=lambda g: float(g.detach().abs().max()))
+        index = int(grad.detach().abs().argmax())
+        grad[torch.unravel_index(torch.tensor(index), grad.shape)] = float("nan")
+        self.grad_armed = None
+        self._announce(fault, fault.at_step, rank=self.rank, element=index,
+                       shape=list(grad.shape))
 
     # ---- after a step --------------------------------------------------------------------
     def after_step(self, step: int, last_committed: int | None) -> None:
@@ -187,6 +226,13 @@ class FaultyBatches:
         """Each slot's document number in the split; None without packed documents."""
         documents = getattr(self.source, "documents", None)
         return documents(cursor) if documents is not None else None
+
+
+def global_rank() -> int:
+    """This process's global rank: the process group's, else torchrun's RANK, else 0."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank()
+    return int(os.environ.get("RANK", "0"))
 
 
 def vm_data_bytes() -> int:

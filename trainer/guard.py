@@ -22,6 +22,9 @@ and records every one with its evidence:
   this segment than the workflow allows end the segment early so the workflow can escalate
   (trainer/stopping.py): a spike that keeps coming back ends in an LR backoff, then a hold;
   no checkpoint before the onset at all raises Diverged.
+- a loss that shakes rather than spikes: every accepted loss goes on to the oscillation
+  watch (trainer/oscillation_watch.py), whose answer is a larger batch asked for, a lower
+  LR for a span, or a rollback verdict (the data path) applied here like a spike's.
 Every rank runs the same code on the same all-reduced loss and diagnoses on every rank's
 pooled replays, so verdicts and what they skip agree across ranks.
 """
@@ -38,6 +41,7 @@ from trainer import tracing
 from trainer.checkpoint_manager import CheckpointManager
 from trainer.context import SegmentContext
 from trainer.diagnosis import Diagnosis, Replayer
+from trainer.oscillation_watch import OscillationWatch
 from trainer.spikes import (
     Verdict,
     merge_ranges,
@@ -83,6 +87,8 @@ class SpikeGuard:
         self.replayer: Replayer | None = None  # the spike's diagnosis (trainer/diagnosis.py)
         self.source = None  # the batch source whose documents a `data` verdict skips
         self.spared: list[int] = []  # onset cursors of this segment's rollbacks with no window
+        # a loss that shakes rather than spikes (trainer/oscillation_watch.py)
+        self.oscillation = OscillationWatch(ctx, engine, outcome, self._event)
         rows = ctx.spec.train.micro_batch_tokens // ctx.spec.model.seq_len  # per micro-batch
         self.batch_tokens = rows * ctx.spec.model.seq_len  # one micro-batch's token slots
         self.rows = rows * ctx.world  # sequences one cursor names on all ranks together
@@ -91,7 +97,8 @@ class SpikeGuard:
     def judge(self, state: TrainState, step: int, loss: float, cursor: int) -> Verdict:
         """Detector verdict for `step` (1-based), before its update; records it."""
         self.cursors[step] = cursor
-        self.cursors.pop(step - self.cfg.window, None)  # an onset is inside the window
+        # an onset is inside the window (an oscillation's: inside its block)
+        self.cursors.pop(step - max(self.cfg.window, self.cfg.oscillation.window), None)
         if not self.cfg.enabled:
             return Verdict(action="ok", step=step, loss=loss, reason="handling_off")
         state.detector, verdict = observe(state.detector, step, loss, self.cfg)
@@ -106,12 +113,13 @@ class SpikeGuard:
 
     def after_step(self, step: int, loss: float, verdict: Verdict) -> Verdict:
         """After engine.step(): count fp16 overflow skips; one at the minimum scale is a
-        sustained spike (rollback verdict). Keeps accepted losses for online eval."""
+        sustained spike (rollback verdict). Keeps accepted losses for online eval, and
+        hands them to the oscillation watch (a rollback verdict on its data path)."""
         if verdict.action == "ok" and math.isfinite(loss):
             self.accepted.append(loss)
             self.recent = (self.recent + [loss])[-RECENT_LOSSES:]
         if self.train_cfg.precision != "fp16" or self.engine.was_step_applied():
-            return verdict
+            return self.oscillation.observe(step, loss, verdict)
         self.outcome.overflow_steps += 1
         scaled = loss_scale_verdict(step, loss, getattr(self.engine.optimizer, "cur_scale", None),
                                     self.train_cfg.fp16_min_loss_scale, overflowed=True)
@@ -157,6 +165,7 @@ class SpikeGuard:
         times = times_in_region(ranges, onset_cursor, self.cfg, self.per_step)
         window = skip_range(onset_cursor, self.cfg, times, self.per_step)
         restored.detector = reset_window(restored.detector)
+        self.oscillation.restored()
         found = self._diagnose(verdict, onset, window, restored.step)
         skipped = self._what_to_skip(found, onset_cursor)
         accused = sorted(found.documents) if skipped == "documents" else []
@@ -224,7 +233,7 @@ def decision_event(ctx: SegmentContext, outcome: SegmentOutcome, kind: str, step
         return
     event_id += f"/a{ctx.args.launch}r{len(outcome.rollbacks)}"
     ctx.events.emit(kind, step=step, event_id=event_id, **payload)
-    if kind in ("rollback", "overfitting"):
+    if kind in ("rollback", "overfitting", "oscillation_detected"):
         ctx.events.flush()  # every recovery decision is durable at once
 
 

@@ -1,8 +1,9 @@
 """The step loop, shaped like torchtitan's `Trainer.train()`: one `train_step()` that returns
 a typed `StepResult`, then one call per owner of what follows a step.
 
-    train_step  → forward/backward of the step's micro-batches, the verdict on its loss
-                  (trainer/guard.py), the update (vetoed unless ok), the fp16 check after it
+    train_step  → forward/backward of the step's micro-batches (a gradient noise sample
+                  every so often), the verdict on its loss (trainer/guard.py), the update
+                  (vetoed unless ok), the fp16 check and the oscillation watch after it
     report      → the step's progress line (its verdict final) and its tracing span
     guard       → a rollback verdict: restore before the spike's onset, skip its data
     checkpoints → maybe_save(state, last=…) (trainer/checkpoint_manager.py)
@@ -37,6 +38,7 @@ from trainer.engine import set_lr, tokens_per_step, veto_next_update
 from trainer.guard import SpikeGuard, finite_or_none
 from trainer.model import IGNORE
 from trainer.online_eval import OnlineEval
+from trainer.oscillation_watch import NoiseSample
 from trainer.spikes import Verdict
 from trainer.state import TrainState
 from trainer.step_metrics import OwnerClock, StepProbe, write_owner_times
@@ -161,9 +163,13 @@ class Trainer:
         set_lr(engine, lr := self.lr(step))
         first_cursor = skip_past(state.data_cursor, state.skip_ranges)
         split = ctx.args.micro_split
+        noise = guard.oscillation.sample_at(step)  # a gradient noise sample due this step
         lap("other")
-        loss_sum = forward_backward(engine, self.batches, state, step, accum, split)
+        loss_sum = forward_backward(engine, self.batches, state, step, accum, split, noise)
         lap("forward_backward")
+        # collective + host sync on a noise-sampled step: a gradient norm's mean over ranks
+        guard.oscillation.add(noise)
+        lap("judge")
         # collective + host sync: the mean loss over ranks and any rank's stop request
         loss, stop = ctx.loss_and_stop(loss_sum / (accum * split))
         lap("loss_and_stop")
@@ -204,15 +210,17 @@ class Trainer:
 
 
 def forward_backward(engine, batches: BatchSource, state: TrainState, step: int,
-                     micro_batches: int, split: int = 1) -> torch.Tensor:
+                     micro_batches: int, split: int = 1,
+                     noise: NoiseSample | None = None) -> torch.Tensor:
     """Forward and backward every micro-batch of `step`, each as `split` equal chunks (an
     OOM-adapted run: the same sequences, the same global batch), advancing the data cursor
     past skipped ranges; the summed loss stays on the device (no host sync here). DeepSpeed
     wants engine.step() after each forward/backward; it updates only on the last one, which
-    train_step calls itself once it has judged the loss."""
+    train_step calls itself once it has judged the loss. `noise`: a gradient noise sample
+    reads the gradients after each micro-batch (trainer/oscillation_watch.py)."""
     loss_sum = torch.zeros((), dtype=torch.float32, device=engine.device)
     passes = 0
-    for _ in range(micro_batches):
+    for index in range(micro_batches):
         state.data_cursor = skip_past(state.data_cursor, state.skip_ranges)
         tensors = [t.to(engine.device) for t in batches.get(state.data_cursor, step)]
         chunks = [tensors] if split == 1 else list(zip(*(t.chunk(split) for t in tensors)))
@@ -227,6 +235,8 @@ def forward_backward(engine, batches: BatchSource, state: TrainState, step: int,
             engine.backward(loss)
             loss_sum += loss.detach().float()
             passes += 1
+        if noise is not None:
+            noise.after_micro_batch(engine, index)
         state.data_cursor += 1
     return loss_sum
 

@@ -72,6 +72,7 @@ from trainer.init_from import load_init_weights
 from trainer.loop import Trainer
 from trainer.model import GPT
 from trainer.online_eval import OnlineEval
+from trainer.oscillation_watch import recorded_lr_windows
 from trainer.schedule import LRSchedule
 from trainer.start import finished_manifest, start_state
 from trainer.step_metrics import StepProbe
@@ -115,8 +116,9 @@ def make_meter(spec: RunSpec, model: GPT, vocab_size: int, device: torch.device,
 
 
 # what the start-up reads of the run's event log (the skip windows of rollbacks decided
-# after the restored checkpoint, an operator rollback applied already): read in advance
-STARTUP_EVENTS = ("rollback", "rollback_refused")
+# after the restored checkpoint, an operator rollback applied already, the LR windows of
+# oscillations): read in advance
+STARTUP_EVENTS = ("rollback", "rollback_refused", "oscillation_detected")
 
 
 def run_segment(args: SegmentArgs, rank: int, world: int) -> None:
@@ -218,9 +220,13 @@ def build_trainer(ctx: SegmentContext, engine, *, vocab_size: int, source, meter
     batches = faults.batches(source)
     # a rollback's diagnosis replays these, and names the accused documents' sources
     guard.replayer = Replayer(engine, batches, Sources(args.dataset, args.cache("dataset")))
+    # the LR an oscillation lowered stays lowered for its steps (collective: a broadcast)
+    guard.oscillation.windows = recorded_lr_windows(ctx)
+    schedule = LRSchedule(spec.train, (*args.lr_windows, *guard.oscillation.windows),
+                          one_shot=faults.lr_windows())
+    guard.oscillation.schedule = schedule
     return Trainer(
-        ctx=ctx, engine=engine, batches=batches, meter=meter,
-        lr=LRSchedule(spec.train, args.lr_windows, one_shot=faults.lr_windows()),
+        ctx=ctx, engine=engine, batches=batches, meter=meter, lr=schedule,
         probe=StepProbe(ctx, engine), guard=guard, checkpoints=checkpoints, faults=faults,
         evaluator=OnlineEval(ctx, engine, make_val(spec, args.dataset, args.cache("dataset")),
                              guard, outcome),

@@ -83,6 +83,16 @@ class FakeEngine:
     def get_global_grad_norm(self):
         return None
 
+    # DeepSpeed's plain fp32 ZeRO-0 path: the gradients are the parameters' .grad
+    def fp16_enabled(self) -> bool:
+        return False
+
+    def bfloat16_enabled(self) -> bool:
+        return False
+
+    def zero_optimization(self) -> bool:
+        return False
+
     def was_step_applied(self) -> bool:
         return self.applied
 
@@ -168,8 +178,9 @@ def segment(tmp_path: Path, *, to_step: int = 10, every: int = 4, batches: Batch
     outcome = SegmentOutcome()
     checkpoints = MemoryCheckpoints(ctx, engine, every)
     guard = SpikeGuard(ctx, engine, outcome, checkpoints)
+    guard.oscillation.schedule = schedule = LRSchedule(spec.train, ())  # as build_trainer
     trainer = Trainer(
-        ctx=ctx, engine=engine, batches=batches or Batches(), lr=LRSchedule(spec.train, ()),
+        ctx=ctx, engine=engine, batches=batches or Batches(), lr=schedule,
         meter=Meter(flops_token=1.0, peak=1e12, peak_source="test", devices=1),
         probe=StepProbe(ctx, engine), guard=guard, checkpoints=checkpoints,
         faults=faults or Faults(), evaluator=OnlineEval(ctx, engine, val, guard, outcome),
@@ -274,6 +285,89 @@ def test_a_spike_with_no_checkpoint_before_its_onset_fails_as_diverged(tmp_path)
                                batches=Batches({4: SPIKE, 5: SPIKE}))
     with pytest.raises(Diverged):
         trainer.train(TrainState())  # nothing committed: no step-0 rollback base
+
+
+# ---- a loss that shakes -------------------------------------------------------------------
+SHAKE = {"spikes.oscillation.warmup": 4, "spikes.oscillation.window": 8,
+         "spikes.oscillation.references": 2}
+
+
+def shaking(calm: float, shaky: float, start: int = 20, cursors: int = 64) -> Batches:
+    """x alternates around 1 by `calm` before cursor `start` and by `shaky` from there: the
+    loss (1 - x)^2-ish wobbles step to step, within the spike detector's threshold."""
+    return Batches({c: 1.0 + (shaky if c >= start else calm) * (-1) ** c
+                    for c in range(cursors)})
+
+
+def test_a_loss_that_starts_to_shake_is_detected_and_the_lr_lowered_with_the_figures(tmp_path):
+    trainer, _, _, outcome = segment(tmp_path, to_step=30, batches=shaking(0.005, 0.03), **SHAKE)
+    trainer.train(fresh(trainer))
+    lines = step_lines(trainer)
+    assert {x.verdict for x in lines} == {"ok"}  # no spike: every wobble is within threshold
+    (event,) = events(trainer, "oscillation_detected")
+    p = event["payload"]
+    assert event["step"] == 28 and p["window"] == [21, 28]  # the first block after the shaking
+    assert p["variance_ratio"] >= 9 and p["variance"] > p["reference"] > 0
+    assert p["action"] == "lower_lr" and p["lr_window"] == [28, 228, 0.5]
+    assert p["b_simple"] is None and "one micro-batch per step" in p["noise_unmeasured"]
+    assert p["batch"] == ROWS and p["b_simple_unit"] == "sequences" and "suspect" in p["why"]
+    planned = LRSchedule(trainer.ctx.spec.train, ())
+    assert lines[27].lr == pytest.approx(planned(28))  # the step that found it: as planned
+    assert lines[28].lr == pytest.approx(planned(29) * 0.5)  # from the next step: halved
+    assert outcome.rollbacks == []
+
+
+def test_a_loss_that_keeps_its_wobble_is_not_an_oscillation(tmp_path):
+    trainer, _, _, _ = segment(tmp_path, to_step=40, batches=shaking(0.005, 0.005), **SHAKE)
+    trainer.train(fresh(trainer))
+    assert events(trainer, "oscillation_detected") == []
+    planned = LRSchedule(trainer.ctx.spec.train, ())
+    assert [x.lr for x in step_lines(trainer)] == pytest.approx([planned(s) for s in range(1, 41)])
+
+
+def test_a_noisy_gradient_asks_for_a_larger_batch_from_the_gradient_noise_scale(tmp_path):
+    # two micro-batches a step, x = 1 + e +- 0.9: each one's gradient is far from their
+    # mean's (a large tr(Sigma)); e wobbles the step's loss as above
+    values = {}
+    for step in range(40):
+        e = (0.03 if step >= 20 else 0.005) * (-1) ** step
+        values[2 * step] = 1.0 + e + 0.9 * (-1) ** step
+        values[2 * step + 1] = 1.0 + e - 0.9 * (-1) ** step
+    trainer, _, _, outcome = segment(
+        tmp_path, to_step=30, batches=Batches(values), **SHAKE,
+        **{"train.grad_accum": 2, "train.lr": 1e-4, "train.min_lr": 1e-5,
+           "spikes.oscillation.noise_every": 3})  # both signs come first in turn
+    trainer.train(fresh(trainer))
+    (event,) = events(trainer, "oscillation_detected")
+    p = event["payload"]
+    assert p["action"] == "raise_batch" and p["grad_accum_asked"] == 8  # 2 x max_batch_factor
+    assert p["batch"] == 2 * ROWS and p["b_simple"] > 2 * p["batch"]
+    assert p["gradient_sq"] > 0 and p["noise_trace"] > 0 and p["noise_samples"] == 8
+    assert p["noise_unmeasured"] == "" and p["lr_window"] is None
+    planned = LRSchedule(trainer.ctx.spec.train, ())
+    assert step_lines(trainer)[28].lr == pytest.approx(planned(29))  # the LR is left alone
+
+
+def test_a_loss_that_shakes_again_under_the_lowered_lr_takes_the_data_path(tmp_path):
+    trainer, _, checkpoints, outcome = segment(
+        tmp_path, to_step=40, max_rollbacks=0, batches=shaking(0.005, 0.03), **SHAKE)
+    state = trainer.train(fresh(trainer))
+    actions = [e["payload"]["action"] for e in events(trainer, "oscillation_detected")]
+    assert actions == ["lower_lr", "data"]  # steps 28, then 36 at the lowered LR
+    (rb,) = outcome.rollbacks
+    assert (rb["at_step"], rb["onset"], rb["skipped"]) == (36, 29, "window")
+    assert events(trainer, "rollback")[0]["payload"]["reason"] == "oscillation"
+    assert rb["to_step"] <= 27 and outcome.stopped == "rollback_budget"
+    assert state.step == rb["to_step"]
+
+
+def test_the_data_path_is_taken_once_per_lowered_lr_then_the_shaking_is_only_recorded(tmp_path):
+    trainer, _, _, outcome = segment(tmp_path, to_step=60, batches=shaking(0.005, 0.03),
+                                     **SHAKE)
+    state = trainer.train(fresh(trainer))
+    actions = [e["payload"]["action"] for e in events(trainer, "oscillation_detected")]
+    assert actions[:2] == ["lower_lr", "data"] and set(actions[2:]) == {"none"}
+    assert len(outcome.rollbacks) == 1 and state.step == 60  # no rollback after rollback
 
 
 # ---- the commit cadence ------------------------------------------------------------------
