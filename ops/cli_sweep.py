@@ -25,6 +25,7 @@ from typing import Any
 
 from common.errors import BadConfig, StorageUnavailable
 from common.redact import redact
+from ops.cli_args import run_command
 from ops.cli_output import json_line
 from sweep.saving import pruning_saving
 
@@ -48,10 +49,8 @@ class TrialRow:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add `sweep RUN [--durable URL] [--json]`."""
-    p = sub.add_parser("sweep", help="a run's warm-up sweep: each trial's point, status, "
-                                     "loss and steps, the winner marked")
-    p.add_argument("run_id")
-    p.add_argument("--durable", default=".mainspring/store", help="durable storage URL")
+    p = run_command(sub, "sweep", "a run's warm-up sweep: each trial's point, status, loss "
+                                  "and steps, the winner marked")
     p.add_argument("--json", action="store_true", help="the table as one JSON document")
     p.set_defaults(fn=cmd_sweep)
 
