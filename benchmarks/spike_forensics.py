@@ -40,8 +40,8 @@ over the clean run's at that step; every input.
 
 The full mode (the defaults: 10 incidents of each kind, 5000 clean steps, the data run as
 long as the epoch its 12 planted documents lie in, ~2000 steps) trains ~14,000 steps in
-four segments, two side by side: at the quick mode's pace (4 x 600 steps in 92 s) about
-10 minutes on 2 shared cores, plus the seed search (seconds). Not run here yet.
+four segments, two side by side: at the quick mode's pace (4 x 600 steps in 54-98 s)
+about 10 minutes on 2 shared cores, plus the seed search (under a second). Not run yet.
 """
 
 from __future__ import annotations
