@@ -288,8 +288,8 @@ def test_a_spike_with_no_checkpoint_before_its_onset_fails_as_diverged(tmp_path)
 
 
 # ---- a loss that shakes -------------------------------------------------------------------
-SHAKE = {"spikes.oscillation.warmup": 4, "spikes.oscillation.window": 8,
-         "spikes.oscillation.references": 2}
+SHAKE = {"spikes.oscillation.enabled": True, "spikes.oscillation.warmup": 4,
+         "spikes.oscillation.window": 8, "spikes.oscillation.references": 2}
 
 
 def shaking(calm: float, shaky: float, start: int = 20, cursors: int = 64) -> Batches:
