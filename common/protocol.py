@@ -100,6 +100,9 @@ class SegmentOutcome(_Json):
     evals: list[list[float]] = field(default_factory=list)  # online: [step, train, val]
     # "" | rollback_budget | overfitting | interrupted (a graceful stop) | rollback_refused
     stopped: str = ""
+    # silent data corruption suspected: {"step", "ranks", "node_ranks"} per rollback whose
+    # ranks' copies of the weights disagreed (trainer/replicas.py)
+    suspects: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -338,6 +338,9 @@ def spike_story(group: list[dict], cause: dict | None, cost: Cost) -> Sentence:
 def tell_diagnosis(s: Sentence, e: dict, rollback: dict) -> None:
     """Why it spiked: the replay of its window on the restored weights (trainer/diagnosis.py)."""
     p = e["payload"]
+    if p.get("source") == "replicas":  # found by comparing the ranks' weights, no replay
+        tell_replicas(s, e)
+        return
     s.say(f"Replayed twice on step {s.payload('restored_step', rollback, 'to_step')}'s weights "
           f"({s.payload('forward_passes', e, 'forward_passes')} forward passes, "
           f"{s.payload('replay_s', e, 'replay_s', '.2f')} s): ")
@@ -361,6 +364,24 @@ def tell_diagnosis(s: Sentence, e: dict, rollback: dict) -> None:
               f" — suspected silent data corruption on rank {s.payload('rank', e, 'rank')}. ")
     else:
         s.say("no cause stood out (unclear). ")
+
+
+def tell_replicas(s: Sentence, e: dict) -> None:
+    """`numerics` from the ranks' copies of the weights (trainer/replicas.py)."""
+    p = e["payload"]
+    ranks, nodes = p["ranks"], p["node_ranks"]
+    listed = s.fig("ranks", ranks, ", ".join(map(str, ranks)), e, "ranks")
+    on = s.fig("node_ranks", nodes, ", ".join(map(str, nodes)), e, "node_ranks")
+    s.say(f"the ranks' copies of the weights, which must be equal, disagree: rank"
+          f"{'' if len(ranks) == 1 else 's'} {listed} (node{'' if len(nodes) == 1 else 's'} "
+          f"{on}) differ from the others")
+    if bad := sum(p["nonfinite"][r] for r in ranks):
+        s.say(f" and hold {s.fig('nonfinite', bad, str(bad), derived=('nonfinite', 'ranks'))}"
+              " non-finite values")
+    s.say(" — suspected silent data corruption, not the data and not the learning rate. ")
+    if p.get("agree_after_restore") is not None:
+        s.say("Every copy agreed again after the restore. " if p["agree_after_restore"] else
+              "The copies still disagreed after the restore. ")
 
 
 def tell_skip(s: Sentence, rollback: dict) -> None:

@@ -15,9 +15,13 @@ and records every one with its evidence:
   weights to diagnose the spike (trainer/diagnosis.py), reset the detector's outlier window
   and continue. The verdict decides what is skipped from then on (spikes.what_to_skip):
   `data` with accused documents: those documents, wherever they occur (no target on their
-  tokens, trainer/data.py), not the window; `optimisation`: no data; anything else (bad
-  batches, numerics, unclear, no diagnosis) and a repeat in the region of an earlier
-  rollback that skipped no window: the window (doubled when the region already had one).
+  tokens, trainer/data.py), not the window; `optimisation` and `numerics`: no data;
+  anything else (bad batches, unclear, no diagnosis) and a repeat in the region of an
+  earlier rollback that skipped no window: the window (doubled when the region already had
+  one). An abnormal loss first asks whether the ranks' copies of the weights still agree
+  (trainer/replicas.py): copies that differ are `numerics` at once — a rollback that
+  replays nothing, skips nothing, and names the ranks and nodes in the segment's
+  `suspects`.
   Events `loss_spike` + `spike_diagnosed` + `rollback`, flushed at once. More rollbacks in
   this segment than the workflow allows end the segment early so the workflow can escalate
   (trainer/stopping.py): a spike that keeps coming back ends in an LR backoff, then a hold;
@@ -42,6 +46,8 @@ from trainer.checkpoint_manager import CheckpointManager
 from trainer.context import SegmentContext
 from trainer.diagnosis import Diagnosis, Replayer
 from trainer.oscillation_watch import OscillationWatch
+from trainer.replicas import ReplicaCheck, odd_ones_out
+from trainer.replicas import evidence as replica_evidence
 from trainer.spikes import (
     Verdict,
     merge_ranges,
@@ -85,6 +91,8 @@ class SpikeGuard:
         self.accepted: list[float] = []  # accepted losses since online_eval last took them
         self.recent: list[float] = []  # last accepted losses (the segment's reported loss)
         self.replayer: Replayer | None = None  # the spike's diagnosis (trainer/diagnosis.py)
+        self.replicas: ReplicaCheck | None = None  # do the ranks' weights agree (numerics)
+        self.suspected: Diagnosis | None = None  # copies that disagreed, until the rollback
         self.source = None  # the batch source whose documents a `data` verdict skips
         self.spared: list[int] = []  # onset cursors of this segment's rollbacks with no window
         # a loss that shakes rather than spikes (trainer/oscillation_watch.py)
@@ -103,6 +111,7 @@ class SpikeGuard:
             return Verdict(action="ok", step=step, loss=loss, reason="handling_off")
         state.detector, verdict = observe(state.detector, step, loss, self.cfg)
         if verdict.action != "ok":
+            verdict = self.check_replicas(verdict)  # collective: a small all-gather
             self._event("loss_spike", step, f"loss_spike/{step}", **evidence(verdict))
         if verdict.action == "skip":
             state.skipped.append(step)
@@ -110,6 +119,23 @@ class SpikeGuard:
             self._event("batch_skipped", step, f"batch_skipped/{step}", reason=verdict.reason,
                         batches=[cursor, cursor + self.per_step], loss=finite_or_none(loss))
         return verdict
+
+    def check_replicas(self, verdict: Verdict) -> Verdict:
+        """An abnormal loss: do the ranks' copies of the weights still agree
+        (trainer/replicas.py)? Copies that differ are silent data corruption, whatever the
+        loss looks like: no skipped update heals a rank's copy, so roll back at once (every
+        rank restores the same bytes) and skip no data."""
+        copies = self.replicas.gather() if self.replicas is not None else []
+        if not odd_ones_out(copies):
+            return verdict
+        self.suspected = Diagnosis("numerics", (), replica_evidence(copies))
+        self.outcome.suspects.append({"step": verdict.step, **{
+            k: self.suspected.evidence[k] for k in ("ranks", "node_ranks")}})
+        return Verdict(action="rollback", step=verdict.step, loss=verdict.loss,
+                       baseline=verdict.baseline, spread=verdict.spread,
+                       threshold=verdict.threshold, reason="replicas_disagree",
+                       onset=verdict.onset or verdict.step,
+                       evidence={**verdict.evidence, "detector": verdict.reason})
 
     def after_step(self, step: int, loss: float, verdict: Verdict) -> Verdict:
         """After engine.step(): count fp16 overflow skips; one at the minimum scale is a
@@ -202,20 +228,29 @@ class SpikeGuard:
 
     def _diagnose(self, verdict: Verdict, onset: int, window: tuple[int, int],
                   restored: int) -> Diagnosis | None:
-        """Replay the spike's data window on the restored weights and record why it spiked
-        (`spike_diagnosed`, before the rollback it decides); None when no replay is possible."""
-        if self.replayer is None or verdict.threshold is None:
+        """Why it spiked, recorded (`spike_diagnosed`, before the rollback it decides):
+        copies of the weights that disagreed (found when the loss was judged), else a replay
+        of the spike's data window on the restored weights; None when neither is possible."""
+        passes, seconds = 0, 0.0
+        if self.suspected is not None:  # numerics, without a replay
+            found, self.suspected = self.suspected, None
+            # collective: every copy restored from the same bytes agrees again
+            found.evidence["agree_after_restore"] = not odd_ones_out(self.replicas.gather())
+        elif self.replayer is None or verdict.threshold is None:
             return None
-        spike = {self.cursors[s] + i for s in range(onset, verdict.step + 1)
-                 if s in self.cursors for i in range(self.per_step)}
-        lo, hi = window
-        cursors = sorted(set(range(lo, min(hi, lo + MAX_REPLAY_BATCHES))) | spike)
-        found, seconds = self.replayer.diagnose(cursors, spike, verdict.step, verdict.threshold)
+        else:
+            spike = {self.cursors[s] + i for s in range(onset, verdict.step + 1)
+                     if s in self.cursors for i in range(self.per_step)}
+            lo, hi = window
+            cursors = sorted(set(range(lo, min(hi, lo + MAX_REPLAY_BATCHES))) | spike)
+            found, seconds = self.replayer.diagnose(cursors, spike, verdict.step,
+                                                    verdict.threshold)
+            passes = 2 * len(cursors)
         self._event("spike_diagnosed", verdict.step,
                     f"spike_diagnosed/{verdict.step}/{onset}/{restored}",
                     verdict=found.verdict, documents=list(found.documents), onset=onset,
-                    replay_s=round(seconds, 3), forward_passes=2 * len(cursors),
-                    steps_worth=round(2 * len(cursors) / (3 * self.per_step), 2),
+                    replay_s=round(seconds, 3), forward_passes=passes,
+                    steps_worth=round(passes / (3 * self.per_step), 2),
                     rank=self.ctx.rank, **json_safe(found.evidence))
         log.warning("spike_diagnosed", step=verdict.step, verdict=found.verdict,
                     documents=list(found.documents)[:20], replay_s=round(seconds, 3))

@@ -73,6 +73,7 @@ from trainer.loop import Trainer
 from trainer.model import GPT
 from trainer.online_eval import OnlineEval
 from trainer.oscillation_watch import recorded_lr_windows
+from trainer.replicas import ReplicaCheck
 from trainer.schedule import LRSchedule
 from trainer.start import finished_manifest, start_state
 from trainer.step_metrics import StepProbe
@@ -220,6 +221,9 @@ def build_trainer(ctx: SegmentContext, engine, *, vocab_size: int, source, meter
     batches = faults.batches(source)
     # a rollback's diagnosis replays these, and names the accused documents' sources
     guard.replayer = Replayer(engine, batches, Sources(args.dataset, args.cache("dataset")))
+    # an abnormal loss asks whether the ranks' copies of the weights still agree
+    guard.replicas = ReplicaCheck(engine.module, world=ctx.world, zero_stage=spec.train.zero_stage,
+                                  rank=ctx.rank, node_rank=ctx.node_rank)
     # the LR an oscillation lowered stays lowered for its steps (collective: a broadcast)
     guard.oscillation.windows = recorded_lr_windows(ctx)
     schedule = LRSchedule(spec.train, (*args.lr_windows, *guard.oscillation.windows),

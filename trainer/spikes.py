@@ -156,15 +156,15 @@ def what_to_skip(verdict: str | None, documents: tuple[int, ...] | list[int], *,
     """What a rollback skips, from its spike's diagnosis (trainer/diagnosis.py; None: none
     was possible): "documents" (a `data` verdict that accuses documents, few enough to mask:
     they train nothing from now on, the window's other data trains), "nothing" (an
-    `optimisation` verdict: the update was bad, not the data) or "window" (today's data
-    window: bad batches, numerics, unclear, no diagnosis). A spike again in the region of an
+    `optimisation` verdict: the update was bad, not the data; `numerics`: the arithmetic
+    was) or "window" (the data window: bad batches, unclear, no diagnosis). A spike again in the region of an
     earlier rollback that skipped no window gets the window: the verdict did not get past it.
     """
     if repeat:
         return "window"
     if verdict == "data" and documents and maskable:
         return "documents"
-    if verdict == "optimisation":
+    if verdict in ("optimisation", "numerics"):
         return "nothing"
     return "window"
 

@@ -203,6 +203,24 @@ def test_a_spike_diagnosed_as_a_bad_update_says_it_skipped_no_data():
     assert only_figures_hold_digits(spike)
 
 
+def test_a_spike_from_disagreeing_weight_copies_names_the_rank_and_node_and_skips_no_data():
+    (spike,) = incidents([
+        ev("loss_spike", 8, 1.0, loss=None, threshold=None, reason="replicas_disagree"),
+        ev("spike_diagnosed", 8, 1.2, verdict="numerics", documents=[], forward_passes=0,
+           replay_s=0.0, onset=8, rank=0, source="replicas", ranks=[1], node_ranks=[0],
+           fingerprints=["7", "9"], nonfinite=[0, 3], agree_after_restore=True),
+        ev("rollback", 8, 1.3, onset=8, to_step=4, lost_steps=4, skip=None, skipped="nothing",
+           documents=[], window=[7, 11], kept_batches=4, kept_sequences=16,
+           verdict="numerics"),
+    ])
+    assert "Replayed" not in spike.text
+    assert "rank 1 (node 0) differ from the others and hold 3 non-finite values — suspected " \
+        "silent data corruption" in spike.text
+    assert "Every copy agreed again after the restore." in spike.text
+    assert "Decided: skip no data" in spike.text
+    assert only_figures_hold_digits(spike)
+
+
 def test_cli_explain_prints_one_incident_or_names_the_range(capsys):
     assert cli(["explain", RUN, "--durable", STORE, "--incident", "2", "--json"]) == 0
     (only,) = json.loads(capsys.readouterr().out)
