@@ -16,13 +16,14 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from common import urls
 from common.errors import BadConfig
 from spec.codec import build, deep_merge, dotted_to_nested, num
 from spec.codec import require as _require
 from spec.data import DataConfig
+from spec.distill import MAX_TEACHER_RUN_ID, DistillConfig, default_dict, student_spec
 from spec.faults import MAX_FAULTS, FaultSpec
 from spec.layout import TRAINED_TODAY, LayoutConfig, check_layout
 from spec.model import ModelConfig
@@ -46,6 +47,10 @@ RUN_ID_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")  # fullmatch: "demo\n" is not
 
 @dataclass(frozen=True, kw_only=True)
 class RunSpec:
+    # Sections added after runs were claimed, with the default they came with: out of
+    # spec_hash at that default (without_added), so those runs keep their hash.
+    ADDED: ClassVar[dict[str, Any]] = {"distill": default_dict()}
+
     run_id: str
     seed: int = num(1234, 0, 2**63 - 1)  # fits a signed 64-bit integer everywhere it goes
     data: DataConfig = field(default_factory=DataConfig)
@@ -56,6 +61,7 @@ class RunSpec:
     spikes: SpikeConfig = field(default_factory=SpikeConfig)
     faults: tuple[FaultSpec, ...] = ()
     ops: OpsConfig = field(default_factory=OpsConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)  # spec/distill.py
 
     def __post_init__(self) -> None:
         _require(bool(RUN_ID_RE.fullmatch(self.run_id)), "run_id",
@@ -92,7 +98,32 @@ class RunSpec:
         for i, uri in enumerate(self.data.quarantine):
             urls.check_input(uri, f"data.quarantine[{i}]")
         urls.check_endpoint(self.ops.otlp_endpoint, "ops.otlp_endpoint")
+        self._check_distill()
         self._check_sweep()
+
+    def _check_distill(self) -> None:
+        """A student run names another run as its teacher; a distill stage's student runs
+        (spec/distill.py student_spec) are valid specs, so the stage cannot fail on them."""
+        d = self.distill
+        _require(not d.teacher or d.teacher.split("@")[0] != self.run_id, "distill.teacher",
+                 f"names this run itself ({self.run_id})",
+                 "name the finished run whose promoted checkpoint this one learns from")
+        if not d.enabled:
+            return
+        _require(len(self.run_id) <= MAX_TEACHER_RUN_ID, "distill.enabled",
+                 f"the student runs' ids ({self.run_id}-student-base) would be longer than "
+                 "63 characters", f"use a run id of at most {MAX_TEACHER_RUN_ID} characters")
+        _require(d.student.seq_len == self.model.seq_len, "distill.student.seq_len",
+                 f"is {d.student.seq_len}, the teacher's model.seq_len is {self.model.seq_len}",
+                 f"set distill.student.seq_len to {self.model.seq_len}: both read the same rows")
+        for baseline in (False, True) if d.baseline else (False,):
+            try:
+                RunSpec.from_dict(student_spec(self.to_dict(), 0, baseline=baseline))
+            except BadConfig as exc:
+                name = student_field(exc.field)
+                fix = f"raise distill.steps, or {exc.fix}" if name == "distill.steps" else exc.fix
+                raise BadConfig(name, f"the student's run is refused ({exc.field}: "
+                                f"{exc.problem})", fix) from None
 
     def _check_sweep(self) -> None:
         """The sweep against the run: lr above min_lr, the batch in whole accumulation
@@ -177,12 +208,22 @@ class RunSpec:
                 d[f.name] = [without_added(FaultSpec, e) for e in d[f.name]]
             elif dataclasses.is_dataclass(value):
                 d[f.name] = without_added(type(value), d[f.name])
+        d = without_added(RunSpec, d)  # a section added later, at its default
         blob = json.dumps(d, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
     def replace(self, **sections: Any) -> RunSpec:
         """Override fields by dotted name: spec.replace(**{"train.lr": 1e-3})."""
         return RunSpec.from_dict(deep_merge(self.to_dict(), dotted_to_nested(sections)))
+
+
+def student_field(name: str) -> str:
+    """The field of this spec that a student run's refused field comes from."""
+    if name.startswith("model."):
+        return "distill.student." + name.removeprefix("model.")
+    if name in ("train.total_steps", "train.warmup_steps"):
+        return "distill.steps"  # the student trains distill.steps steps
+    return "distill.student" if name == "train.layout" else "distill"
 
 
 def without_added(cls: type, d: dict[str, Any]) -> dict[str, Any]:
