@@ -109,6 +109,9 @@ class Trainer:
     evaluator: OnlineEval
     stopper: Stopper
     clock: OwnerClock = field(default_factory=OwnerClock)  # where each step's time went
+    # distill.teacher: the frozen teacher whose distillation loss replaces the plain
+    # cross-entropy (trainer/teacher.py); None for every other run
+    teacher: Any = None
 
     def train(self, state: TrainState) -> TrainState:
         """Optimizer steps from `state` until the stopper names a reason; returns the final
@@ -165,7 +168,8 @@ class Trainer:
         split = ctx.args.micro_split
         noise = guard.oscillation.sample_at(step)  # a gradient noise sample due this step
         lap("other")
-        loss_sum = forward_backward(engine, self.batches, state, step, accum, split, noise)
+        loss_sum = forward_backward(engine, self.batches, state, step, accum, split, noise,
+                                    self.teacher)
         lap("forward_backward")
         # collective + host sync on a noise-sampled step: a gradient norm's mean over ranks
         guard.oscillation.add(noise)
@@ -211,13 +215,14 @@ class Trainer:
 
 def forward_backward(engine, batches: BatchSource, state: TrainState, step: int,
                      micro_batches: int, split: int = 1,
-                     noise: NoiseSample | None = None) -> torch.Tensor:
+                     noise: NoiseSample | None = None, teacher: Any = None) -> torch.Tensor:
     """Forward and backward every micro-batch of `step`, each as `split` equal chunks (an
     OOM-adapted run: the same sequences, the same global batch), advancing the data cursor
     past skipped ranges; the summed loss stays on the device (no host sync here). DeepSpeed
     wants engine.step() after each forward/backward; it updates only on the last one, which
     train_step calls itself once it has judged the loss. `noise`: a gradient noise sample
-    reads the gradients after each micro-batch (trainer/oscillation_watch.py)."""
+    reads the gradients after each micro-batch (trainer/oscillation_watch.py). `teacher`:
+    the loss is the distillation loss against it on the same rows (trainer/teacher.py)."""
     loss_sum = torch.zeros((), dtype=torch.float32, device=engine.device)
     passes = 0
     for index in range(micro_batches):
@@ -229,7 +234,11 @@ def forward_backward(engine, batches: BatchSource, state: TrainState, step: int,
             if passes:
                 engine.step()  # a gradient-accumulation boundary is not reached: no update
             # Packed rows also carry (position_ids, doc_ids): attention stays per document.
-            _, loss = engine(x, y, **dict(zip(("position_ids", "doc_ids"), packed)))
+            kw = dict(zip(("position_ids", "doc_ids"), packed))
+            if teacher is None:
+                _, loss = engine(x, y, **kw)
+            else:  # the logits only; the loss against the teacher's on the same rows
+                loss = teacher.loss(engine(x, None, **kw)[0], x, y, **kw)
             if weight is not None:
                 loss = torch.where(weight > 0, loss * weight, torch.zeros_like(loss))
             engine.backward(loss)

@@ -78,6 +78,7 @@ from trainer.schedule import LRSchedule
 from trainer.start import finished_manifest, start_state
 from trainer.step_metrics import StepProbe
 from trainer.stopping import ROLLBACK_REFUSED, Stopper, StopRules
+from trainer.teacher import load_teacher
 from trainer.throughput import DTYPES, Meter, flops_per_token, matmul_params, peak_flops
 
 log = structlog.get_logger(__name__)
@@ -161,6 +162,8 @@ def run_segment(args: SegmentArgs, rank: int, world: int) -> None:
         if spec.train.init_from and ctx.store.latest_committed() is None:  # a fresh run
             load_init_weights(model, spec, args.workdir)  # before ZeRO copies the weights
         engine = build_engine(spec, model, args.micro_split)
+        teacher = load_teacher(spec, manifest.vocab_size, torch.device(engine.device),
+                               args.workdir) if spec.distill.teacher else None
     source = make_batches(spec, args.dataset, rank, world, args.cache("dataset"))
     meter = make_meter(spec, model, manifest.vocab_size, torch.device(engine.device), world,
                        args.cache("device"))
@@ -187,8 +190,12 @@ def run_segment(args: SegmentArgs, rank: int, world: int) -> None:
 
     first, outcome = state.step, SegmentOutcome()
     trainer = build_trainer(ctx, engine, vocab_size=manifest.vocab_size, source=source,
-                            meter=meter, checkpoints=checkpoints, outcome=outcome)
+                            meter=meter, checkpoints=checkpoints, outcome=outcome,
+                            teacher=teacher)
     state = trainer.train(state)
+    if teacher is not None and rank == 0 and ctx.events is not None:  # what it cost
+        ctx.events.emit("teacher_cost", teacher.cost(state.step - first), step=state.step,
+                        event_id=f"teacher_cost/{first}-{state.step}/{args.attempt}")
     ctx.windows.close()
     checkpoints.finish()  # every checkpoint durable before the segment reports success
     if ctx.events is not None:
@@ -208,7 +215,8 @@ def run_segment(args: SegmentArgs, rank: int, world: int) -> None:
 
 
 def build_trainer(ctx: SegmentContext, engine, *, vocab_size: int, source, meter: Meter,
-                  checkpoints: CheckpointManager, outcome: SegmentOutcome) -> Trainer:
+                  checkpoints: CheckpointManager, outcome: SegmentOutcome,
+                  teacher=None) -> Trainer:
     """The step loop's owners for this segment. Fault injection is wired here, once: the
     batch source, the LR windows, a model hook (trainer/faults.py)."""
     spec, args = ctx.spec, ctx.args
@@ -236,7 +244,8 @@ def build_trainer(ctx: SegmentContext, engine, *, vocab_size: int, source, meter
                              guard, outcome),
         stopper=Stopper(StopRules(target=ctx.target, max_rollbacks=args.max_rollbacks,
                                   early_stop_on_overfit=spec.train.early_stop_on_overfit),
-                        outcome))
+                        outcome),
+        teacher=teacher)
 
 
 def end_at_newest(ctx: SegmentContext) -> None:

@@ -1,0 +1,111 @@
+"""`distill.teacher`: the frozen teacher a student run learns from (trainer/distill.py's loss).
+
+Every rank loads it once per segment, beside the student's engine: the teacher run's promoted
+checkpoint is fetched and verified file by file against its manifest, read by the bounded
+weights-only loader (trainer/safe_load.py: a pickle payload is refused, never run) into a
+GPT of the teacher run's own model config (its stored spec, RUN.json), then frozen and put
+in eval mode on this rank's device. The teacher is not wrapped by DeepSpeed, holds no
+optimizer state and is not checkpointed: it is the same on every load, and its forward is
+deterministic, so a resumed student segment computes the same losses as an uninterrupted
+one (resume stays bitwise exact).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from dataclasses import dataclass
+
+import structlog
+import torch
+
+from common.errors import BadConfig, BadData
+from spec import ModelConfig, RunSpec
+from spec.codec import build
+from storage.checkpoints import CorruptCheckpoint, step_dir
+from storage.init_source import promoted_source
+from storage.runs import stored_spec
+from trainer.distill import distill_loss
+from trainer.evaluate import load_weights
+from trainer.model import GPT
+from trainer.safe_load import UnsafeCheckpointFile
+
+log = structlog.get_logger(__name__)
+
+FIELD = "distill.teacher"
+
+
+@dataclass
+class Teacher:
+    """The frozen teacher and the loss it adds; what its forward costs this segment."""
+
+    model: GPT
+    alpha: float
+    temperature: float
+    run_id: str
+    step: int
+    forward_s: float = 0.0  # wall time of the teacher's forwards (host time; CUDA: queued)
+    forwards: int = 0
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+
+    def loss(self, student_logits: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
+             **packed: torch.Tensor) -> torch.Tensor:
+        """The student's distillation loss on one micro-batch (or chunk): the teacher reads
+        the same rows, with the same per-document attention for packed rows."""
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            teacher_logits, _ = self.model(x, **packed)
+        self.forward_s += time.perf_counter() - t0
+        self.forwards += 1
+        return distill_loss(student_logits, teacher_logits, y, alpha=self.alpha,
+                            temperature=self.temperature)
+
+    def cost(self, steps: int) -> dict[str, float | int | str]:
+        """The `teacher_cost` event's payload: the teacher's forward time per step and the
+        memory its weights hold (its logits add B x T x V floats per micro-batch)."""
+        return {"teacher": f"{self.run_id}@{self.step}", "steps": steps,
+                "forward_s_per_step": round(self.forward_s / max(steps, 1), 5),
+                "weight_bytes": self.weight_bytes, "params": self.model.param_count()}
+
+
+def load_teacher(spec: RunSpec, vocab_size: int, device: torch.device, workdir: str
+                 ) -> Teacher:
+    """The teacher `spec.distill.teacher` names, loaded, frozen and in eval mode."""
+    try:
+        source = promoted_source(spec.storage.durable, spec.distill.teacher)
+    except BadConfig as exc:  # promoted_source names train.init_from: this is the teacher
+        raise BadConfig(FIELD, exc.problem, "name a run that finished and promoted a "
+                        "checkpoint, e.g. RUN_ID or RUN_ID@STEP") from None
+    raw = stored_spec(spec.storage.durable, source.run_id)
+    if raw is None or not isinstance(raw.get("model"), dict):
+        raise BadConfig(FIELD, f"run {source.run_id} has no stored spec (RUN.json) to read "
+                        "its model from", "name a run this store ran through mainspring")
+    # every weight is loaded over the random init; the stored section is read as any spec is
+    model = GPT(build(ModelConfig, raw["model"], "model"), vocab_size, seed=0)
+    local = os.path.join(workdir, "teacher", step_dir(source.step))
+    shutil.rmtree(local, ignore_errors=True)
+    try:
+        source.store.fetch(source.step, local)
+        load_weights(model, local, source.step)
+    except (CorruptCheckpoint, UnsafeCheckpointFile) as exc:  # the same on every retry
+        raise BadData(source.uri, f"the teacher, run {source.run_id}'s promoted checkpoint, "
+                      f"cannot be loaded: {exc}", "promote a good checkpoint of that run "
+                      "again, or name another teacher") from None
+    except BadConfig as exc:  # the vocabulary: the teacher's dataset is not this one
+        raise BadConfig(FIELD, f"run {source.run_id}'s promoted step {source.step} does not "
+                        f"fit this dataset ({exc.problem[:300]})", "distil on the dataset "
+                        "the teacher was trained on (the same data section)") from None
+    finally:
+        shutil.rmtree(local, ignore_errors=True)
+    model.requires_grad_(False)
+    model.eval()
+    model.to(device)
+    d = spec.distill
+    log.info("teacher_loaded", teacher_run=source.run_id, teacher_step=source.step,
+             params=model.param_count(), alpha=d.alpha, temperature=d.temperature)
+    return Teacher(model=model, alpha=d.alpha, temperature=d.temperature,
+                   run_id=source.run_id, step=source.step)
