@@ -251,6 +251,8 @@ class RunResult:
     promoted_checkpoint: str
     best_params: dict[str, float]
     workflow_runs: int
+    # the distill stage's record (workflows/distill.py), when the spec turned it on
+    distilled: dict[str, Any] | None = None
 
 
 # ---- the sweep's suggester (sweep/suggest.py: optuna), a local activity ----------

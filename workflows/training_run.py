@@ -24,6 +24,7 @@ with workflow.unsafe.imports_passed_through():
     from spec import RunSpec
     from workflows.adapt import decide, needs_decision
     from workflows.carry_updates import bound, escalation, record_segment, status_view
+    from workflows.distill import distill
     from workflows.escalation import ESCALATE_LOWER_LR, ESCALATE_PAUSE
     from workflows.failures import FAILURE_EXCEPTION_TYPES
     from workflows.gang import blame, members, pick_nodes, run_gang
@@ -59,6 +60,7 @@ class TrainingRun(OperatorHandlers):
         self._promoted: tuple[int, str] | None = None  # (step, uri) once promoted
         self._scrub = None  # the checkpoint scrub running beside a segment, if any
         self._scrubbed_at = -1  # segments_total when this workflow run last started one
+        self._distilled: dict | None = None  # the distill stage's record, once it ran
 
     @workflow.query
     def status(self) -> dict:
@@ -99,6 +101,11 @@ class TrainingRun(OperatorHandlers):
                 await work[stage](s)
         assert self._promoted is not None
         step, uri = self._promoted
+        # After promotion, when the spec asks (off by default). Only a spec with distill
+        # has the stage, and no history recorded before it has one; the marker keeps it
+        # so should a later change move the stage.
+        if s.distill.enabled and workflow.patched("distill_stage"):
+            await self._distill(s, step)
         self._stage = "completed"
         self._show()
         await self._event("run_finished", "run_finished", status="completed")
@@ -106,7 +113,8 @@ class TrainingRun(OperatorHandlers):
         return RunResult(run_id=s.run_id, status="completed", stages=c.stages_done,
                          initial_val_loss=self._evals.get(0, math.nan),
                          final_val_loss=self._evals[step], final_step=c.next_step,
-                         promoted_checkpoint=uri, best_params=c.best_params, workflow_runs=c.runs)
+                         promoted_checkpoint=uri, best_params=c.best_params, workflow_runs=c.runs,
+                         distilled=self._distilled)
 
     # ---- the five stages (contracts.STAGES) ------------------------------------------------
     async def _prepare_data(self, s: RunSpec) -> None:
@@ -180,6 +188,13 @@ class TrainingRun(OperatorHandlers):
             start_promote(with_params(s, self._carry.best_params), chosen))
         self._promoted = (chosen, promoted.uri)
         await self._finish("promote", step=promoted.step, uri=promoted.uri)
+
+    async def _distill(self, s: RunSpec, step: int) -> None:
+        """The student (and its no-teacher baseline) from the promoted step: child runs of
+        their own, promoted beside this one (workflows/distill.py)."""
+        await self._begin("distill")
+        self._distilled = await distill(s, step, self._evals[step], self._unless_aborted)
+        await self._finish("distill", **self._distilled)
 
     # ---- interruptible work ------------------------------------------------------------
     async def _segment(self, train_spec: RunSpec, lo: int, hi: int) -> TrainSegmentResult | None:

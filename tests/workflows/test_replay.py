@@ -27,6 +27,9 @@ since the sweep's commands (one suggest_trials a round, then its trials) did not
 that added it): each trial a segment per rung, an evaluate and a `prune_trial` local
 activity at each boundary but the last, the pruned trials stopping there. Pruning off, the
 Sweep issues the commands of the older sweep fixtures, which replay unpatched.
+`distill_stage` holds a run with the distill stage (test_distill_stage.py): after promotion,
+two TrainingRun children (the student, its no-teacher baseline), behind
+`workflow.patched("distill_stage")`; a spec without `distill` schedules no child there.
 
 Keep every directory. Record a new one (never over an old one) when a change makes new
 histories the old fixtures do not cover, with the workflow code of that commit:
