@@ -1,6 +1,8 @@
 """The training map of `mainspring report`: the chain from data to a converged model.
 
-Five stage boxes (activities/contracts.STAGES), each with what it did and its wall time and
+Five stage boxes (activities/contracts.STAGES), and a sixth for the optional distill stage
+when the run had one (the student's and its baseline's held-out loss beside the teacher's,
+and what they took), each with what it did and its wall time and
 accelerator-hours: data prep from the dataset manifest's stats (documents read, removed by
 each filter, exact and near duplicates, tokens, shards), the sweep from its `sweep_trial`
 events, training from the event log (segments, faults, rollbacks, skipped data),
@@ -43,7 +45,10 @@ from ops.report_map_render import (
 log = structlog.get_logger(__name__)
 
 TITLES = {"prepare_data": "1 · Data preparation", "warmup_sweep": "2 · Warm-up sweep",
-          "train": "3 · Training", "evaluate": "4 · Evaluation", "promote": "5 · Promotion"}
+          "train": "3 · Training", "evaluate": "4 · Evaluation", "promote": "5 · Promotion",
+          "distill": "6 · Distillation"}
+DISTILL = "distill"  # the optional stage after promotion (workflows/distill.py): a sixth box
+DISTILL_ROW = "distillation (student runs)"
 # (row, the from_record parts it adds up). "other / idle" is the remainder (module doc).
 COST_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("productive training", ("productive",)),
@@ -119,12 +124,17 @@ def hour_price(spec: dict | None, override: float | None = None) -> float:
 
 
 # ---- cost ----------------------------------------------------------------------------
-def cost_rows(rec: dict, accelerators: int, price: float) -> list[CostRow]:
+def cost_rows(rec: dict, accelerators: int, price: float,
+              distill_s: float | None = None) -> list[CostRow]:
     """from_record's seconds regrouped (COST_GROUPS), then `other / idle` = wall - the rest,
-    so the rows add up to wall × accelerators (negative only if causes overlapped)."""
+    so the rows add up to wall × accelerators (negative only if causes overlapped).
+    `distill_s`: the distill stage's window, where the run waits on its student runs (their
+    own records hold how that time went), a row of its own rather than idle."""
     parts = {"productive": rec["productive_s"], **rec["badput_s"]}
     wall = rec["wall_s"]
     rows = [(name, causes, sum(parts.get(c, 0.0) for c in causes)) for name, causes in COST_GROUPS]
+    if distill_s is not None:
+        rows.append((DISTILL_ROW, (), distill_s))
     grouped = {c for _, causes, _ in rows for c in causes}
     rest = tuple(c for c in parts if c not in grouped)
     rows.append((OTHER, rest, wall - sum(s for _, _, s in rows)))
@@ -271,6 +281,50 @@ def promote_box(events: list[dict]) -> tuple[list[str], dict]:
             f"{str(fig['uri']).rstrip('/').rsplit('/', 1)[-1]}"], fig
 
 
+def distill_box(events: list[dict]) -> tuple[list[str], dict]:
+    """The distill stage's record (workflows/distill.py): the held-out loss of the student,
+    of the same student trained without a teacher, and of the teacher, and what each
+    student's training took. The teacher's forward cost per step is in the student run's
+    own record (its `teacher_cost` events; its report's training box)."""
+    p = stage_payload(events, DISTILL)
+    keys = ("student_run", "baseline_run", "teacher_step", "steps", "alpha", "temperature",
+            "teacher_val_loss", "student_val_loss", "baseline_val_loss", "student_wall_s",
+            "baseline_wall_s", "student_promoted")
+    fig = {k: p.get(k) for k in keys}
+    if not p:
+        return ["not finished"], fig
+    student, base = fig["student_val_loss"], fig["baseline_val_loss"]
+    fig["gain"] = base - student if isinstance(base, (int, float)) and isinstance(
+        student, (int, float)) else None
+    lines = [f"student: {fig['student_run']}",
+             f"{fmt_num(fig['steps'])} steps from step {fmt_num(fig['teacher_step'])}, "
+             f"α {fig['alpha']}, T {fig['temperature']}",
+             f"held-out loss, teacher: {fmt_num(fig['teacher_val_loss'], '.4f')}",
+             f"   student: {fmt_num(student, '.4f')} ({duration(fig['student_wall_s'])})"]
+    if fig["baseline_run"]:
+        lines += [f"   without teacher: {fmt_num(base, '.4f')} "
+                  f"({duration(fig['baseline_wall_s'])})",
+                  f"   teacher's gain: {fmt_num(fig['gain'], '+.4f')} nats/token"]
+    lines.append("promoted in its own run, beside the teacher")
+    return lines, fig
+
+
+def teacher_lines(events: list[dict]) -> tuple[list[str], dict | None]:
+    """A student run's teacher and what its forward cost (`teacher_cost`, per segment)."""
+    costs = of_kind(events, "teacher_cost")
+    if not costs:
+        return [], None
+    steps = sum(e["payload"].get("steps") or 0 for e in costs)
+    seconds = sum((e["payload"].get("forward_s_per_step") or 0) * (e["payload"].get("steps")
+                                                                    or 0) for e in costs)
+    last = costs[-1]["payload"]
+    fig = {"teacher": last.get("teacher"), "forward_s_per_step": seconds / steps if steps
+           else None, "weight_bytes": last.get("weight_bytes")}
+    return [f"teacher: {fig['teacher']}",
+            f"   its forward: {fmt_num(fig['forward_s_per_step'], '.4f')} s/step, "
+            f"weights {fmt_bytes(fig['weight_bytes'])}"], fig
+
+
 def trials_of(events: list[dict], curves: dict[str, list[tuple[int, float]]]) -> list[Trial]:
     """Each sweep trial (its `sweep_trial` event), the lowest finite held-out loss of a
     trial not pruned best."""
@@ -303,8 +357,16 @@ def training_map(events: list[dict], rec: dict, *, stats: dict, stats_source: st
             "warmup_sweep": sweep_box(events, trials),
             "train": train_box(events, rec, faults["train"]),
             "evaluate": eval_box(events), "promote": promote_box(events)}
+    lines, teacher = teacher_lines(events)  # a student run: its teacher's cost
+    if teacher:
+        made["train"] = ([*made["train"][0], *lines], {**made["train"][1], "teacher": teacher})
+    stages = list(STAGES)
+    if DISTILL in windows:  # the optional stage ran (or runs): its box after promotion
+        stages.append(DISTILL)
+        made[DISTILL] = distill_box(events)
+        faults[DISTILL] = []  # its faults are in the student runs' own records
     boxes = []
-    for stage in STAGES:
+    for stage in stages:
         a, b = windows.get(stage, (None, None))
         wall = b - a if a is not None else None
         lines, fig = made[stage]
@@ -314,7 +376,9 @@ def training_map(events: list[dict], rec: dict, *, stats: dict, stats_source: st
         boxes.append(StageBox(stage=stage, title=TITLES[stage], wall_s=wall,
                               accel_h=wall * accelerators / 3600 if wall is not None else None,
                               lines=tuple(lines), figures=fig))
-    return TrainingMap(boxes=boxes, trials=trials, cost=cost_rows(rec, accelerators, price),
+    distill_s = boxes[-1].wall_s if stages[-1] == DISTILL else None
+    return TrainingMap(boxes=boxes, trials=trials,
+                       cost=cost_rows(rec, accelerators, price, distill_s),
                        accelerators=accelerators, accelerators_from=accelerators_from,
                        price=price, wall_s=rec["wall_s"],
                        accel_h=rec["wall_s"] * accelerators / 3600)
