@@ -129,6 +129,11 @@ class PlanInputs:
     restart_s: float | None = None
     mfu: float | None = None
     mfu_at: int | None = None  # accelerators the MFU was measured on (default: G)
+    # a measured MFU's range and where it was measured (--mfu-from-run): printed with the
+    # defaults; without them a given --mfu is its own range and needs no source
+    mfu_low: float | None = None
+    mfu_high: float | None = None
+    mfu_source: str | None = None
     peak_tflops: float | None = None
     layout: str = "auto"
     tp: int = 1
@@ -167,12 +172,18 @@ class PlanInputs:
                 raise BadConfig(flag, f"{value!r} is not a positive number",
                                 "give a finite number above 0")
         fractions = {"--mfu": self.mfu, "--goodput": self.goodput, "--overlap": self.overlap,
-                     "--api-output-share": self.api_output_share}
+                     "--api-output-share": self.api_output_share,
+                     "--mfu (low)": self.mfu_low, "--mfu (high)": self.mfu_high}
         for flag, value in fractions.items():
             floor_ok = value is not None and (value > 0 or value == 0 and flag in (
                 "--overlap", "--api-output-share"))
             if value is not None and not (floor_ok and value <= 1):
                 raise BadConfig(flag, f"{value!r} is not a fraction", "give a number in (0, 1]")
+        if (self.mfu_low is not None or self.mfu_high is not None) and not (
+                self.mfu is not None and (self.mfu_low or self.mfu) <= self.mfu
+                <= (self.mfu_high or self.mfu)):
+            raise BadConfig("--mfu", "an MFU range that does not hold the MFU",
+                            "give low <= mfu <= high")
         if self.hour_price_high is not None and self.hour_price_high < self.hour_price:
             raise BadConfig("--hour-price", "the high price is below the low one",
                             "write the range LOW..HIGH, e.g. 2..3.5")
@@ -298,12 +309,15 @@ def plan(inputs: PlanInputs) -> dict:
     per_node = pick("--nodes-of", inputs.per_node, acc.per_node, f"{acc.name} nodes")
     peak = pick("--peak-tflops", inputs.peak_tflops, acc.peak_tflops, acc.peak_source) * 1e12
     mfu = pick("--mfu", inputs.mfu, acc.mfu, acc.mfu_source)
+    if inputs.mfu_source:  # measured, not a default, but it prints with its source like one
+        defaults.append({"input": "--mfu-from-run", "value": mfu, "source": inputs.mfu_source})
     # An MFU measured on one accelerator is compute only: the layout's communication at G is
     # added to it. One published at scale is end to end already (a different model's, at a
     # different G): it is taken as the planned run's, as is --mfu unless --mfu-at says where.
     measured_alone = inputs.mfu is None and acc.mfu_at == 1
     mfu_at = inputs.mfu_at or (1 if measured_alone else inputs.accelerators)
-    lo, hi = (acc.mfu_low, acc.mfu_high) if inputs.mfu is None else (mfu, mfu)
+    lo, hi = ((acc.mfu_low, acc.mfu_high) if inputs.mfu is None
+              else (inputs.mfu_low or mfu, inputs.mfu_high or mfu))
     if inputs.layers is None or inputs.d_model is None:
         est = shape_from_params(inputs.params)
         layers = pick("--layers", inputs.layers, est[0], facts.ASPECT_SOURCE)

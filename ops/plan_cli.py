@@ -60,11 +60,29 @@ def inputs_from(args: argparse.Namespace) -> PlanInputs:
                       "api_price_in", "api_price_out", "api_tokens_per_month")}
     fractions = {k: fraction(f"--{k.replace('_', '-')}", getattr(args, k))
                  for k in ("mfu", "goodput", "overlap", "api_output_share")}
+    measured = measured_mfu(args, fractions, ints, real)
     return PlanInputs(params=params, tokens=tokens, accelerator=args.accelerator.lower(),
                       accelerators=ints.pop("accelerators"), hour_price=low,
                       hour_price_high=high, layout=args.layout, tp=ints.pop("tp") or 1,
                       pp=ints.pop("pp") or 1, per_node=ints.pop("nodes_of"), **ints, **real,
-                      **fractions)
+                      **fractions, **measured)
+
+
+def measured_mfu(args: argparse.Namespace, fractions: dict, ints: dict, real: dict) -> dict:
+    """--mfu-from-run: the recorded run's MFU, its range and source, measured on the run's
+    accelerators (unless --mfu-at says otherwise), against the run's configured peak
+    (unless --peak-tflops does). Sets those in `fractions`, `ints` and `real`."""
+    if not getattr(args, "mfu_from_run", None):
+        return {}
+    if fractions["mfu"] is not None:
+        raise BadConfig("--mfu-from-run", "given with --mfu", "give one of the two")
+    from ops.plan_run import mfu_from_run
+
+    got = mfu_from_run(args.store, args.mfu_from_run)
+    fractions["mfu"] = got["mfu"]
+    ints["mfu_at"] = ints["mfu_at"] or got["at"]
+    real["peak_tflops"] = real["peak_tflops"] or got["peak_tflops"]
+    return {"mfu_low": got["low"], "mfu_high": got["high"], "mfu_source": got["source"]}
 
 
 def fraction(flag: str, text: str | None) -> float | None:
@@ -154,6 +172,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--restart-s", help="seconds from a failure to training again")
     p.add_argument("--mfu", help="model-FLOPs utilization, end to end (0-1]")
     p.add_argument("--mfu-at", help="accelerators --mfu was measured on (default: G)")
+    p.add_argument("--mfu-from-run", metavar="RUN",
+                   help="take the MFU a recorded run measured (its train_metrics windows; "
+                        "its accelerators and configured peak) from --store")
     p.add_argument("--peak-tflops", help="dense bf16 peak per accelerator")
     p.add_argument("--layout", default="auto", choices=LAYOUTS)
     p.add_argument("--tp", help="tensor-parallel degree")
@@ -172,6 +193,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--from-run", help="predict a recorded run's wall time from its first "
                                       "10%% of steps, against what it took")
     p.add_argument("--store", "--durable", dest="store", default=".mainspring/store",
-                   help="durable storage URL of --from-run")
+                   help="durable storage URL of --from-run and --mfu-from-run")
     p.add_argument("--json", action="store_true", help="the plan as one JSON object")
     p.set_defaults(fn=cmd_plan)

@@ -40,7 +40,16 @@ from ops.report_map import (
     trials_of,
 )
 from ops.report_map_render import TrainingMap, map_html, plot_map
-from ops.report_render import LossSeries, Window, fmt, plot_losses, render_html
+from ops.report_render import (
+    LossSeries,
+    PlanChart,
+    Window,
+    fmt,
+    plan_html,
+    plot_losses,
+    plot_plan,
+    render_html,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -266,6 +275,31 @@ def goodput_section(events: list[dict], spans: list[dict], now: float | None = N
     }
 
 
+def plan_chart(events: list[dict], spans: list[dict]) -> PlanChart:
+    """The run's training time by step against `mainspring plan --from-run`'s prediction
+    from its first 10 % (ops/plan_run.py, the same code): for each window of the latest
+    trajectory, the seconds from the first segment's start to it and the prediction's at
+    its step; the last point is the training's end. A run the prediction refuses (too
+    short, never trained) gets the refusal as its note."""
+    from ops.plan_run import FAULT_CAUSES, predict, predicted_at, training_span
+
+    try:
+        span = training_span(events, spans)
+        badput = from_record(events, spans)["badput_s"]
+        figures = predict(span, fault_s=sum(badput.get(c) or 0.0 for c in FAULT_CAUSES))
+    except BadConfig as exc:
+        return PlanChart(steps=[], actual_s=[], predicted_s=[], seen_steps=0, figures={},
+                         note=exc.problem)
+    start = span["start_ts"]
+    points = [(w.last, w.ts - start) for w in loss_series(events).current if w.ts >= start]
+    if span["finished"]:
+        points = [p for p in points if p[0] < figures["total_steps"]]
+        points.append((figures["total_steps"], figures["actual_s"]))
+    return PlanChart(steps=[s for s, _ in points], actual_s=[t for _, t in points],
+                     predicted_s=[predicted_at(s, figures) for s, _ in points],
+                     seen_steps=figures["seen_steps"], figures=figures)
+
+
 def list_runs(durable_url: str, limit: int = 20) -> list[str]:
     """Run ids with an event log under the store (for the not-found message)."""
     from storage.fs import join, resolve
@@ -336,6 +370,9 @@ def build_report(durable_url: str, run_id: str, out_dir: str, *,
     goodput["time"] = priced(goodput["time"], tmap.accelerators, hourly)
     with open(map_png, "rb") as f:
         map_b64 = base64.b64encode(f.read()).decode("ascii")
+    chart = plan_chart(events, spans)
+    plan_b64 = ("" if chart.note else
+                base64.b64encode(plot_plan(chart, run_id)).decode("ascii"))
     page = os.path.join(out_dir, "report.html")
     with open(page, "w", encoding="utf-8") as f:
         f.write(render_html(
@@ -344,7 +381,8 @@ def build_report(durable_url: str, run_id: str, out_dir: str, *,
             faults=fault_rows(events), recoveries=recovery_rows(events),
             rollbacks=rollback_rows(events), checkpoints=checkpoint_rows(events),
             goodput=goodput, training_map=map_html(tmap, map_b64, run_id),
-            incidents=tuple(i.text.split(": ", 1)[1] for i in incidents(events, spec))))
+            incidents=tuple(i.text.split(": ", 1)[1] for i in incidents(events, spec)),
+            plan=plan_html(chart, plan_b64, run_id)))
     log.info("report_written", run_id=run_id, png=png, map=map_png, html=page,
              events=len(events), windows=len(series.current))
     return {"png": png, "map": map_png, "html": page}

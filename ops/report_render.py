@@ -35,6 +35,18 @@ class LossSeries:
     abandoned: list[Window]  # replaced by a replay, in emission order
 
 
+@dataclass(frozen=True)
+class PlanChart:
+    """The run's training time against `mainspring plan --from-run`'s prediction of it."""
+
+    steps: list[int]  # each point's step
+    actual_s: list[float]  # seconds from the first segment's start to that step's window
+    predicted_s: list[float]  # what the prediction from the first 10 % foresaw there
+    seen_steps: int  # the prefix the prediction saw
+    figures: dict  # ops/plan_run.predict's figures
+    note: str = ""  # why there is no chart (the prediction's refusal), else ""
+
+
 def fmt(v: object) -> str:
     if isinstance(v, float):
         return f"{v:.4g}"
@@ -148,6 +160,61 @@ def draw_losses(ax, series: LossSeries, vals: list[tuple[int, float]], events: l
                     clip_on=False, label="promoted")
 
 
+def draw_plan(ax, chart: PlanChart) -> None:
+    """The actual cumulative training time and the predicted one, by step, on `ax`."""
+    ax.plot(chart.steps, chart.actual_s, color="#1f77b4", lw=1.5, marker=".", ms=3,
+            label="actual (window times)")
+    ax.plot(chart.steps, chart.predicted_s, color="#ff7f0e", lw=1.5, ls="--",
+            label=f"predicted from the first {chart.seen_steps} steps")
+    ax.axvspan(0, chart.seen_steps, color="#7f7f7f", alpha=0.15, label="what the plan saw")
+
+
+def plot_plan(chart: PlanChart, run_id: str) -> bytes:
+    """The plan chart as PNG bytes (inlined in the page)."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 4), dpi=90)
+    try:
+        draw_plan(ax, chart)
+        ax.set(title=f"{run_id}: training time against the plan", xlabel="optimizer step",
+               ylabel="seconds since training started")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="upper left")
+        fig.tight_layout()
+        out = io.BytesIO()
+        fig.savefig(out, format="png")
+        return out.getvalue()
+    finally:
+        plt.close(fig)
+
+
+PLAN_ROWS = [
+    ("seen_steps", "steps the prediction saw"), ("total_steps", "steps"),
+    ("seconds_per_step", "seconds per step"), ("startup_s", "start of a segment (s)"),
+    ("tail_s", "end of a segment (s)"), ("segments", "segments"),
+    ("predicted_s", "predicted training time (s)"), ("actual_s", "actual training time (s)"),
+    ("error", "error (predicted ÷ actual − 1)"), ("faults", "faults (not foreseen)"),
+    ("error_without_faults", "error without the faults' badput"),
+]
+
+
+def plan_html(chart: PlanChart | None, png_b64: str, run_id: str) -> str:
+    """The plan section: the chart inline and the prediction's figures, or why none."""
+    if chart is None or chart.note:
+        return f"<p><em>no prediction: {html.escape(chart.note if chart else 'no record')}</em></p>"
+    rows = "".join(f"<tr><th>{html.escape(title)}</th><td>{cell(chart.figures.get(k))}</td></tr>"
+                   for k, title in PLAN_ROWS)
+    return (f"<p>What <code>mainspring plan --from-run {html.escape(run_id)}</code> predicts "
+            f"from the first 10 % of the steps, against the run.</p>"
+            f"<img alt=\"training time of {html.escape(run_id)} against the plan\" "
+            f"src=\"data:image/png;base64,{png_b64}\"><table>{rows}</table>")
+
+
 # ---- HTML ---------------------------------------------------------------------------------
 STYLE = """body{font:14px/1.4 system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}
 table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:3px 8px;
@@ -234,11 +301,13 @@ def goodput_html(goodput: dict | None) -> str:
 def render_html(*, run_id: str, store: str, png_path: str, summary: dict, timeline: list[dict],
                 faults: list[dict], recoveries: list[dict], rollbacks: list[dict],
                 checkpoints: list[dict], goodput: dict | None = None,
-                training_map: str = "", incidents: tuple[str, ...] = ()) -> str:
+                training_map: str = "", incidents: tuple[str, ...] = (),
+                plan: str = "") -> str:
     """One self-contained page: the PNG inline (base64), every value escaped. `goodput`:
     ops/report.goodput_section's rows; `training_map`: the map's section, rendered and
     escaped already (ops/report_map_render.map_html), first on the page; `incidents`: each
-    incident in words (ops/explain.py), as `mainspring explain` tells it."""
+    incident in words (ops/explain.py), as `mainspring explain` tells it; `plan`: the plan
+    section, rendered and escaped already (plan_html)."""
     with open(png_path, "rb") as f:
         png = base64.b64encode(f.read()).decode("ascii")
     faults = [{**r, "handled_by": " ".join(r["handled_by"])} for r in faults]
@@ -249,6 +318,7 @@ def render_html(*, run_id: str, store: str, png_path: str, summary: dict, timeli
     sections = [
         ("Incidents", f"<ol>{told}</ol>" if told else "<p>none</p>"),
         ("Goodput and badput (from the durable record)", goodput_html(goodput)),
+        *([("Training time against the plan", plan)] if plan else []),
         ("Faults and how they were handled", table(faults, [
             ("ts", "time"), ("step", "step"), ("kind", "kind"), ("evidence", "evidence"),
             ("handled_by", "handled by"), ("lost_steps", "lost steps"),

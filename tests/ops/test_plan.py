@@ -29,7 +29,7 @@ from ops.plan import (
     young_interval,
 )
 from ops.plan_facts import MTBF_HOURS_PER_ACCELERATOR
-from ops.plan_run import predict, training_span
+from ops.plan_run import predict, run_mfu, training_span
 
 STORE = "file://" + str(Path(__file__).resolve().parents[1] / "fixtures" / "report_run" / "store")
 
@@ -252,10 +252,12 @@ def test_from_run_predicts_start_up_per_segment_plus_seconds_per_step():
 
 def test_from_run_on_the_recorded_faulted_run(capsys):
     # tests/fixtures/report_run: 160 CPU steps in two segments, three faults (a crash, a
-    # spike rollback); the prediction sees steps 1-20 only
+    # spike rollback); the prediction sees the windows ending by step 16, its first 10 %
+    # (its step spans are 20 steps long: the first ends past it)
     assert cli(["plan", "--from-run", "map-run", "--store", STORE, "--json"]) == 0
     got = json.loads(capsys.readouterr().out)
-    assert (got["seen_steps"], got["total_steps"], got["faults"]) == (20, 160, 3)
+    assert (got["seen_steps"], got["total_steps"], got["faults"]) == (15, 160, 3)
+    assert got["marks_from"] == "windows"
     assert got["actual_s"] == pytest.approx(72.53, abs=0.01)
     assert got["error"] < -0.2  # the faults cost what the first 10 % could not show
     assert abs(got["error_without_faults"]) < 0.15
@@ -264,3 +266,55 @@ def test_from_run_on_the_recorded_faulted_run(capsys):
 def test_from_run_without_events_is_exit_2_naming_the_flag(capsys):
     assert cli(["plan", "--from-run", "no-such-run", "--store", STORE]) == 2
     assert "bad config: --from-run" in capsys.readouterr().err
+
+
+def _windows(*pairs: tuple[int, float | None]) -> list[dict]:
+    step, out = 0, []
+    for steps, mfu in pairs:
+        out.append(_event("train_metrics", float(step), first_step=step + 1,
+                          last_step=step + steps, steps=steps, mfu=mfu))
+        step += steps
+    return out
+
+
+def test_mfu_from_a_run_is_the_step_weighted_harmonic_mean_of_its_windows():
+    # 10 steps at 0.2 and 30 at 0.1: 40 steps' time is 10/0.2 + 30/0.1 = 350 "units", so
+    # MFU 40/350 = 0.1143 (the arithmetic mean of windows, 0.15, overstates the fast ones)
+    spec = {"train": {"nodes": 1, "procs_per_node": 2, "peak_tflops": 989.0}}
+    got = run_mfu("r", _windows((10, 0.2), (30, 0.1), (5, None)), spec, [])
+    assert got["mfu"] == pytest.approx(40 / 350)
+    # two windows: the 10th and 90th percentiles lie a tenth in from each end
+    assert (got["low"], got["high"]) == (pytest.approx(0.11), pytest.approx(0.19))
+    assert (got["at"], got["peak_tflops"], got["windows"], got["steps"]) == (2, 989.0, 2, 40)
+    assert "run r" in got["source"] and "989 TFLOP/s" in got["source"]
+
+
+def test_mfu_from_a_run_without_mfu_figures_names_the_flag_and_the_fix():
+    with pytest.raises(BadConfig, match="--mfu-from-run") as err:
+        run_mfu("r", _windows((10, None)), None, [])
+    assert "no MFU figures" in err.value.problem and "--mfu" in err.value.fix
+
+
+def test_plan_takes_its_mfu_range_and_accelerators_from_a_recorded_run(capsys):
+    # tests/fixtures/report_run: two CPU ranks, 35 windows, MFU 0.10-0.28 of a probed peak
+    args = ["plan", "--params", "1B", "--tokens", "20B", "--accelerators", "8",
+            "--accelerator", "cpu", "--hour-price", "1", "--mfu-from-run", "map-run",
+            "--store", STORE, "--json"]
+    assert cli(args) == 0
+    got = json.loads(capsys.readouterr().out)
+    source = [d for d in got["defaults"] if d["input"] == "--mfu-from-run"]
+    assert len(source) == 1 and "35 train_metrics windows" in source[0]["source"]
+    assert got["compute"]["mfu"] == pytest.approx(source[0]["value"])
+    assert got["compute"]["mfu"] == pytest.approx(0.1798, abs=1e-4)
+    assert got["compute"]["mfu_at"] == 2
+    low, high = got["compute"]["mfu_range"]
+    assert 0.1 < low < got["compute"]["mfu"] < high < 0.3
+
+
+def test_mfu_from_run_beside_mfu_or_of_a_run_not_there_is_exit_2(capsys):
+    base = ["plan", "--params", "1B", "--tokens", "20B", "--accelerators", "8",
+            "--accelerator", "cpu", "--hour-price", "1", "--store", STORE]
+    assert cli([*base, "--mfu-from-run", "map-run", "--mfu", "0.3"]) == 2
+    assert "bad config: --mfu-from-run" in capsys.readouterr().err
+    assert cli([*base, "--mfu-from-run", "no-such-run"]) == 2
+    assert "bad config: --mfu-from-run" in capsys.readouterr().err

@@ -1,0 +1,125 @@
+"""`mainspring plan --from-run` held against real runs: three runs of different lengths
+through the real workflow, each predicted from its first 10 % of steps by the same code the
+command runs (ops/plan_run.from_run), against the training time it took.
+
+    .venv/bin/python benchmarks/plan_from_run.py [--steps 200 600 1200] [--segment-steps 200]
+        [--quick] [--save-raw FILE | --from-raw FILE]
+
+The runs: TrainingRuns (sweep off) one after another on one private Temporal dev server,
+worker fleet and SeaweedFS S3 durable tier (benchmarks/harness.py), the e2e run shape at
+W=1, a checkpoint every 10 steps, the demo preset's cadences otherwise (a train_metrics
+window every 10 steps). The segment length is the same for all three, so the runs differ in
+how many segments they pay a start-up for as well as in steps: one, two and four. The dataset is prepared by the first run; the others find it
+cached (the prediction covers the train stage only, as the command does).
+
+Figures (one JSON line): per run its steps, segments, the prediction's inputs (the steps
+it saw, seconds per step, start-up per segment), predicted and actual training seconds
+(first segment_started to last segment_finished), `error` = predicted / actual - 1; then
+`max_abs_error` and `within_15pct` over the three.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+TARGET = 0.15  # the acceptance bound on |predicted / actual - 1|
+STEPS, QUICK_STEPS = (300, 600, 1200), (200, 400, 800)
+SEGMENT_STEPS, QUICK_SEGMENT_STEPS = 300, 200
+# A checkpoint every 10 steps: the trainer's `steps a-b` spans, whose ends are the exact
+# times the prediction reads, are the steps between two checkpoints, and the prediction
+# needs two of them inside the first 10 % (the shortest quick run's first 20 steps).
+CHECKPOINT_EVERY = 10
+
+
+def run_lengths(args: argparse.Namespace) -> tuple[tuple[int, ...], int]:
+    """(steps per run, segment steps): --quick halves both, so segments stay the same count."""
+    if args.quick:
+        return QUICK_STEPS, QUICK_SEGMENT_STEPS
+    return tuple(args.steps), args.segment_steps
+
+
+def record_runs(lengths: tuple[int, ...], segment_steps: int) -> dict:
+    """The runs, one after another, and what `plan --from-run` reads of each: its events and
+    spans as the durable store holds them (so --from-raw can predict again without running)."""
+    from benchmarks.harness import BASE, Services, bench_spec, load_1m, log, run_workflow
+    from storage.events import read_events
+    from storage.spans import read_spans
+
+    services = Services(s3=True).start()
+    runs, loads = [], [load_1m()]
+    try:
+        for steps in lengths:
+            spec = bench_spec(f"plan-{steps}-{int(time.time())}", services, **{
+                "train.total_steps": steps, "train.segment_steps": min(steps, segment_steps),
+                "train.segments_per_run": -(-steps // segment_steps),
+                "train.checkpoint_every": CHECKPOINT_EVERY})
+            started = time.time()
+            result = asyncio.run(run_workflow(services.temporal.address, spec, 3600))
+            time.sleep(3.0)  # the last spans leave the exporters (every 2 s)
+            log.info("run_recorded", run_id=spec.run_id, status=result.get("status"),
+                     wall_s=round(time.time() - started, 1))
+            runs.append({"run_id": spec.run_id, "status": result.get("status"),
+                         "events": read_events(spec.storage.durable, spec.run_id),
+                         "spans": read_spans(spec.storage.durable, spec.run_id)})
+            loads.append(load_1m())
+    finally:
+        services.stop()
+        services.remove()
+    return {"runs": runs, "loads": loads, "segment_steps": segment_steps,
+            "checkpoint_every": CHECKPOINT_EVERY,
+            "cpus": os.cpu_count(),
+            "model": {k.split(".")[1]: v for k, v in BASE.items() if k.startswith("model.")}}
+
+
+KEEP = ("total_steps", "segments", "seen_steps", "marks_from", "seconds_per_step",
+        "startup_s", "tail_s", "predicted_s", "actual_s", "error", "faults", "finished")
+
+
+def figures(predictions: list[dict]) -> dict:
+    """Pure: each run's row (ops/plan_run.predict's figures that the benchmark reports) and
+    the worst error over them against the 15 % bound."""
+    rows = [{k: p[k] for k in KEEP} | {"run_id": p["run_id"]} for p in predictions]
+    worst = max(abs(r["error"]) for r in rows)
+    return {"runs": rows, "max_abs_error": worst, "within_15pct": worst <= TARGET}
+
+
+def report(raw: dict) -> dict:
+    from benchmarks.harness import rounded
+    from ops.plan_run import from_events
+
+    predictions = [from_events(r["run_id"], r["events"], r["spans"]) for r in raw["runs"]]
+    return {"figure": "plan_from_run", **rounded(figures(predictions)), "target": TARGET,
+            "statuses": [r["status"] for r in raw["runs"]],
+            "inputs": {"segment_steps": raw["segment_steps"],
+                       "checkpoint_every": raw["checkpoint_every"], "model": raw["model"],
+                       "world_size": 1, "cpus": raw["cpus"], "load_avg_1m": raw["loads"]}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, nargs="+", default=list(STEPS),
+                   help="each run's total steps")
+    p.add_argument("--segment-steps", type=int, default=SEGMENT_STEPS)
+    p.add_argument("--quick", action="store_true",
+                   help=f"runs of {'/'.join(map(str, QUICK_STEPS))} steps in "
+                        f"{QUICK_SEGMENT_STEPS}-step segments")
+    p.add_argument("--save-raw", default="", help="also write what the runs left to this file")
+    p.add_argument("--from-raw", default="", help="predict from saved runs instead of running")
+    args = p.parse_args(argv)
+    from benchmarks.harness import raw_run
+
+    raw = raw_run(args, lambda: record_runs(*run_lengths(args)))
+    print(json.dumps(report(raw)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
