@@ -152,6 +152,9 @@ class TrainSegmentResult:
     checkpoint_stall_s: float = 0.0
     checkpoints: int = 0
     step_time_s: float | None = None
+    # ranks whose copy of the weights disagreed with the others' ({"step", "ranks",
+    # "node_ranks"}, trainer/replicas.py): the workflow counts their nodes as failing
+    suspects: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass

@@ -232,4 +232,5 @@ def segment_result(res: SegmentResult, attempt: int, committed: list[int],
                               oldest_committed_step=committed[0] if committed else None,
                               faults=in_place_faults, checkpoint_stall_s=res.checkpoint_stall_s,
                               checkpoints=res.checkpoints,
-                              step_time_s=float(step_time) if step_time else None)
+                              step_time_s=float(step_time) if step_time else None,
+                              suspects=out.suspects)

@@ -341,7 +341,8 @@ def tell_diagnosis(s: Sentence, e: dict, rollback: dict) -> None:
     if p.get("source") == "replicas":  # found by comparing the ranks' weights, no replay
         tell_replicas(s, e)
         return
-    s.say(f"Replayed twice on step {s.payload('restored_step', rollback, 'to_step')}'s weights "
+    s.say(f"Replayed on step {s.payload('restored_step', rollback, 'to_step')}'s weights, the "
+          "spike's batches twice "
           f"({s.payload('forward_passes', e, 'forward_passes')} forward passes, "
           f"{s.payload('replay_s', e, 'replay_s', '.2f')} s): ")
     verdict = p.get("verdict")

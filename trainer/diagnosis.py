@@ -1,8 +1,11 @@
 """Why a loss spiked: after a rollback has restored the weights from before the spike, the
-spike's data window is replayed on them with no update, twice, and the evidence decides:
+spike's data window is replayed on them with no update, and the spike's own batches a
+second time, and the evidence decides:
 
-- `numerics`: the two replays of the same batches disagree (on CPU and with deterministic
-  kernels they are bitwise equal): silent data corruption is suspected on this rank;
+- `numerics`: the two replays of the spike's batches disagree (on CPU and with
+  deterministic kernels they are bitwise equal): silent data corruption is suspected on
+  this rank (the ranks' copies of the weights disagreeing is the other evidence of it,
+  trainer/replicas.py, checked before any replay);
 - `data`: documents whose loss on the healthy weights is an outlier against the window's
   other documents (a robust z-score over per-document mean losses) and that explain the
   spike (`explains`: the spike's batches above the threshold on the healthy weights fall
@@ -80,9 +83,28 @@ def robust_z(values: Sequence[float]) -> list[float]:
 
 
 def disagreement(first: Sequence[BatchReplay], second: Sequence[BatchReplay]) -> float:
-    """Pure: the largest relative difference between two replays of the same batches."""
-    return max((abs(a.loss - b.loss) / max(abs(a.loss), 1e-12)
-                for a, b in zip(first, second)), default=0.0)
+    """Pure: the largest relative difference between two replays of the same batches. The
+    second may replay only some of the first's cursors (the spike's own); replays of one
+    cursor pair up in order (pooled: one per rank, in rank order)."""
+    losses: dict[int, list[float]] = {}
+    for b in first:
+        losses.setdefault(b.cursor, []).append(b.loss)
+    seen: dict[int, int] = {}
+    worst = 0.0
+    for b in second:
+        i = seen[b.cursor] = seen.get(b.cursor, -1) + 1
+        a = losses.get(b.cursor, [])[i:i + 1]
+        if not a:  # not in the first replay: nothing to compare it with
+            continue
+        worst = max(worst, relative_difference(a[0], b.loss))
+    return worst
+
+
+def relative_difference(a: float, b: float) -> float:
+    """Pure: |a - b| / |a|; two NaNs are the same result, one NaN differs infinitely."""
+    if math.isnan(a) or math.isnan(b):
+        return 0.0 if math.isnan(a) and math.isnan(b) else math.inf
+    return abs(a - b) / max(abs(a), 1e-12)
 
 
 def diagnose(first: Sequence[BatchReplay], second: Sequence[BatchReplay],
@@ -212,12 +234,16 @@ class Replayer:
 
     def diagnose(self, cursors: Sequence[int], spike_cursors: Iterable[int], step: int,
                  threshold: float) -> tuple[Diagnosis, float]:
-        """Two replays of `cursors` and their verdict; with the seconds it took."""
+        """A replay of `cursors`, a second of the spike's, and their verdict; with the
+        seconds it took."""
         began = time.perf_counter()
-        # collectives: every rank's replays pooled, so the verdict is the same on every rank
+        spike = sorted(set(spike_cursors))
+        # collectives: every rank's replays pooled, so the verdict is the same on every rank.
+        # The second replay is of the spike's own batches: the computation whose
+        # determinism is in question; the window is the first's reference.
         first = pooled(self.replay(cursors, step))
-        second = pooled(self.replay(cursors, step))
-        found = diagnose(first, second, spike_cursors, threshold)
+        second = pooled(self.replay(spike, step))
+        found = diagnose(first, second, spike, threshold)
         if found.documents and self.sources is not None:  # the guilty documents' records
             found.evidence["sources"] = self.sources(found.documents)
         return found, time.perf_counter() - began

@@ -50,6 +50,7 @@ from trainer.replicas import ReplicaCheck, odd_ones_out
 from trainer.replicas import evidence as replica_evidence
 from trainer.spikes import (
     Verdict,
+    maskable,
     merge_ranges,
     observe,
     reset_window,
@@ -63,7 +64,8 @@ from trainer.state import TrainState
 log = structlog.get_logger(__name__)
 
 RECENT_LOSSES = 10  # the segment's reported training loss: mean of the last accepted ones
-# a diagnosis replays at most this many micro-batches of the rollback's skip window (twice)
+# a diagnosis replays at most this many micro-batches of the rollback's skip window (and
+# the spike's own batches a second time)
 MAX_REPLAY_BATCHES = 32
 
 
@@ -216,15 +218,15 @@ class SpikeGuard:
 
     def _what_to_skip(self, found: Diagnosis | None, onset_cursor: int) -> str:
         """spikes.what_to_skip for this rollback: documents only where the batch source can
-        mask them and they fill at most half a micro-batch together (a micro-batch left with
-        no target at all would make a NaN loss)."""
+        mask them and every micro-batch keeps a sequence's worth of other tokens
+        (spikes.maskable)."""
         near = self.cfg.skip_window * self.per_step
         repeat = any(abs(onset_cursor - c) <= near for c in self.spared)
         tokens_of = getattr(self.source, "tokens_of", None)
-        maskable = bool(found and found.documents and tokens_of is not None
-                        and 2 * tokens_of(found.documents) <= self.batch_tokens)
+        can_mask = bool(found and found.documents and tokens_of is not None and maskable(
+            tokens_of(found.documents), self.batch_tokens, self.ctx.spec.model.seq_len))
         return what_to_skip(found.verdict if found else None,
-                            found.documents if found else (), maskable=maskable, repeat=repeat)
+                            found.documents if found else (), maskable=can_mask, repeat=repeat)
 
     def _diagnose(self, verdict: Verdict, onset: int, window: tuple[int, int],
                   restored: int) -> Diagnosis | None:
@@ -245,7 +247,7 @@ class SpikeGuard:
             cursors = sorted(set(range(lo, min(hi, lo + MAX_REPLAY_BATCHES))) | spike)
             found, seconds = self.replayer.diagnose(cursors, spike, verdict.step,
                                                     verdict.threshold)
-            passes = 2 * len(cursors)
+            passes = len(cursors) + len(spike)  # the window once, the spike's batches again
         self._event("spike_diagnosed", verdict.step,
                     f"spike_diagnosed/{verdict.step}/{onset}/{restored}",
                     verdict=found.verdict, documents=list(found.documents), onset=onset,

@@ -151,6 +151,14 @@ def times_in_region(skip_ranges: list[tuple[int, int]], onset: int, cfg: SpikeCo
     return 1 + sum(1 for a, b in skip_ranges if a - near <= onset <= b + near)
 
 
+def maskable(tokens: int, batch_tokens: int, seq_len: int) -> bool:
+    """Pure: documents of `tokens` tokens together can be masked (no target on their tokens)
+    and every micro-batch of `batch_tokens` slots still keeps at least one sequence's worth
+    of other tokens to score: a micro-batch left with no target at all would make a NaN
+    loss, which the detector would take for another spike."""
+    return 0 < tokens <= batch_tokens - seq_len
+
+
 def what_to_skip(verdict: str | None, documents: tuple[int, ...] | list[int], *,
                  maskable: bool, repeat: bool) -> str:
     """What a rollback skips, from its spike's diagnosis (trainer/diagnosis.py; None: none

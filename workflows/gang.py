@@ -21,6 +21,11 @@
   the next launch's node 0 records the `recovered` naming it (and the peers' faults).
 - **Repeats.** The same failure (fingerprint) ops.repeat_failure_limit launches in a row
   holds the run in needs_attention, as on one node (workflows/adapt.py).
+- **Suspects.** A segment that ended well may still name nodes whose ranks' copies of the
+  weights disagreed with the others' (silent data corruption, trainer/replicas.py; the
+  trainer rolled back and went on): each such node gets a failure in a row as above, so a
+  node suspected again, or failing otherwise, is set aside and the next launch runs
+  elsewhere.
 """
 
 from __future__ import annotations
@@ -236,6 +241,38 @@ class Blame:
     after_fault: Fault | None = None
     hold: str = ""
     hold_payload: dict[str, Any] = field(default_factory=dict)
+
+
+def suspected(c: RunCarry, s: RunSpec, suspects: list[dict[str, Any]], nodes: list[str], *,
+              lo: int, hi: int, launch: int) -> list[tuple[str, str, dict[str, Any]]]:
+    """Pure but for the carry it updates, after a launch that ended well: the failures in a
+    row end for every node but those its trainer suspected of silent data corruption
+    (`suspects`: {"step", "ranks", "node_ranks"}; `nodes`: the launch's members by node
+    rank), which get one more each; at ops.node_failure_limit one is set aside. The events
+    to record."""
+    named = [nodes[r] for sus in suspects for r in sus.get("node_ranks") or ()
+             if 0 <= r < len(nodes)]
+    c.gang.node_failures = {n: k for n, k in c.gang.node_failures.items() if n in named}
+    events: list[tuple[str, str, dict[str, Any]]] = []
+    for sus in suspects:
+        for rank in sus.get("node_ranks") or ():
+            if not 0 <= rank < len(nodes):
+                continue
+            node = nodes[rank]
+            c.gang.node_failures[node] = c.gang.node_failures.get(node, 0) + 1
+            evidence = (f"ranks {sus.get('ranks')} on node {node}: their copy of the weights "
+                        f"disagreed with the other ranks' at step {sus.get('step')} "
+                        f"(suspected silent data corruption)")
+            if (c.gang.node_failures[node] >= s.ops.node_failure_limit
+                    and node not in c.gang.set_aside):
+                c.gang.set_aside[node] = evidence[:300]
+                events.append(("node_set_aside", f"node_set_aside/{node}/{launch}", {
+                    "node": node, "failures": c.gang.node_failures[node], "kind": "numerics",
+                    "evidence": evidence[:500], "segment": f"{lo}-{hi}",
+                    "fix": f"test node {node}'s accelerators (a burn-in, the vendor's field "
+                           "diagnostics); restart its worker under a new --node name once "
+                           "they pass"}))
+    return events
 
 
 def lost_fault(f: Fault, s: RunSpec, *, lo: int, hi: int, launch: int, now: float) -> Fault:

@@ -27,7 +27,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.distill import distill
     from workflows.escalation import ESCALATE_LOWER_LR, ESCALATE_PAUSE
     from workflows.failures import FAILURE_EXCEPTION_TYPES
-    from workflows.gang import blame, members, pick_nodes, run_gang
+    from workflows.gang import blame, members, pick_nodes, run_gang, suspected
     from workflows.interval import choose as choose_interval
     from workflows.operator_handlers import OperatorHandlers
     from workflows.operator_queue import aborting
@@ -254,7 +254,15 @@ class TrainingRun(OperatorHandlers):
             await self._decide(s, lo, out.decision)
             return None
         if not out.failures:
-            c.gang.node_failures, c.gang.repeat = {}, {}
+            c.gang.repeat = {}
+            # failures in a row end, but for nodes the trainer suspected of silent data
+            # corruption; a history from before the trainer named them replays without
+            suspects = getattr(out.result, "suspects", None) or []
+            if suspects and not workflow.patched("count_suspects"):
+                suspects = []
+            for kind, event_id, payload in suspected(
+                    c, s, suspects, [n.name for n in nodes], lo=lo, hi=hi, launch=launch):
+                await self._event(kind, event_id, **payload)
             return out.result
         c.interval.faults_seen += 1  # the launch failed (workflows/interval.py counts it)
         verdict = blame(c, s, out.failures, lo=lo, hi=hi, launch=launch,

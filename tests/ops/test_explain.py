@@ -152,7 +152,7 @@ def test_a_diagnosed_spike_says_what_the_replay_found_with_figures_from_its_even
            outlier_steps=[76, 77, 78]),
     ])
     (spike,) = found
-    assert "Replayed twice on step 70's weights (16 forward passes, 0.02 s): batches 75, 76, " \
+    assert "Replayed on step 70's weights, the spike's batches twice (16 forward passes, 0.02 s): batches 75, 76, " \
         "77 are still above the threshold" in spike.text
     assert "the data is the cause" in spike.text
     rest = spike.text.split(": ", 1)[1]
@@ -178,12 +178,12 @@ def test_a_spike_diagnosed_as_a_bad_document_says_it_skipped_the_document_not_th
            skipped="documents", documents=[76], window=[7, 11], kept_batches=4,
            kept_sequences=16, outlier_steps=[9, 10]),
     ])
-    assert "rolled back at step 10 to step 6. Replayed twice" in spike.text
+    assert "rolled back at step 10 to step 6. Replayed on" in spike.text
     assert "documents 76 stand out" in spike.text
     assert ("Decided: skip document 76 wherever it occurs (no training target on its tokens)"
             ", not data batches 7–11: 4 micro-batches (16 sequences) that window held still "
             "train.") in spike.text
-    assert spike.text.index("Replayed twice") < spike.text.index("Decided: skip document")
+    assert spike.text.index("Replayed on") < spike.text.index("Decided: skip document")
     assert "skipping data batches" not in spike.text
     assert only_figures_hold_digits(spike)
 

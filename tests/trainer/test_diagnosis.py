@@ -3,9 +3,18 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from trainer.diagnosis import BatchReplay, diagnose, explains, per_document, robust_z
+from trainer.diagnosis import (
+    BatchReplay,
+    diagnose,
+    disagreement,
+    explains,
+    per_document,
+    robust_z,
+)
 from trainer.model import IGNORE
 
 THRESHOLD = 5.0
@@ -68,6 +77,19 @@ def test_two_replays_that_disagree_are_numerics_whatever_the_data():
     found = diagnose(first, second, spike_cursors=[2], threshold=THRESHOLD)
     assert found.verdict == "numerics" and found.documents == ()
     assert found.evidence["replay_disagreement"] > 1e-4
+
+
+def test_a_second_replay_of_only_the_spikes_batches_is_compared_cursor_by_cursor():
+    losses = {d: 3.0 for d in range(6)}
+    losses[2] = 9.0
+    first = window(losses) + window({2: 9.0})  # pooled: cursor 2 on two ranks
+    same = [b for b in first if b.cursor == 2]
+    assert disagreement(first, same) == 0.0
+    assert diagnose(first, same, spike_cursors=[2], threshold=THRESHOLD).verdict != "numerics"
+    other = [same[0], BatchReplay(2, 9.0 * (1 + 1e-3), same[1].docs)]  # the second rank's
+    assert diagnose(first, other, spike_cursors=[2], threshold=THRESHOLD).verdict == "numerics"
+    assert disagreement([BatchReplay(1, math.nan)], [BatchReplay(1, math.nan)]) == 0.0
+    assert disagreement([BatchReplay(1, 3.0)], [BatchReplay(1, math.nan)]) == math.inf
 
 
 def test_spike_batches_that_are_normal_on_healthy_weights_blame_the_update():

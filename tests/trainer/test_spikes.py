@@ -9,6 +9,7 @@ from trainer.faults import FaultInjector
 from trainer.guard import loss_scale_verdict
 from trainer.spikes import (
     DetectorState,
+    maskable,
     merge_ranges,
     observe,
     overfitting,
@@ -245,6 +246,12 @@ def test_what_a_rollback_skips_follows_its_diagnosis():
     assert what_to_skip("numerics", (), maskable=False, repeat=False) == "nothing"
     for verdict in ("unclear", None):  # None: no diagnosis was possible
         assert what_to_skip(verdict, (), maskable=False, repeat=False) == "window"
+
+
+def test_documents_are_masked_while_each_micro_batch_keeps_a_sequence_of_other_tokens():
+    assert maskable(448, 512, 64) and maskable(1, 512, 64)
+    assert not maskable(449, 512, 64)  # a micro-batch could be left with no target
+    assert not maskable(0, 512, 64)  # nothing to mask
 
 
 def test_a_spike_back_in_the_region_of_a_rollback_that_skipped_no_window_skips_it():

@@ -25,6 +25,7 @@ from workflows.gang import (
     member_failure,
     members,
     node_count,
+    suspected,
 )
 
 NOW = 1_000_000.0
@@ -158,3 +159,22 @@ def test_a_member_failure_reads_the_fault_record_its_activity_raised_with():
                                           type="NodeFailed"))
     got = member_failure("h0", err)
     assert got.how == PEER and got.fault == Fault(**{**fault.__dict__, "node": "h0"})
+
+
+def test_a_node_suspected_of_silent_data_corruption_counts_as_failing_and_is_set_aside():
+    c, s = RunCarry(), spec()
+    c.gang.node_failures = {"h0": 1}  # an earlier launch's failure: this one ended well
+    seen = [{"step": 30, "ranks": [1], "node_ranks": [1]}]
+    assert suspected(c, s, seen, ["h0", "h1"], lo=0, hi=40, launch=0) == []
+    assert c.gang.node_failures == {"h1": 1} and not c.gang.set_aside
+    (event,) = suspected(c, s, seen, ["h0", "h1"], lo=40, hi=80, launch=1)  # limit 2
+    kind, event_id, payload = event
+    assert kind == "node_set_aside" and event_id == "node_set_aside/h1/1"
+    assert payload["kind"] == "numerics" and "step 30" in payload["evidence"]
+    assert "h1" in c.gang.set_aside and "h0" not in c.gang.node_failures
+    # a launch with no suspect ends every failure in a row; a node rank the launch did
+    # not have names nobody
+    assert suspected(c, s, [], ["h0", "h1"], lo=80, hi=120, launch=2) == []
+    assert c.gang.node_failures == {}
+    assert suspected(c, s, [{"step": 1, "ranks": [9], "node_ranks": [5]}],
+                     ["h0", "h1"], lo=0, hi=40, launch=0) == [] and c.gang.node_failures == {}
