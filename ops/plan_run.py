@@ -2,12 +2,11 @@
 first 10 % of steps, and say how far off that was; and `--mfu-from-run RUN`: the MFU a
 recorded run measured, for a plan of a run to come.
 
-Reads only the durable event log (storage/events.py), as `mainspring report` does. The
-prediction is pure: a segment's start-up cost (its `segment_started` to its first
-`train_metrics` window, less that window's steps) times the number of segments, plus the
-seconds per step between the first window and the one that reaches 10 % of the steps
-(checkpoints and evals in that stretch included, since they recur). Faults after the first
-10 % are not foreseen: the record's fault count is reported beside the error.
+Reads only the durable record, the event log (storage/events.py) and the stored spans
+(storage/spans.py), as `mainspring report` does. The prediction is pure (`predict`): the
+seconds per step the first 10 % showed, times the steps, plus each segment's head and tail
+as the first segment showed them. Faults after the first 10 % are not foreseen: the
+record's fault count and their badput are reported beside the error.
 """
 
 from __future__ import annotations
@@ -118,7 +117,7 @@ def predict(span: dict, prefix: float = PREFIX, fault_s: float = 0.0) -> dict:
     first, last = seen[0], seen[-1]
     per_step = (last["ts"] - first["ts"]) / (last["last"] - first["last"])
     head = max(0.0, first["ts"] - span["start_ts"] - per_step * first["last"])
-    later = [c["s"] for c in span.get("commits") or [] if 0 < c["step"] <= last["last"]][1:]
+    later = [c["s"] for c in span.get("commits") or [] if c["step"] <= last["last"]][1:]
     tail = statistics.median(later) if later else 0.0
     segments = math.ceil(total / span["segment_steps"]) if span["segment_steps"] > 0 else 1
     predicted = segments * (head + tail) + per_step * total
@@ -177,8 +176,9 @@ def cmd_from_run(args: argparse.Namespace) -> int:
         return 0
     sys.stdout.write(
         f"run {result['run_id']}: from its first {result['seen_steps']} of "
-        f"{result['total_steps']} steps ({result['seconds_per_step']:.3g} s a step, "
-        f"{result['startup_s']:.3g} s to start each of {result['segments']} segments) the "
+        f"{result['total_steps']} steps (its {result['marks_from']}: "
+        f"{result['seconds_per_step']:.3g} s a step, {result['startup_s']:.3g} s to start and "
+        f"{result['tail_s']:.3g} s to end each of {result['segments']} segments) the "
         f"plan predicts {result['predicted_s']:.0f} s of training; it took "
         f"{result['actual_s']:.0f} s ({result['error']:+.1%}"
         f"{'' if result['finished'] else ', unfinished'}); {result['faults']} faults cost "

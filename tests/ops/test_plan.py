@@ -250,6 +250,40 @@ def test_from_run_predicts_start_up_per_segment_plus_seconds_per_step():
     assert got["error_without_faults"] == pytest.approx(0.0)  # 60 s less 6 s of faults
 
 
+def _span(name: str, start: float, end: float, **attributes) -> dict:
+    return {"name": name, "start_ns": int(start * 1e9), "end_ns": int(end * 1e9),
+            "attributes": attributes}
+
+
+def test_from_run_times_steps_by_the_trainers_spans_and_adds_each_segments_commit_tail():
+    # 200 steps in two segments; 3 s to the first step, then 0.1 s a step. The windows are
+    # stamped by the supervisor's poll (step 10's 0.2 s late): they would say 0.08 s a step.
+    events = [_event("segment_started", 0.0, from_step=0, to_step=100, attempt=1),
+              _event("train_metrics", 4.2, first_step=1, last_step=10, attempt=1,
+                     segment="0-100"),
+              _event("train_metrics", 5.0, first_step=11, last_step=20, attempt=1,
+                     segment="0-100"),
+              _event("segment_started", 25.0, from_step=100, to_step=200, attempt=1),
+              _event("segment_finished", 50.0, from_step=100, to_step=200, attempt=1)]
+    # the trainer's spans end at each last step's own time; the checkpoints after them
+    # reach the durable tier 2.0 s (the writer's first upload), 0.4 s and 0.6 s later
+    spans = [_span("steps 1-10", 3.0, 4.0, rank=0, first_step=1, last_step=10),
+             _span("steps 11-20", 4.0, 5.0, rank=0, first_step=11, last_step=20),
+             _span("steps 21-30", 5.0, 6.0, rank=0, first_step=21, last_step=30),
+             *[_span(f"checkpoint stage {k}", t, t + 0.01, rank=0, step=k)
+               for k, t in ((0, 2.9), (10, 4.0), (20, 5.0))],
+             _span("upload 0", 3.0, 4.9), _span("upload 10", 4.1, 4.4),
+             _span("upload 20", 5.1, 5.6)]
+    got = predict(training_span(events, spans))
+    assert (got["marks_from"], got["seen_steps"]) == ("spans", 20)
+    assert got["seconds_per_step"] == pytest.approx(0.1)
+    assert got["startup_s"] == pytest.approx(3.0)
+    assert got["tail_s"] == pytest.approx(0.5)  # the median of 0.4 and 0.6; not the 2.0
+    assert got["predicted_s"] == pytest.approx(2 * (3.0 + 0.5) + 0.1 * 200)  # 27 s
+    # without spans: the windows, and no tail (no commits recorded)
+    assert predict(training_span(events))["seconds_per_step"] == pytest.approx(0.08)
+
+
 def test_from_run_on_the_recorded_faulted_run(capsys):
     # tests/fixtures/report_run: 160 CPU steps in two segments, three faults (a crash, a
     # spike rollback); the prediction sees the windows ending by step 16, its first 10 %
