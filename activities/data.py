@@ -21,6 +21,7 @@ from storage.checkpoints import CheckpointStore
 from storage.events import EventLog
 from storage.init_source import check_fit
 from storage.quarantine import write_quarantine
+from storage.teacher_source import check_teacher
 
 
 @activity.defn(name=PREPARE_DATA)
@@ -53,6 +54,10 @@ def _prepare_data(spec: RunSpec) -> PrepareDataResult:
             source = check_fit(spec, uri, man)
             events.emit("initialized_from", event_id=f"initialized_from/{source.run_id}/"
                         f"{source.step}", **source.lineage())
+        if spec.distill.teacher:  # a student run: its teacher reads these tokens, or BadConfig
+            teacher = check_teacher(spec, uri, man)
+            events.emit("distilled_from", event_id=f"distilled_from/{teacher.run_id}/"
+                        f"{teacher.step}", **teacher.lineage())
     return PrepareDataResult(manifest_uri=uri, cache_hit=cache_hit,
                              docs_out=int(stats.get("docs_out", 0)),
                              train_tokens=man.tokens("train"), val_tokens=man.tokens("val"),

@@ -24,16 +24,14 @@ from common.errors import BadConfig, BadData
 from spec import ModelConfig, RunSpec
 from spec.codec import build
 from storage.checkpoints import CorruptCheckpoint, step_dir
-from storage.init_source import promoted_source
 from storage.runs import stored_spec
+from storage.teacher_source import FIELD, teacher_source
 from trainer.distill import distill_loss
 from trainer.evaluate import load_weights
 from trainer.model import GPT
 from trainer.safe_load import UnsafeCheckpointFile
 
 log = structlog.get_logger(__name__)
-
-FIELD = "distill.teacher"
 
 
 @dataclass
@@ -75,15 +73,11 @@ class Teacher:
 def load_teacher(spec: RunSpec, vocab_size: int, device: torch.device, workdir: str
                  ) -> Teacher:
     """The teacher `spec.distill.teacher` names, loaded, frozen and in eval mode."""
-    try:
-        source = promoted_source(spec.storage.durable, spec.distill.teacher)
-    except BadConfig as exc:  # promoted_source names train.init_from: this is the teacher
-        raise BadConfig(FIELD, exc.problem, "name a run that finished and promoted a "
-                        "checkpoint, e.g. RUN_ID or RUN_ID@STEP") from None
-    raw = stored_spec(spec.storage.durable, source.run_id)
-    if raw is None or not isinstance(raw.get("model"), dict):
-        raise BadConfig(FIELD, f"run {source.run_id} has no stored spec (RUN.json) to read "
-                        "its model from", "name a run this store ran through mainspring")
+    source = teacher_source(spec)  # checked on the data worker already (activities/data.py)
+    raw = stored_spec(spec.storage.durable, source.run_id) or {}
+    if not isinstance(raw.get("model"), dict):
+        raise BadConfig(FIELD, f"run {source.run_id}'s stored spec (RUN.json) has no model "
+                        "section", "name a run this store ran through mainspring")
     # every weight is loaded over the random init; the stored section is read as any spec is
     model = GPT(build(ModelConfig, raw["model"], "model"), vocab_size, seed=0)
     local = os.path.join(workdir, "teacher", step_dir(source.step))
