@@ -155,6 +155,9 @@ class TrainSegmentResult:
     # ranks whose copy of the weights disagreed with the others' ({"step", "ranks",
     # "node_ranks"}, trainer/replicas.py): the workflow counts their nodes as failing
     suspects: list[dict[str, Any]] = field(default_factory=list)
+    # stopped="raise_batch": the gradient accumulation the trainer asks the next segments
+    # to run with (a loss that shook, trainer/oscillation_watch.py)
+    grad_accum_asked: int | None = None
 
 
 @dataclass

@@ -233,4 +233,4 @@ def segment_result(res: SegmentResult, attempt: int, committed: list[int],
                               faults=in_place_faults, checkpoint_stall_s=res.checkpoint_stall_s,
                               checkpoints=res.checkpoints,
                               step_time_s=float(step_time) if step_time else None,
-                              suspects=out.suspects)
+                              suspects=out.suspects, grad_accum_asked=out.grad_accum_asked)

@@ -103,6 +103,9 @@ class SegmentOutcome(_Json):
     # silent data corruption suspected: {"step", "ranks", "node_ranks"} per rollback whose
     # ranks' copies of the weights disagreed (trainer/replicas.py)
     suspects: list[dict[str, Any]] = field(default_factory=list)
+    # a loss that shakes with a gradient noise scale well above the batch: the gradient
+    # accumulation the trainer asks the workflow to go on with (trainer/oscillation_watch.py)
+    grad_accum_asked: int | None = None
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,10 @@ holds the math): it samples the gradient noise scale, judges every accepted loss
   (bf16, fp16 and ZeRO keep them in their own buffers; with one micro-batch the first
   gradient is already reduced). Elsewhere the figure is null with the reason.
 - On an oscillation (`oscillation_detected`, with the figures, the action and why):
-  `raise_batch` records the gradient accumulation asked for (the engine cannot change its
-  accumulation mid-segment; the workflow would act on it between segments) and goes on;
+  `raise_batch` records the gradient accumulation asked for in the segment's outcome; the
+  engine cannot change its accumulation mid-segment, so the segment stops after the step
+  on a committed one (trainer/stopping.py) and the workflow launches the next with it
+  (workflows/carry_updates.py `raise_batch`: a larger global batch, the data order kept);
   `lower_lr` multiplies the LR by `lr_factor` for `lr_steps` steps from the next step (a
   window of the LR schedule, as the workflow's escalation and `set_lr_scale` are; the event
   is flushed at once and a segment's start reads the windows back: `recorded_lr_windows`);
@@ -163,6 +165,7 @@ class OscillationWatch:
                   "lr_window": None}
         if found.action == "raise_batch":
             self.requested = record["grad_accum_asked"] = found.grad_accum
+            self.outcome.grad_accum_asked = found.grad_accum  # the segment stops on it
         elif found.action == "lower_lr":
             window = (step, step + self.cfg.lr_steps, self.cfg.lr_factor)
             self.lower_lr(window)

@@ -10,6 +10,9 @@ evaluation found; the answer is the first reason that applies:
   stop after this step, on a committed one;
 - `overfitting` — validation loss rose while training loss fell (trainer/online_eval.py)
   and `train.early_stop_on_overfit` is set;
+- `raise_batch` — the oscillation watch asked for a larger gradient accumulation
+  (trainer/oscillation_watch.py), which the engine cannot change mid-segment: stop on a
+  committed step so the workflow launches the next segment with it;
 - `target` — the segment's last step is done: a normal end, not reported as a stop.
 
 A segment that never reaches the loop reports `rollback_refused` (ROLLBACK_REFUSED): an
@@ -31,7 +34,8 @@ from common.protocol import SegmentOutcome
 log = structlog.get_logger(__name__)
 
 TARGET = "target"  # the segment reached its target step: not an early stop
-EARLY = ("rollback_budget", "interrupted", "overfitting")  # what outcome.stopped records
+# what outcome.stopped records
+EARLY = ("rollback_budget", "interrupted", "overfitting", "raise_batch")
 ROLLBACK_REFUSED = "rollback_refused"  # the operator's rollback target is gone: no training
 
 
@@ -45,7 +49,7 @@ class StopRules:
 
 
 def stop_reason(rules: StopRules, *, step: int, rollbacks: int, signal: str = "",
-                overfitting: bool = False) -> str:
+                overfitting: bool = False, batch_asked: bool = False) -> str:
     """Why the segment ends after `step` ('' to go on): the first reason that applies."""
     if 0 <= rules.max_rollbacks < rollbacks:
         return "rollback_budget"
@@ -53,6 +57,8 @@ def stop_reason(rules: StopRules, *, step: int, rollbacks: int, signal: str = ""
         return "interrupted"
     if overfitting and rules.early_stop_on_overfit:
         return "overfitting"
+    if batch_asked and step < rules.target:
+        return "raise_batch"
     if step >= rules.target:
         return TARGET
     return ""
@@ -71,7 +77,8 @@ class Stopper:
         outcome (result.json)."""
         self.rollbacks += rolled_back
         reason = stop_reason(self.rules, step=step, rollbacks=self.rollbacks, signal=signal,
-                             overfitting=overfitting)
+                             overfitting=overfitting,
+                             batch_asked=self.outcome.grad_accum_asked is not None)
         if reason in EARLY:
             self.outcome.stopped = reason
             log.warning("segment_stopping", step=step, reason=reason, signal=signal or None,

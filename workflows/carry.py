@@ -121,6 +121,10 @@ class RunCarry:
     # after out-of-memory failures: each micro-batch runs as this many chunks from then on
     # (workflows/adapt.py), with the oom_adapted events saying why
     micro_split: int = 1
+    # after a loss that shook with a gradient noise scale well above the batch: the
+    # gradient accumulation segments run with from then on (0: the spec's; carry_updates.py
+    # raise_batch), with the batch_raised events saying why
+    grad_accum: int = 0
     # the fault the next segment's `recovered` answers, until it ran (TrainSegmentInput
     # .after_fault); on the wire its JSON object (common/faults.py, a superset of the
     # {event_id, fault_ts, detected_ts, last_step, also} older code wrote and reads)
@@ -184,6 +188,6 @@ WIRE_KEYS = (
     "stages_done", "rollback_steps", "lowered_at", "rollbacks_total", "lr_windows",
     "oldest_step", "budget_from", "pauses", "early_stopped", "operator_queue",
     "operator_actions", "pending_rollback", "rollback_pins", "held", "trace", "micro_split",
-    "after_fault", "nodes_used", "node_failures", "set_aside", "gang_launches", "waiting",
+    "grad_accum", "after_fault", "nodes_used", "node_failures", "set_aside", "gang_launches", "waiting",
     "gang_repeat", "train_wall_s", "faults_seen", "checkpoint_stall_s", "checkpoints_measured",
     "step_time_s", "intervals_chosen", "checkpoint_every")

@@ -5,6 +5,8 @@ Deterministic and I/O-free; imported by workflows/training_run.py in the sandbox
 
 from __future__ import annotations
 
+from typing import Any
+
 from activities.contracts import TrainSegmentResult
 from common.commands import Rollback
 from spec import RunSpec, SpikeConfig
@@ -34,6 +36,8 @@ def status_view(spec: RunSpec | None, c: RunCarry, *, stage: str, evals: dict[in
             "segment_running": list(running) if running else None,
             # after OOMs: each micro-batch runs as this many chunks (workflows/adapt.py)
             "micro_split": c.micro_split,
+            # after an oscillation: the gradient accumulation segments run with (0: spec's)
+            "grad_accum": c.grad_accum,
             # multi-node runs (workflows/gang.py)
             "nodes_used": c.gang.nodes_used or (spec.train.nodes if spec else 1),
             "waiting_for_nodes": c.gang.waiting["reason"] if c.gang.waiting else None,
@@ -80,6 +84,30 @@ def record_segment(c: RunCarry, seg: TrainSegmentResult) -> None:
     c.interval.checkpoint_stall_s += seg.checkpoint_stall_s
     c.interval.checkpoints_measured += seg.checkpoints
     c.interval.step_time_s = seg.step_time_s or c.interval.step_time_s
+
+
+def raise_batch(c: RunCarry, s: RunSpec, seg: TrainSegmentResult) -> dict[str, Any] | None:
+    """Pure but for the carry: a segment that stopped to ask for a larger gradient
+    accumulation (a loss that shook while the gradient noise scale stood well above the
+    batch, trainer/oscillation_watch.py) gets it from the next segment on, bounded by
+    spikes.oscillation.max_batch_factor times the spec's (`s`, the sweep's point applied);
+    the data order is kept (each step reads more micro-batches). The batch_raised payload,
+    or None when nothing changes."""
+    base = s.train.grad_accum
+    now = c.grad_accum or base
+    want = min(int(seg.grad_accum_asked or 0), base * s.spikes.oscillation.max_batch_factor)
+    if want <= now:
+        return None
+    c.grad_accum = want
+    return {"from_grad_accum": now, "to_grad_accum": want, "at_step": seg.final_step,
+            "bound": base * s.spikes.oscillation.max_batch_factor,
+            "why": "the loss shook while the gradient noise scale stood well above the batch "
+                   "(the oscillation_detected event before it has the figures)"}
+
+
+def segment_spec(s: RunSpec, c: RunCarry) -> RunSpec:
+    """The spec a segment runs: the sweep's point applied, and a raised accumulation."""
+    return s.replace(**{"train.grad_accum": c.grad_accum}) if c.grad_accum else s
 
 
 def apply_rollback(c: RunCarry, cmd: Rollback, command_id: str, pin: str) -> None:

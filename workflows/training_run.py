@@ -23,7 +23,14 @@ with workflow.unsafe.imports_passed_through():
     )
     from spec import RunSpec
     from workflows.adapt import decide, needs_decision
-    from workflows.carry_updates import bound, escalation, record_segment, status_view
+    from workflows.carry_updates import (
+        bound,
+        escalation,
+        raise_batch,
+        record_segment,
+        segment_spec,
+        status_view,
+    )
     from workflows.distill import distill
     from workflows.escalation import ESCALATE_LOWER_LR, ESCALATE_PAUSE
     from workflows.failures import FAILURE_EXCEPTION_TYPES
@@ -153,7 +160,7 @@ class TrainingRun(OperatorHandlers):
             if s.train.auto_checkpoint:
                 await self._choose_interval(s, lo, hi)
             self._start_scrub(s)
-            seg = await self._segment(with_params(s, c.best_params), lo, hi)
+            seg = await self._segment(segment_spec(with_params(s, c.best_params), c), lo, hi)
             segments_this_run += 1
             await self._scrub_settled(wait=False)
             if seg is None:  # stopped before the trainer answered: resume from storage
@@ -164,6 +171,11 @@ class TrainingRun(OperatorHandlers):
                 await pin_targets(s, c.operator.rollback_pins, None)
                 c.operator.rollback_pins = []
             record_segment(c, seg)
+            # a loss that shook, answered by a larger batch from the next segment on
+            if seg.grad_accum_asked and workflow.patched("raise_batch") and (
+                    raised := raise_batch(c, with_params(s, c.best_params), seg)):
+                await self._event("batch_raised", f"batch_raised/{seg.final_step}/"
+                                  f"{raised['to_grad_accum']}", **raised)
             show_progress(c.next_step, seg.train_loss)
             self._show()
             if seg.rollbacks:

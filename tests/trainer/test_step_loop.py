@@ -337,7 +337,7 @@ def test_a_noisy_gradient_asks_for_a_larger_batch_from_the_gradient_noise_scale(
         tmp_path, to_step=30, batches=Batches(values), **SHAKE,
         **{"train.grad_accum": 2, "train.lr": 1e-4, "train.min_lr": 1e-5,
            "spikes.oscillation.noise_every": 3})  # both signs come first in turn
-    trainer.train(fresh(trainer))
+    state = trainer.train(fresh(trainer))
     (event,) = events(trainer, "oscillation_detected")
     p = event["payload"]
     assert p["action"] == "raise_batch" and p["grad_accum_asked"] == 8  # 2 x max_batch_factor
@@ -345,7 +345,11 @@ def test_a_noisy_gradient_asks_for_a_larger_batch_from_the_gradient_noise_scale(
     assert p["gradient_sq"] > 0 and p["noise_trace"] > 0 and p["noise_samples"] == 8
     assert p["noise_unmeasured"] == "" and p["lr_window"] is None
     planned = LRSchedule(trainer.ctx.spec.train, ())
-    assert step_lines(trainer)[28].lr == pytest.approx(planned(29))  # the LR is left alone
+    assert step_lines(trainer)[-1].lr == pytest.approx(planned(event["step"]))  # LR alone
+    # the engine cannot change its accumulation: the segment ends on that step, committed,
+    # for the workflow to launch the next with the larger batch
+    assert outcome.stopped == "raise_batch" and outcome.grad_accum_asked == 8
+    assert state.step == event["step"] < 30 and len(step_lines(trainer)) == event["step"]
 
 
 def test_a_loss_that_shakes_again_under_the_lowered_lr_takes_the_data_path(tmp_path):
@@ -441,3 +445,5 @@ def test_stop_reason_puts_the_rollback_budget_first_and_the_target_last():
     assert stop_reason(rules, step=10, rollbacks=0) == TARGET
     assert stop_reason(rules, step=9, rollbacks=1) == ""
     assert stop_reason(StopRules(target=10), step=5, rollbacks=0, overfitting=True) == ""
+    assert stop_reason(rules, step=5, rollbacks=0, batch_asked=True) == "raise_batch"
+    assert stop_reason(rules, step=10, rollbacks=0, batch_asked=True) == TARGET  # done anyway

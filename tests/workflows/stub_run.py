@@ -105,6 +105,10 @@ class Stubs:
         # crash: Temporal retries it), and what every run segment reports it measured
         self.retry_first: set[int] = set()
         self.measured: dict = {}
+        # the run's segments starting at these steps stop after `steps` steps asking for
+        # this gradient accumulation, as the trainer does on an oscillation it answers with
+        # a larger batch (trainer/oscillation_watch.py): from_step -> (steps, asked)
+        self.ask_batch: dict[int, tuple[int, int]] = {}
         self.claims: list[ClaimRunInput] = []
         self.prepared: list[PrepareDataInput] = []
         self.roots_asked = 0
@@ -147,7 +151,10 @@ class Stubs:
                 raise self.fail_with.pop(0)
             if inp.from_step in self.retry_first and activity.info().attempt == 1:
                 raise ApplicationError("injected crash", type="RuntimeError")
-        stop = inp.to_step
+        stop, asked = inp.to_step, None
+        if not trial and inp.from_step in self.ask_batch:
+            steps, asked = self.ask_batch.pop(inp.from_step)
+            stop = inp.from_step + steps
         if self.block and not trial:
             try:
                 await self._beat_until(None)
@@ -159,8 +166,8 @@ class Stubs:
             last_committed_uri=f"file:///stub/checkpoints/step-{stop:09d}",
             train_loss=3.0 - stop / 100, resumed_from=inp.from_step or None,
             attempt=activity.info().attempt, oldest_committed_step=0,
-            stopped="interrupted" if stop < inp.to_step else "",
-            **({} if trial else self.measured))
+            stopped="raise_batch" if asked else "interrupted" if stop < inp.to_step else "",
+            grad_accum_asked=asked, **({} if trial else self.measured))
 
     @activity.defn(name=EVALUATE)
     async def evaluate(self, inp: EvaluateInput) -> EvaluateResult:

@@ -281,6 +281,23 @@ async def test_abort_cancels_a_stage_activity_at_once(h: Harness):
     assert status["stage"] == "aborted" and status["stages_done"] == []
 
 
+@scenario
+async def test_a_segment_that_asks_for_a_larger_batch_gets_it_from_the_next_on_within_bounds(
+        h: Harness):
+    """The trainer stops a segment to ask for more gradient accumulation (a loss that shook
+    while the gradient noise scale stood above the batch); the next segments run with it,
+    never above spikes.oscillation.max_batch_factor times the spec's."""
+    spec = spec_for(f"stub-batch-{uuid.uuid4().hex[:6]}", **{
+        "spikes.oscillation.max_batch_factor": 4})
+    h.stubs.ask_batch = {0: (3, 2), 3: (4, 100)}  # the second asks far past the bound
+    result = await (await h.start(spec)).result()
+    assert result["status"] == "completed" and result["final_step"] == 20
+    assert [(s.from_step, s.spec["train"]["grad_accum"]) for s in h.stubs.segments] == [
+        (0, 1), (3, 2), (7, 4), (17, 4)]
+    assert [(p["from_grad_accum"], p["to_grad_accum"], p["at_step"])
+            for p in h.stubs.payloads("batch_raised")] == [(1, 2, 3), (2, 4, 7)]
+
+
 # ---- failures that need a decision --------------------------------------------------------
 def oom(fault: str) -> ApplicationError:
     return ApplicationError("out of memory: DefaultCPUAllocator: can't allocate memory",
