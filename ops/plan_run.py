@@ -124,7 +124,7 @@ def predict(span: dict, prefix: float = PREFIX, fault_s: float = 0.0) -> dict:
     actual = span["end_ts"] - span["start_ts"]
     return {"seen_steps": last["last"], "total_steps": total, "marks_from": source,
             "seconds_per_step": per_step, "startup_s": head, "tail_s": tail,
-            "segments": segments, "segment_steps": span["segment_steps"],
+            "start_ts": span["start_ts"], "seen_ts": last["ts"], "segments": segments, "segment_steps": span["segment_steps"],
             "predicted_s": predicted, "actual_s": actual,
             "error": (predicted - actual) / actual if actual > 0 else None,
             "fault_badput_s": fault_s, "error_without_faults":

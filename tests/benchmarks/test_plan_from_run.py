@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from benchmarks.plan_from_run import QUICK_STEPS, figures, report, run_lengths
+from benchmarks.plan_from_run import QUICK_STEPS, adjusted, figures, report, run_lengths
 
 
 def recorded(run_id: str, steps: int, head_s: float, step_s: float, end_s: float) -> dict:
@@ -57,3 +57,17 @@ def test_quick_runs_keep_the_segment_counts_of_the_full_ones():
     assert [-(-s // quick[1]) for s in quick[0]] == [1, 2, 4]
     assert run_lengths(argparse.Namespace(quick=False, steps=[300, 600, 1200],
                                           segment_steps=300)) == ((300, 600, 1200), 300)
+
+
+def test_the_load_adjusted_prediction_stretches_what_follows_the_prefix_by_the_cpu_share():
+    # 3 s head and 0.1 s a step: steps 1-20 end at 5 s, 200 foresee 23 s. Beside one other
+    # job the trainer had a core of its own (2 cores); beside three, half of one: the 18 s
+    # after the prefix take 36, and the run's 41 s are foreseen exactly
+    p = {"total_steps": 200, "segment_steps": 200, "startup_s": 3.0, "tail_s": 0.0,
+         "seconds_per_step": 0.1, "seen_steps": 20, "predicted_s": 23.0, "actual_s": 41.0,
+         "start_ts": 0.0, "seen_ts": 5.0}
+    got = adjusted(p, [(1.0, 1), (4.0, 1), (10.0, 3), (30.0, 3)], 0.0, 41.0, cores=2)
+    assert (got["background_prefix"], got["background_rest"]) == (1, 3)
+    assert got["stretch"] == pytest.approx(2.0)
+    assert got["load_adjusted_predicted_s"] == pytest.approx(5.0 + 18.0 * 2)
+    assert got["load_adjusted_error"] == pytest.approx(0.0)
