@@ -10,9 +10,12 @@ run. `trainer.evaluate` then measures all three on the same held-out batches.
 The teacher's cost per step: its forward time (the `teacher_cost` event the student's
 segment records) and the student's step time with it minus without; its memory: the
 teacher's weights plus the logits its forward holds (micro-batch x seq_len x vocab floats).
+Exact resume: the student trained to STUDENT_STEPS/2, then on in a new process from that
+commit (as after a kill), against the straight student: the largest weight difference.
 
 Prints ONE JSON line: {"figure": "distill", "student_val_loss", "baseline_val_loss",
-"teacher_val_loss", "gain" (baseline - student), the cost, the inputs}. Progress on stderr.
+"teacher_val_loss", "gain" (baseline - student), the cost, the resume difference, the
+inputs}. Progress on stderr.
 
     .venv/bin/python benchmarks/distill.py [--teacher-steps 300] [--student-steps 300]
 """
@@ -42,6 +45,9 @@ from storage.checkpoints import CheckpointStore
 from storage.events import read_events
 from storage.runs import claim_run
 from tests.trainer.helpers import REPO, run_segment, write_spec
+from trainer.evaluate import MODEL_FILE
+from trainer.safe_load import safe_torch_load
+from trainer.state import flat_tensors
 
 ALPHA, TEMPERATURE = 0.5, 2.0
 EVAL_BATCHES = 32
@@ -86,6 +92,27 @@ def held_out(spec: RunSpec, dataset: str, root: Path) -> float:
     return json.loads(out.read_text())["results"][0]["val_loss"]
 
 
+def resumed_diff(store: Path, straight: RunSpec, resumed: RunSpec, dataset: str, root: Path
+                 ) -> float:
+    """`resumed` trained 0 -> N/2, then N/2 -> N in a new process (as after a kill): the
+    largest weight difference at step N from `straight`, trained 0 -> N in one."""
+    spec = write_spec(resumed, root / f"{resumed.run_id}.json")
+    n = resumed.train.total_steps
+    for to_step, attempt in ((n // 2, 1), (n, 2)):
+        proc = run_segment(spec, dataset, to_step, root / f"w-{resumed.run_id}-{to_step}",
+                           attempt=attempt, timeout=3600)
+        if proc.returncode != 0:
+            raise SystemExit(proc.stdout[-3000:] + proc.stderr[-6000:])
+
+    def weights(run: str) -> dict:
+        path = store / "runs" / run / "checkpoints" / f"step-{n:09d}" / MODEL_FILE
+        return {k: v for k, v in flat_tensors(safe_torch_load(str(path), map_location="cpu"))
+                .items() if k.startswith("/module/")}
+    a, b = weights(straight.run_id), weights(resumed.run_id)
+    assert a.keys() == b.keys() and a
+    return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
+
+
 def step_times(work: Path) -> list[float]:
     lines = [json.loads(ln) for ln in (work / "progress.jsonl").read_text().splitlines()]
     return [ln["step_time_s"] for ln in lines if ln["type"] == "step"]
@@ -107,12 +134,16 @@ def main() -> None:
         train(teacher, dataset, root)
         CheckpointStore(str(store), teacher.run_id).promote(args.teacher_steps)
         student_model = dict(default_student().__dict__)
-        model = {f"model.{k}": v for k, v in student_model.items()}
-        student = spec_of(store, "student", args.student_steps, **model, **{
-            "distill.teacher": f"teacher@{args.teacher_steps}", "distill.alpha": ALPHA,
-            "distill.temperature": TEMPERATURE})
+        # a commit half-way too, where the resumed student stops
+        model = {**{f"model.{k}": v for k, v in student_model.items()},
+                 "train.checkpoint_every": args.student_steps // 2}
+        taught = {"distill.teacher": f"teacher@{args.teacher_steps}", "distill.alpha": ALPHA,
+                  "distill.temperature": TEMPERATURE}
+        student = spec_of(store, "student", args.student_steps, **model, **taught)
         baseline = spec_of(store, "baseline", args.student_steps, **model)
         w_student, w_base = train(student, dataset, root), train(baseline, dataset, root)
+        resume_diff = resumed_diff(store, student, spec_of(
+            store, "student-resumed", args.student_steps, **model, **taught), dataset, root)
         losses = {s.run_id: held_out(s, dataset, root) for s in (teacher, student, baseline)}
         [cost] = read_events(str(store), "student", kinds=("teacher_cost",))
         cost = cost["payload"]
@@ -132,6 +163,7 @@ def main() -> None:
         "teacher_weight_bytes": cost["weight_bytes"],
         "teacher_logits_bytes_per_micro_batch": logits_bytes,
         "extra_bytes": cost["weight_bytes"] + logits_bytes,
+        "student_resume_max_abs_weight_diff": resume_diff,
         "inputs": {"corpus": teacher.data.corpus, "max_documents": teacher.data.max_documents,
                    "vocab_size": manifest.vocab_size, "teacher_model": teacher.model.__dict__,
                    "student_model": student_model, "teacher_params": cost["params"],
