@@ -1,15 +1,16 @@
 """`mainspring plan --from-run` held against real runs: three runs of different lengths
 through the real workflow, each predicted from its first 10 % of steps by the same code the
-command runs (ops/plan_run.from_run), against the training time it took.
+command runs (ops/plan_run.from_events), against the training time it took.
 
-    .venv/bin/python benchmarks/plan_from_run.py [--steps 200 600 1200] [--segment-steps 200]
+    .venv/bin/python benchmarks/plan_from_run.py [--steps 300 600 1200] [--segment-steps 300]
         [--quick] [--save-raw FILE | --from-raw FILE]
 
 The runs: TrainingRuns (sweep off) one after another on one private Temporal dev server,
 worker fleet and SeaweedFS S3 durable tier (benchmarks/harness.py), the e2e run shape at
-W=1, a checkpoint every 10 steps, the demo preset's cadences otherwise (a train_metrics
-window every 10 steps). The segment length is the same for all three, so the runs differ in
-how many segments they pay a start-up for as well as in steps: one, two and four. The dataset is prepared by the first run; the others find it
+W=1 with one torch thread, a checkpoint every 10 steps, the demo preset's cadences
+otherwise (a train_metrics window every 10 steps). The segment length is the same for all
+three, so the runs differ in how many segments they pay a start-up for as well as in
+steps: one, two and four. The dataset is prepared by the first run; the others find it
 cached (the prediction covers the train stage only, as the command does).
 
 Figures (one JSON line): per run its steps, segments, the prediction's inputs (the steps
@@ -59,7 +60,10 @@ def record_runs(lengths: tuple[int, ...], segment_steps: int) -> dict:
     from storage.events import read_events
     from storage.spans import read_spans
 
-    services = Services(s3=True).start()
+    # one torch thread per trainer, as benchmarks/overhead.py runs it: a single thread
+    # slows evenly when other jobs share the cores, two spin-waiting OpenMP threads
+    # collapse, and `adjusted` counts the trainer as one thread
+    services = Services(s3=True, env={"OMP_NUM_THREADS": "1"}).start()
     runs, loads = [], [load_1m()]
     sampler = GroupSampler()  # other jobs' load, beside the runs (see `adjusted`)
     try:
