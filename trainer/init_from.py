@@ -27,10 +27,13 @@ from trainer.safe_load import UnsafeCheckpointFile
 log = structlog.get_logger(__name__)
 
 
-def load_init_weights(model: torch.nn.Module, spec: RunSpec, workdir: str) -> InitSource:
-    """Load `spec.train.init_from`'s promoted weights into `model`; return the source."""
+def load_init_weights(model: torch.nn.Module, spec: RunSpec, workdir: str,
+                      rank: int = 0) -> InitSource:
+    """Load `spec.train.init_from`'s promoted weights into `model`; return the source. Each
+    rank fetches into a directory of its own: the ranks of a node share `workdir`, and two
+    fetches into one directory remove and rename each other's files."""
     source = promoted_source(spec.storage.durable, spec.train.init_from)
-    local = os.path.join(workdir, "init_from", step_dir(source.step))
+    local = os.path.join(workdir, "init_from", f"rank{rank}", step_dir(source.step))
     shutil.rmtree(local, ignore_errors=True)
     try:
         source.store.fetch(source.step, local)

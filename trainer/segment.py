@@ -160,7 +160,7 @@ def run_segment(args: SegmentArgs, rank: int, world: int) -> None:
         manifest = load_manifest(args.dataset)
         model = GPT(spec.model, manifest.vocab_size, seed=spec.seed)
         if spec.train.init_from and ctx.store.latest_committed() is None:  # a fresh run
-            load_init_weights(model, spec, args.workdir)  # before ZeRO copies the weights
+            load_init_weights(model, spec, args.workdir, rank)  # before ZeRO copies them
         engine = build_engine(spec, model, args.micro_split)
         teacher = load_teacher(spec, manifest.vocab_size, torch.device(engine.device),
                                args.workdir) if spec.distill.teacher else None

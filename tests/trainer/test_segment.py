@@ -384,9 +384,11 @@ def test_a_run_from_a_promoted_checkpoint_starts_with_its_weights_and_its_loss(s
                                                                                  dataset_uri):
     root, a, _ = single
     source = promoted(a, 8)
+    # at two ranks of one node: both fetch the source beside each other into one workdir
     spec = write_spec(tiny_spec(a, **{"run_id": "t-child", "train.init_from": "t@8",
-                                      "train.checkpoint_every": 2}), root / "child.json")
-    ok(run_segment(spec, dataset_uri, 2, root / "wc"))
+                                      "train.checkpoint_every": 2, "train.procs_per_node": 2}),
+                      root / "child.json")
+    ok(run_segment(spec, dataset_uri, 2, root / "wc", world=2))
     theirs = load_tensors(source / "mp_rank_00_model_states.pt")
     mine = load_tensors(a / "runs/t-child/checkpoints/step-000000000/mp_rank_00_model_states.pt")
     weights = [k for k in theirs if k.startswith("/module/")]
