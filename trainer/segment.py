@@ -163,7 +163,7 @@ def run_segment(args: SegmentArgs, rank: int, world: int) -> None:
             load_init_weights(model, spec, args.workdir, rank)  # before ZeRO copies them
         engine = build_engine(spec, model, args.micro_split)
         teacher = load_teacher(spec, manifest.vocab_size, torch.device(engine.device),
-                               args.workdir) if spec.distill.teacher else None
+                               args.workdir, rank) if spec.distill.teacher else None
     source = make_batches(spec, args.dataset, rank, world, args.cache("dataset"))
     meter = make_meter(spec, model, manifest.vocab_size, torch.device(engine.device), world,
                        args.cache("device"))

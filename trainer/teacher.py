@@ -12,6 +12,7 @@ one (resume stays bitwise exact).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import time
@@ -70,17 +71,22 @@ class Teacher:
                 "weight_bytes": self.weight_bytes, "params": self.model.param_count()}
 
 
-def load_teacher(spec: RunSpec, vocab_size: int, device: torch.device, workdir: str
-                 ) -> Teacher:
-    """The teacher `spec.distill.teacher` names, loaded, frozen and in eval mode."""
+def load_teacher(spec: RunSpec, vocab_size: int, device: torch.device, workdir: str,
+                 rank: int = 0) -> Teacher:
+    """The teacher `spec.distill.teacher` names, loaded, frozen and in eval mode. `rank`:
+    each rank fetches into a directory of its own (the ranks of a node share `workdir`)."""
     source = teacher_source(spec)  # checked on the data worker already (activities/data.py)
     raw = stored_spec(spec.storage.durable, source.run_id) or {}
     if not isinstance(raw.get("model"), dict):
         raise BadConfig(FIELD, f"run {source.run_id}'s stored spec (RUN.json) has no model "
                         "section", "name a run this store ran through mainspring")
-    # every weight is loaded over the random init; the stored section is read as any spec is
-    model = GPT(build(ModelConfig, raw["model"], "model"), vocab_size, seed=0)
-    local = os.path.join(workdir, "teacher", step_dir(source.step))
+    # every weight is loaded over the random init; the stored section is read as any spec
+    # is. Its kernels are this machine's (a teacher trained with flash attention or compiled
+    # blocks runs here too; the weights are the same either way).
+    cfg = dataclasses.replace(build(ModelConfig, raw["model"], "model"), attention="auto",
+                              activation_checkpointing=False, compile=False)
+    model = GPT(cfg, vocab_size, seed=0)
+    local = os.path.join(workdir, "teacher", f"rank{rank}", step_dir(source.step))
     shutil.rmtree(local, ignore_errors=True)
     try:
         source.store.fetch(source.step, local)

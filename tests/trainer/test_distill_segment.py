@@ -1,7 +1,8 @@
 """A student run's segments (`distill.teacher`) as the supervisor runs them: real torchrun,
 real DeepSpeed (CPU). The teacher is a trained run's promoted checkpoint; the student trains
 against it, resumes bitwise exactly after a stop, and records what the teacher cost.
-Soak: six segment launches (about a minute on two cores)."""
+At world size 2 under ZeRO 2 too (each rank loads its own teacher). Soak: nine segment
+launches (about two minutes on two cores)."""
 
 from __future__ import annotations
 
@@ -77,3 +78,23 @@ def test_the_teacher_changes_the_students_loss_and_its_cost_is_recorded(runs):
     payload = costs[0]["payload"]
     assert payload["teacher"] == "t@8" and payload["steps"] == 8
     assert payload["forward_s_per_step"] > 0 and payload["weight_bytes"] > 0
+
+
+def test_a_student_at_world_two_zero_two_resumes_bitwise_equal(runs, tmp_path, dataset_uri):
+    root, a = runs
+    over = {"train.procs_per_node": 2, "train.zero_stage": 2}
+    stores = {}
+    for name, plan in (("straight", ((8, 1),)), ("resumed", ((4, 1), (8, 2)))):
+        store = tmp_path / name
+        shutil.copytree(a / "runs" / "t", store / "runs" / "t")  # the promoted teacher
+        spec = write_spec(student_spec(store, "s2").replace(**over), tmp_path / f"{name}.json")
+        for to_step, attempt in plan:
+            ok(run_segment(spec, dataset_uri, to_step, tmp_path / f"w-{name}-{to_step}",
+                           world=2, attempt=attempt))
+        stores[name] = store / "runs/s2/checkpoints/step-000000008"
+    names = sorted(p.name for p in stores["straight"].glob("*.pt"))
+    assert "zero_pp_rank_1_mp_rank_00_optim_states.pt" in names
+    for name in names:
+        ta, tb = load_tensors(stores["straight"] / name), load_tensors(stores["resumed"] / name)
+        assert ta.keys() == tb.keys() and ta
+        assert [k for k in ta if not torch.equal(ta[k], tb[k])] == [], name
