@@ -1,7 +1,8 @@
 """Spike forensics: how well a spike's diagnosis (trainer/diagnosis.py) tells causes apart.
 
     .venv/bin/python benchmarks/spike_forensics.py [--quick] [--steps 5000] [--incidents 10]
-                                                   [--seed 1] [--jobs 2] [--workdir DIR]
+                                                   [--seed 1] [--world 2] [--jobs 2]
+                                                   [--workdir DIR]
 
 Corpus: this Python's standard-library top-level sources, as `benchmarks/spikes.py` uses
 them, copied into a directory with planted bad documents beside them: runs of one rare
@@ -13,35 +14,47 @@ index); the planted one reuses the clean one's tokenizer, so both have the same 
 tokens and their held-out losses compare.
 
 Runs (the real `trainer.segment` under torchrun, `benchmarks/spikes.py`'s `run` and
-`spec_for`; one process, W=1: that runner starts one rank). A diagnosis runs on a
+`spec_for`; `--world` ranks each, DeepSpeed ZeRO 0 on gloo). A diagnosis runs on a
 rollback, and at the default `spikes.patience` (3) a bad document read in one step is a
-skip, never diagnosed; so every run here rolls back at PATIENCE = 2 outliers and half the
-planted documents at least are placed across two steps' micro-batches:
+skip, never diagnosed; so every run here rolls back at the first outlier (PATIENCE = 1):
 
 - `clean`: the clean corpus, no faults, `steps` steps: every `spike_diagnosed` is a false
-  diagnosis; its held-out loss is the reference (`clean-data-seed` too, at the data
-  run's seed and length, the data run's reference);
-- `planted`: the planted corpus. A planted document lands where the packed epoch order puts
-  it; the run's seed is the first from `--seed` on whose epoch-0 order puts the wanted
-  number of planted documents in the run, at least GAP steps apart and after MIN_STEP
-  (the placement is printed). Each one read is a `data` incident;
+  diagnosis; its held-out loss is the fault run's reference;
+- `base`: the clean corpus, `--base-steps` steps, promoted: the planted runs start from its
+  weights (`train.init_from`, continued pre-training on a new corpus). A bad document
+  matters to a model that has learned something: from scratch, the 230k-parameter model's
+  loss still falls ~1 nat in 50 steps, its spread hides a planted document (robust z 3-5),
+  and every token is nearly as hard as any other;
+- `planted-K`: the planted corpus K (its documents drawn from `--seed` + K), one epoch,
+  from the base. A planted document lands where the packed epoch order puts it; the run's
+  seed is the first from `--seed` on whose epoch-0 order puts every planted document in
+  the run, at least DATA_GAP steps apart and after MIN_STEP
+  (the placement is printed). Each one read whose step the detector calls an outlier is a
+  `data` incident; those read with no outlier are counted apart, by kind (at this model's
+  scale some kinds do no harm: there is nothing to find); `clean-planted-K`, the clean
+  corpus at its seed and length from the same base, is its reference (held-out loss,
+  false diagnoses);
+- `planted-0-again`: planted-0's spec on its corpus with `data.quarantine` naming
+  planted-0's quarantine (the end-to-end claim: the second run meets none of them);
 - `faults`: the clean corpus with `lr_burst` (an `optimisation` incident) and
-  `corrupt_grad` (a `numerics` incident: one gradient element NaN on one rank, inside its
-  optimizer step) at seeded random steps, GAP apart.
+  `corrupt_grad` (a `numerics` incident: one gradient element NaN on the last rank, inside
+  its optimizer step, after the gradient all-reduce: that rank's copy of the weights is
+  the only one that breaks, trainer/replicas.py) at seeded random steps, GAP apart.
 
 Figures (one JSON line): per kind, the share of incidents whose diagnosis names the
 expected verdict (of all, and of those that led to a rollback: "none" is an incident with
-no rollback, "undiagnosed" one whose rollback ran no diagnosis), and every verdict
-seen; recall and precision of the planted documents among those accused; clean sequences (rows holding no planted document) skipped per
-incident, against what the old whole-window skip dropped; false diagnoses in the clean
-run; the diagnosis's cost per incident in steps' worth of training (the event's
-`steps_worth`, and `replay_s` over the median step time); each run's final held-out loss
-over the clean run's at that step; every input.
+no rollback, "undiagnosed" one whose rollback ran no diagnosis), and every verdict seen;
+recall and precision of the planted documents among those accused, quarantined and masked;
+the planted documents read with no outlier, by kind; clean sequences (rows holding no
+planted document) skipped per incident, against what the old whole-window skip dropped;
+false diagnoses and non-ok verdicts in the clean runs (clean, base, the references); the
+diagnosis's cost per incident in steps' worth of training (the event's `steps_worth`, and
+`replay_s` over the median step time); each run's final held-out loss over its
+reference's; the second run's outliers; every input.
 
-The full mode (the defaults: 10 incidents of each kind, 5000 clean steps, the data run as
-long as the epoch its 12 planted documents lie in, ~2000 steps) trains ~14,000 steps in
-four segments, two side by side: at the quick mode's pace (4 x 600 steps in 54-98 s)
-about 10 minutes on 2 shared cores, plus the seed search (under a second). Not run yet.
+The full mode (the defaults: 10 faults of each kind in 2000 steps, 5000 clean steps, a
+2000-step base, two planted runs of 12 documents, an epoch each) trains ~15,000 steps at
+W=2, two runs side by side.
 """
 
 from __future__ import annotations
@@ -71,41 +84,49 @@ from dataprep.clean import clean_one, clean_text, hash_unit
 from dataprep.inputs import RawDocument, stdlib_dir
 from dataprep.pipeline import prepare_dataset
 from spec import RunSpec
+from storage.checkpoints import CheckpointStore
 from storage.dataset import read_split
 from storage.provenance import load_provenance
+from storage.quarantine import quarantine_entries, write_quarantine
 from trainer.data import PackedBatches
 
 KINDS = ("rare_run", "base64", "hex", "mojibake")  # planted documents
 EXPECTED = {"data": "data", "lr_burst": "optimisation", "corrupt_grad": "numerics"}
 GAP = 60  # steps between incidents: more than the detector's window (50), so each is its own
+# Planted documents: a rollback resets the detector, which judges again after its warm-up
+# (20 losses); every planted document of an epoch must lie in the run, this far apart.
+DATA_GAP = 30
 MIN_STEP = 80  # after the LR warm-up and the detector's first full window
 TAIL = 30  # steps a spike needs to be judged (patience) before the run ends
 # The diagnosis runs on a rollback. At the default patience (3) a bad document read in one
-# or two steps is a skip (its update vetoed) and is never diagnosed; at 2, one that
-# straddles two steps' micro-batches is a sustained spike (tests/trainer/
-# test_spike_verdicts.py plants its document so), and planted documents are placed so
-# (half of them at least: all twelve of the full mode across two steps is too rare a seed).
-PATIENCE = 2
+# or two steps is a skip (its update vetoed) and is never diagnosed; at 1 every outlier
+# rolls back and is diagnosed (the clean runs count what that costs: any diagnosis there
+# is a false one).
+PATIENCE = 1
 MAX_ROLLBACKS = 20  # a run that rolls back more often than this ends (the stopper's rule)
+EXTRA = ("--max-rollbacks", str(MAX_ROLLBACKS))
 SHOWS_WITHIN = 4  # a fault's spike has its onset at most this many steps after it fires
 ROWS = INPUTS["train.micro_batch_tokens"] // INPUTS["model.seq_len"]  # sequences per cursor
 
 
 # ---- planted documents (pure) ------------------------------------------------------------
+# Each planted document is 300-420 tokens with the corpus's tokenizer: large enough that
+# its loss can move a step's (W=2: two 512-token micro-batches), small enough to mask
+# (trainer/spikes.py maskable: at most 448 of a micro-batch's 512 slots).
 def rare_run(rng: random.Random) -> str:
     """One rare letter (Runic, Ogham, Tifinagh: letters, so the non-text filter keeps it),
     repeated: one long word, no repeated line or n-gram for the repetition filters."""
     letter = chr(rng.choice([*range(0x16A0, 0x16EB), *range(0x2D30, 0x2D68)]))
-    return letter * rng.randint(64, 80)  # 3 unseen bytes a letter: ~190-240 tokens
+    return letter * rng.randint(100, 135)  # 3 unseen bytes a letter
 
 
 def base64_blob(rng: random.Random) -> str:
-    raw = base64.b64encode(rng.randbytes(rng.randint(150, 190))).decode()
+    raw = base64.b64encode(rng.randbytes(rng.randint(240, 300))).decode()
     return "\n".join(raw[i:i + 76] for i in range(0, len(raw), 76))
 
 
 def hex_blob(rng: random.Random) -> str:
-    raw = rng.randbytes(rng.randint(100, 125)).hex()
+    raw = rng.randbytes(rng.randint(150, 200)).hex()
     return "\n".join(raw[i:i + 64] for i in range(0, len(raw), 64))
 
 
@@ -113,7 +134,7 @@ def mojibake(rng: random.Random) -> str:
     """Cyrillic and Greek words written as UTF-8 and read back as Latin-1."""
     letters = [*map(chr, range(0x430, 0x450)), *map(chr, range(0x3B1, 0x3CA))]
     words = ["".join(rng.choice(letters) for _ in range(rng.randint(3, 7)))
-             for _ in range(rng.randint(10, 13))]
+             for _ in range(rng.randint(13, 16))]
     return " ".join(words).encode("utf-8").decode("latin-1")
 
 
@@ -157,6 +178,23 @@ def diagnoses(events: list[dict]) -> list[dict]:
                     "replay_s": d.get("replay_s"),
                     "sources": [x["source"].rsplit("/", 1)[-1] for x in d.get("sources", [])]})
     return out
+
+
+def spiked(incidents: list[dict], events: list[dict]) -> list[dict]:
+    """Each data incident with `spiked`: the detector called a step that read its document
+    an outlier (a `loss_spike` event at that step, or the next for a document across two
+    steps). A planted document whose steps stayed under the threshold did no harm to find."""
+    outliers = {e["step"] for e in events if e["kind"] == "loss_spike"}
+    return [{**i, "spiked": any(s in outliers for s in range(i["step"], i["step"] + 1
+                                                             + bool(i["two_steps"])))}
+            for i in incidents]
+
+
+def count_by(items: list[dict], key: str) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for i in items:
+        out[i[key]] = out.get(i[key], 0) + 1
+    return dict(sorted(out.items()))
 
 
 def matches(incident: dict, diagnosis: dict) -> bool:
@@ -228,15 +266,24 @@ def clean_rows_in(window: list[int], dirty_rows: set[int], rows_per_cursor: int)
                if r not in dirty_rows)
 
 
-def skipped_clean(found: list[dict], dirty_rows: set[int], rows_per_cursor: int) -> dict:
-    """Clean sequences skipped per rollback now (a window skip drops its clean rows; a
+def clean_skips(found: list[dict], dirty_rows: set[int], rows_per_cursor: int
+                ) -> tuple[list[int], list[int]]:
+    """Clean sequences each rollback skipped now (a window skip drops its clean rows; a
     document skip masks documents, no rows) and under the old rule (always the window)."""
     now = [clean_rows_in(d["window"], dirty_rows, rows_per_cursor)
            if d["skipped"] == "window" else 0 for d in found]
-    old = [clean_rows_in(d["window"], dirty_rows, rows_per_cursor) for d in found]
-    n = max(1, len(found))
+    return now, [clean_rows_in(d["window"], dirty_rows, rows_per_cursor) for d in found]
+
+
+def per_incident(now: list[int], old: list[int]) -> dict:
+    n = max(1, len(now))
     return {"per_incident": round(sum(now) / n, 2), "old_window_skip_per_incident":
-            round(sum(old) / n, 2), "rollbacks": len(found)}
+            round(sum(old) / n, 2), "rollbacks": len(now)}
+
+
+def skipped_clean(found: list[dict], dirty_rows: set[int], rows_per_cursor: int) -> dict:
+    """Clean sequences skipped per rollback, now and under the old whole-window rule."""
+    return per_incident(*clean_skips(found, dirty_rows, rows_per_cursor))
 
 
 def mean(values: list) -> float | None:
@@ -245,31 +292,40 @@ def mean(values: list) -> float | None:
 
 
 # ---- corpus, placement, runs -------------------------------------------------------------
-def corpora(root: Path, per_kind: int, seed: int) -> tuple[str, str, dict, object]:
-    """(clean manifest, planted manifest, what became of each planted kind, the planted
-    manifest object). The planted corpus is the stdlib files plus the planted documents."""
-    cleaning = RunSpec(run_id="x").data.cleaning
-    val_fraction = RunSpec(run_id="x").data.val_fraction
+def clean_corpus(root: Path) -> str:
+    """The clean corpus's manifest: the stdlib files through the real data prep."""
     clean, _, _ = prepare_dataset(RunSpec(run_id="x").replace(
         **{"data.corpus": CORPUS, "data.workers": 1}).data, str(root / "datasets"), seed=0)
+    return clean
+
+
+def planted_corpus(root: Path, clean: str, counts: dict[str, int], seed: int, name: str,
+                   quarantine: tuple[str, ...] = ()) -> tuple[str, dict, object]:
+    """(manifest, what became of each planted kind, the manifest object): the stdlib files
+    plus `counts` planted documents of each kind drawn from `seed`, through the real data
+    prep with the clean corpus's tokenizer (so held-out losses compare); `quarantine`:
+    quarantine files whose documents that data prep drops."""
+    cleaning = RunSpec(run_id="x").data.cleaning
+    val_fraction = RunSpec(run_id="x").data.val_fraction
     tokenizer = clean.rsplit("/", 1)[0] + "/tokenizer.json"
-    corpus = root / "corpus"
+    corpus = root / f"corpus-{name}"
     shutil.rmtree(corpus, ignore_errors=True)
     corpus.mkdir(parents=True)
     for f in sorted(Path(stdlib_dir()).glob("*.py")):
         shutil.copyfile(f, corpus / f.name)
     rng, report = random.Random(seed), {}
     for kind in KINDS:
-        texts = [plant(kind, rng, val_fraction, cleaning.normalize) for _ in range(per_kind)]
+        texts = [plant(kind, rng, val_fraction, cleaning.normalize)
+                 for _ in range(counts.get(kind, 0))]
         verdicts = [filter_verdict(t, cleaning) for t in texts]
         report[kind] = {"made": len(texts), "pass_filters": verdicts.count(None),
                         "dropped_by": sorted({v for v in verdicts if v})}
         for i, text in enumerate(texts):
             (corpus / f"zz-planted-{kind}-{i}.txt").write_text(text)
     planted, manifest, _ = prepare_dataset(RunSpec(run_id="x").replace(
-        **{"data.corpus": str(corpus), "data.workers": 1, "data.tokenizer.path": tokenizer}
-    ).data, str(root / "datasets"), seed=0)
-    return clean, planted, report, manifest
+        **{"data.corpus": str(corpus), "data.workers": 1, "data.tokenizer.path": tokenizer,
+           "data.quarantine": list(quarantine)}).data, str(root / "datasets"), seed=0)
+    return planted, report, manifest
 
 
 def planted_documents(dataset: str) -> dict[int, str]:
@@ -296,23 +352,22 @@ def landings(batches: PackedBatches, documents: list[int]) -> dict[int, tuple[in
     return out
 
 
-def place_data(dataset: str, planted: dict[int, str], steps: int, want: int, seed: int
-               ) -> tuple[int, list[dict], set[int]]:
+def place_data(dataset: str, planted: dict[int, str], steps: int, want: int, seed: int,
+               world: int = 1) -> tuple[int, list[dict], set[int]]:
     """The first seed from `seed` whose epoch-0 order puts `want` planted documents in
-    [MIN_STEP, steps - TAIL], GAP apart, half of them at least across two steps'
-    micro-batches, and none elsewhere in the run: (seed, the data incidents, every row
-    holding a planted document in epoch 0)."""
+    [MIN_STEP, steps - TAIL], DATA_GAP apart, and none elsewhere in the run: (seed, the data
+    incidents, every row holding a planted document in epoch 0)."""
     tokens, starts = read_split(dataset, "train")
     mbs = INPUTS["train.micro_batch_tokens"] // INPUTS["model.seq_len"]
     for s in range(seed, seed + 5000):
         batches = PackedBatches(tokens, starts, seq_len=INPUTS["model.seq_len"],
-                                batch_size=mbs, seed=s)
+                                batch_size=mbs, seed=s, world=world)
         land = landings(batches, list(planted))
         read = sorted((c + 1, d) for d, (c, _) in land.items() if c + 1 <= steps)
         ok = [st for st, _ in read if MIN_STEP <= st <= steps - TAIL]
         across = {d for _, d in read if land[d][1][-1] // (mbs * batches.world) > land[d][0]}
-        if len(read) >= want and len(ok) == len(read) and 2 * len(across) >= len(read) and all(
-                b - a >= GAP for a, b in zip(ok, ok[1:])):
+        if len(read) >= want and len(ok) == len(read) and all(
+                b - a >= DATA_GAP for a, b in zip(ok, ok[1:])):
             dirty = {r for _, rows in land.values() for r in rows}
             return s, [{"kind": "data", "planted": planted[d], "document": d,
                         "cursor": land[d][0], "step": st, "two_steps": d in across}
@@ -346,36 +401,58 @@ def final_ratio(r: dict, clean: dict) -> dict:
             if last else None}
 
 
-def figures(runs: dict[str, dict], faults: list[dict], data_incidents: list[dict],
-            planted: dict[int, str], dirty: set[int]) -> dict:
-    """The JSON line's figures from the finished runs."""
-    clean, data, faulty = runs["clean"], runs["planted"], runs["faults"]
-    cleans = [r for k, r in runs.items() if k.startswith("clean")]
+def figures(runs: dict[str, dict], faults: list[dict], data_runs: list[dict],
+            world: int = 1) -> dict:
+    """The JSON line's figures from the finished runs. `data_runs`: per planted run, its
+    name, its reference run's, its incidents, its planted documents and the rows holding
+    them; documents are told apart across runs by (run, number)."""
+    clean, faulty = runs["clean"], runs["faults"]
+    cleans = [r for k, r in runs.items() if k.startswith("clean") or k == "base"]
     fired = {(e["payload"]["kind"], e["payload"]["at_step"]): e["step"]
              for e in faulty["events"] if e["kind"] == "fault"}
     fault_incidents = [{"kind": f["kind"], "at_step": f["at_step"],
                         "step": fired.get((f["kind"], f["at_step"]), f["at_step"]),
                         "fired": (f["kind"], f["at_step"]) in fired} for f in faults]
-    found_data, found_faults = diagnoses(data["events"]), diagnoses(faulty["events"])
-    judged_data, stray_data = judge(data_incidents, found_data)
-    judged_faults, stray_faults = judge(fault_incidents, found_faults)
-    judged = judged_data + judged_faults
-    accused = {d for f in found_data if f["verdict"] == "data" for d in f["documents"]}
-    quarantined = {d for f in found_data if f["skipped"] == "documents" for d in f["documents"]}
-    read = {i["document"] for i in data_incidents}
+    found_faults = diagnoses(faulty["events"])
+    judged, stray_faults = judge(fault_incidents, found_faults)
+    found_data, stray_data, incidents, skips = [], [], [], ([], [])
+    accused, quarantined, masked, planted = set(), set(), set(), set()
+    for d in data_runs:
+        events, k = runs[d["name"]]["events"], d["name"]
+        found = [{**f, "run": k} for f in diagnoses(events)]
+        mine = [{**i, "run": k} for i in spiked(d["incidents"], events)]
+        hit, stray = judge([i for i in mine if i["spiked"]], found)
+        judged, stray_data = hit + judged, stray_data + stray
+        found_data, incidents = found_data + found, incidents + mine
+        accused |= {(k, x) for f in found if f["verdict"] == "data" for x in f["documents"]}
+        quarantined |= {(k, q.document) for q in quarantine_entries(events)}
+        masked |= {(k, x) for f in found if f["skipped"] == "documents" for x in f["documents"]}
+        planted |= {(k, x) for x in d["planted"]}
+        now, old = clean_skips(found, d["dirty"], ROWS * world)
+        skips[0].extend(now)
+        skips[1].extend(old)
+    read = {(i["run"], i["document"]) for i in incidents if i["spiked"]}
+    harmless = [i for i in incidents if not i["spiked"]]
     found = found_data + found_faults
     step_s = median_step_s(clean)
     return {
         "accuracy": accuracy(judged),
         "data_verdicts_by_planted_kind": by_planted_kind(judged),
-        "planted_accused": recall_precision(accused, read, set(planted)),
-        "planted_quarantined": recall_precision(quarantined, read, set(planted)),
+        # of the planted documents whose step spiked (an incident); those read without one
+        # are counted apart, by kind: at this model's scale they did no harm to find
+        "planted_accused": recall_precision(accused, read, planted),
+        "planted_quarantined": recall_precision(quarantined, read, planted),
+        "planted_masked": recall_precision(masked, read, planted),
+        "planted_read_without_spike": {
+            "count": len(harmless), "by_kind": count_by(harmless, "planted"),
+            "of_read": len(incidents),
+            "steps": [[i["run"], i["planted"], i["step"]] for i in harmless]},
         # the accused documents' records as the diagnosis named them (provenance index)
         "accused_sources": {"named": sum(len(f["sources"]) for f in found_data),
                             "planted_files": sum(x.startswith("zz-planted-")
                                                  for f in found_data for x in f["sources"])},
-        "clean_sequences_skipped": {"data": skipped_clean(found_data, dirty, ROWS),
-                                    "faults": skipped_clean(found_faults, set(), ROWS)},
+        "clean_sequences_skipped": {"data": per_incident(*skips),
+                                    "faults": skipped_clean(found_faults, set(), ROWS * world)},
         "false_diagnoses_clean_runs": sum(1 for r in cleans for e in r["events"]
                                           if e["kind"] == "spike_diagnosed"),
         "clean_runs_nonok_verdicts": sum(1 for r in cleans for s in r["steps"]
@@ -388,63 +465,145 @@ def figures(runs: dict[str, dict], faults: list[dict], data_incidents: list[dict
                                                    if f["replay_s"] is not None])
         if step_s else None,
         "final_val_loss_ratio_vs_clean": {
-            "data": final_ratio(data, runs.get("clean-data-seed", clean)),
+            "data": {d["name"]: final_ratio(runs[d["name"]], runs.get(d["ref"], clean))
+                     for d in data_runs},
             "faults": final_ratio(faulty, clean)},
         "incidents": judged, "diagnoses": {"data": found_data, "faults": found_faults},
         "median_step_s": step_s}
 
 
+def rerun_figures(rerun: dict, first: dict, planted: dict[int, str], dirty_steps: set[int],
+                  dropped: int) -> dict:
+    """The second run of the first planted run's spec, on its corpus less the documents the
+    first run's quarantine names: its outliers, at the steps that read a planted document
+    left in, and its held-out loss over the first run's."""
+    outliers = sorted({e["step"] for e in rerun["events"] if e["kind"] == "loss_spike"})
+    return {"quarantine_dropped": dropped, "planted_left": len(planted),
+            "outliers": len(outliers), "outlier_steps": outliers[:20],
+            "outliers_at_planted_left": sorted(set(outliers) & dirty_steps),
+            "diagnoses": sum(1 for e in rerun["events"] if e["kind"] == "spike_diagnosed"),
+            "final_val_loss_ratio_vs_first": final_ratio(rerun, first)}
+
+
+# Planted documents per kind and planted run. The full mode plants more of the kinds that
+# moved a step's loss in the quick mode (a run of one rare letter, mojibake: ~12 nats a
+# token on the trained model against ~6 for the corpus) and two runs' worth, so that ten
+# incidents at least are data; base64 and hex blobs (~6 nats) are planted too and counted.
+QUICK_COUNTS = dict.fromkeys(KINDS, 1)
+FULL_COUNTS = {"rare_run": 4, "base64": 2, "hex": 2, "mojibake": 4}
+
+
+def data_run(root: Path, clean: str, k: int, args, steps: int, counts: dict[str, int]
+             ) -> dict:
+    """Planted run `k`: its corpus (planted from seed + k), its seed (the first that places
+    every planted document in it, DATA_GAP apart) and what it is judged against."""
+    name = f"planted-{k}"
+    dataset, report, manifest = planted_corpus(root, clean, counts, args.seed + k, name)
+    planted = planted_documents(dataset)
+    for kind in KINDS:
+        report[kind]["in_train"] = sum(1 for x in planted.values() if x == kind)
+    tokens, _ = read_split(dataset, "train")
+    epoch = -(-tokens.size // INPUTS["model.seq_len"]) // (ROWS * args.world)
+    run_steps = steps if args.quick else min(steps, epoch)
+    seed, incidents, dirty = place_data(dataset, planted, run_steps, len(planted), args.seed,
+                                        args.world)
+    return {"name": name, "ref": f"clean-{name}", "dataset": dataset, "planted": planted,
+            "incidents": incidents, "dirty": dirty, "seed": seed, "steps": run_steps,
+            "epoch_steps": epoch, "planted_report": report, "vocab_size": manifest.vocab_size}
+
+
+def second_run(root: Path, clean: str, first: dict, runs: dict, args, counts, every: dict,
+               timeout: float) -> dict:
+    """The first planted run's spec again, on its corpus with `data.quarantine` naming the
+    first run's quarantine (written from its events, as the workflow writes it)."""
+    spec = runs[first["name"]]["spec"]
+    uri, _ = write_quarantine(spec.storage.durable, spec.run_id)
+    dataset, _, manifest = planted_corpus(root, clean, counts, args.seed, first["name"],
+                                          quarantine=(uri,))
+    planted = planted_documents(dataset)
+    mbs = INPUTS["train.micro_batch_tokens"] // INPUTS["model.seq_len"]
+    land = landings(PackedBatches(*read_split(dataset, "train"), seq_len=INPUTS["model.seq_len"],
+                                  batch_size=mbs, seed=first["seed"], world=args.world),
+                    list(planted))
+    steps = {c + 1 + i for c, rows in land.values() for i in range(2)}
+    again = run(root, dataset, spec_for(root, f"{first['name']}-again", first["seed"],
+                                        first["steps"], **every), timeout, EXTRA)
+    return {**rerun_figures(again, runs[first["name"]], planted, steps,
+                            int(manifest.stats.get("dropped_quarantined", 0))),
+            "error": again["error"], "seconds": round(again["seconds"], 1)}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--steps", type=int, default=5000, help="clean and fault runs' steps")
-    ap.add_argument("--incidents", type=int, default=10, help="of each kind")
+    ap.add_argument("--steps", type=int, default=5000, help="the clean run's steps")
+    ap.add_argument("--fault-steps", type=int, default=2000, help="the fault run's steps")
+    ap.add_argument("--incidents", type=int, default=10, help="faults of each kind")
+    ap.add_argument("--data-runs", type=int, default=2, help="planted runs, an epoch each")
+    ap.add_argument("--base-steps", type=int, default=2000,
+                    help="the clean run the planted runs start from (train.init_from)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--world", type=int, default=2,
+                    help="ranks per run (DeepSpeed ZeRO 0 on gloo); corrupt_grad strikes the last")
     ap.add_argument("--jobs", type=int, default=2, help="segments run side by side")
     ap.add_argument("--quick", action="store_true",
-                    help="600 steps, 2 incidents of each kind, one planted document per kind")
+                    help="600-step runs, 2 faults of each kind, one planted run of one "
+                         "document per kind")
     ap.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(),
                                                       "mainspring-bench-forensics"))
     args = ap.parse_args(argv)
-    steps, n = (600, 2) if args.quick else (args.steps, args.incidents)
-    per_kind = 1 if args.quick else -(-(n + 2) // len(KINDS))  # a few spare documents
+    steps, fault_steps, base_steps, n, data_runs, counts = (
+        (600, 600, 300, 2, 1, QUICK_COUNTS) if args.quick else
+        (args.steps, args.fault_steps, args.base_steps, args.incidents, args.data_runs,
+         FULL_COUNTS))
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     t0, root = time.time(), Path(args.workdir)
-    clean_ds, planted_ds, report, manifest = corpora(root, per_kind, args.seed)
-    planted = planted_documents(planted_ds)
-    for kind in KINDS:
-        report[kind]["in_train"] = sum(1 for k in planted.values() if k == kind)
-    tokens, _ = read_split(planted_ds, "train")
-    epoch = -(-tokens.size // INPUTS["model.seq_len"]) // ROWS
-    data_steps = steps if args.quick else min(steps, epoch)
-    data_seed, data_incidents, dirty = place_data(planted_ds, planted, data_steps,
-                                                  min(n, len(planted)), args.seed)
-    faults = place_faults(n, steps, args.seed)
+    clean = clean_corpus(root)
+    planted = [data_run(root, clean, k, args, steps, counts) for k in range(data_runs)]
+    faults = place_faults(n, fault_steps, args.seed, rank=args.world - 1)
     # the same evaluation steps in every run; a rollback (and a diagnosis) on one outlier
-    every = {"train.eval_every": eval_every(steps), "spikes.patience": PATIENCE}
-    specs = [(spec_for(root, "clean", args.seed, steps, **every), clean_ds),
-             (spec_for(root, "planted", data_seed, data_steps, **every), planted_ds),
-             (spec_for(root, "faults", args.seed, steps, faults=faults, **every), clean_ds)]
-    if data_seed != args.seed:  # the data run's reference: the clean corpus, the same seed
-        specs.append((spec_for(root, "clean-data-seed", data_seed, data_steps, **every),
-                      clean_ds))
-    timeout = 300 + 0.5 * steps * max(1, args.jobs)
+    every = {"train.eval_every": eval_every(steps), "spikes.patience": PATIENCE,
+             "train.procs_per_node": args.world}
+    # the base run and the runs that start from its promoted weights share one store
+    shared = root / "shared"
+    shutil.rmtree(shared, ignore_errors=True)
+    init = {"storage.durable": str(shared), "train.init_from": f"base@{base_steps}"}
+    timeout = 300 + 0.5 * max(steps, base_steps) * max(1, args.jobs) * args.world
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-        runs = {r["name"]: r for r in pool.map(
-            lambda j: run(root, j[1], j[0], timeout, ("--max-rollbacks", str(MAX_ROLLBACKS))),
-            specs)}
-    out = figures(runs, faults, data_incidents, planted, dirty)
+        def start(spec: RunSpec, dataset: str):
+            return pool.submit(run, root, dataset, spec, timeout, EXTRA)
+
+        pending = [start(spec_for(root, "clean", args.seed, steps, **every), clean)]
+        base = start(spec_for(root, "base", args.seed, base_steps, **every,
+                              **{"storage.durable": str(shared)}), clean).result()
+        if base["error"]:
+            raise SystemExit(f"the base run failed: {base['error']}")
+        CheckpointStore(str(shared), "base").promote(base_steps)
+        pending.append(start(spec_for(root, "faults", args.seed, fault_steps, faults=faults,
+                                      **every), clean))
+        for d in planted:  # each from the base's weights; its reference: the clean corpus
+            pending.append(start(spec_for(root, d["name"], d["seed"], d["steps"], **every,
+                                          **init), d["dataset"]))
+            pending.append(start(spec_for(root, d["ref"], d["seed"], d["steps"], **every,
+                                          **init), clean))
+        runs = {r["name"]: r for r in (f.result() for f in pending)}
+    runs["base"] = base
+    out = figures(runs, faults, planted, args.world)
+    again = second_run(root, clean, planted[0], runs, args, counts, {**every, **init},
+                       timeout) if not runs[planted[0]["name"]]["error"] else None
     print(json.dumps({
-        "figure": "spike_forensics", **out, "planted": report,
+        "figure": "spike_forensics", **out, "second_run_with_quarantine": again,
+        "planted": {d["name"]: d["planted_report"] for d in planted},
         "errors": {k: r["error"] for k, r in runs.items() if r["error"]},
         "inputs": {"model": {k[6:]: v for k, v in INPUTS.items() if k.startswith("model.")},
-                   "params": runs["clean"]["params"], "corpus": CORPUS, "world_size": 1,
-                   "world_size_note": "benchmarks/spikes.py's run() starts one rank",
-                   "vocab_size": manifest.vocab_size, "steps": steps, "data_steps": data_steps,
-                   "epoch_steps": epoch, "seed": args.seed, "data_seed": data_seed,
-                   "incidents_per_kind": n, "planted_per_kind": per_kind, "faults": faults,
-                   "gap": GAP, "min_step": MIN_STEP, "tail": TAIL, "rows_per_cursor": ROWS,
-                   "spikes_patience": PATIENCE, "jobs": args.jobs, "quick": args.quick,
-                   "max_rollbacks": MAX_ROLLBACKS,
+                   "params": runs["clean"]["params"], "corpus": CORPUS, "world_size": args.world,
+                   "vocab_size": planted[0]["vocab_size"], "steps": steps,
+                   "fault_steps": fault_steps, "base_steps": base_steps, "seed": args.seed,
+                   "data_runs": {d["name"]: {"seed": d["seed"], "steps": d["steps"],
+                                             "epoch_steps": d["epoch_steps"]} for d in planted},
+                   "faults_per_kind": n, "planted_per_kind_per_run": counts, "faults": faults,
+                   "gap": GAP, "data_gap": DATA_GAP, "min_step": MIN_STEP, "tail": TAIL,
+                   "rows_per_cursor": ROWS * args.world, "spikes_patience": PATIENCE,
+                   "jobs": args.jobs, "quick": args.quick, "max_rollbacks": MAX_ROLLBACKS,
                    "seconds_per_run": {k: round(r["seconds"], 1) for k, r in runs.items()},
                    "final_step_per_run": {k: r["result"].get("final_step")
                                           for k, r in runs.items()},

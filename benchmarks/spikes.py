@@ -116,13 +116,15 @@ def eval_every(steps: int) -> int:
 
 
 def run(root: Path, dataset: str, spec: RunSpec, timeout: float, extra: tuple = ()) -> dict:
-    """One fresh segment 0 -> total_steps, as tests/trainer/helpers.run_segment runs it."""
+    """One fresh segment 0 -> total_steps, as tests/trainer/helpers.run_segment runs it, on
+    the spec's `train.procs_per_node` ranks."""
     base = root / spec.run_id
     shutil.rmtree(base, ignore_errors=True)  # a leftover store would resume, not start fresh
     base.mkdir(parents=True)
     (base / "spec.json").write_text(json.dumps(spec.to_dict()))
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+           str(spec.train.procs_per_node),
            "-m", "trainer.segment", "--spec", str(base / "spec.json"), "--dataset", dataset,
            "--to-step", str(spec.train.total_steps), "--workdir", str(base / "work"), *extra]
     t0 = time.time()

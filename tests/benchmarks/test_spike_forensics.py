@@ -18,7 +18,9 @@ from benchmarks.spike_forensics import (
     place_faults,
     plant,
     recall_precision,
+    rerun_figures,
     skipped_clean,
+    spiked,
 )
 from dataprep.clean import clean_text, hash_unit
 from spec import RunSpec
@@ -126,3 +128,22 @@ def test_faults_are_placed_apart_in_the_run():
     assert all(b - a >= 60 for a, b in zip(steps, steps[1:]))
     assert [f["kind"] for f in faults].count("corrupt_grad") == 5
     assert all(80 <= s <= 970 for s in steps)
+
+
+def test_a_planted_document_is_an_incident_only_where_the_detector_called_its_step_an_outlier():
+    incidents = [{"kind": "data", "document": 7, "step": 101, "two_steps": False},
+                 {"kind": "data", "document": 8, "step": 201, "two_steps": True},
+                 {"kind": "data", "document": 9, "step": 301, "two_steps": False}]
+    events = [{"kind": "loss_spike", "step": 101}, {"kind": "loss_spike", "step": 202},
+              {"kind": "loss_spike", "step": 302}]  # 302: not a step that read document 9
+    assert [i["spiked"] for i in spiked(incidents, events)] == [True, True, False]
+
+
+def test_the_second_run_counts_its_outliers_where_planted_documents_were_left_in():
+    first = {"evals": {100: 4.0}, "events": []}
+    rerun = {"evals": {100: 3.9}, "events": [{"kind": "loss_spike", "step": 40},
+                                             {"kind": "loss_spike", "step": 77}]}
+    out = rerun_figures(rerun, first, {3: "hex"}, {77, 78}, dropped=5)
+    assert out["outliers"] == 2 and out["outliers_at_planted_left"] == [77]
+    assert out["quarantine_dropped"] == 5 and out["planted_left"] == 1
+    assert out["final_val_loss_ratio_vs_first"] == {"step": 100, "ratio": 0.975}
