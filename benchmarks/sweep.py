@@ -23,9 +23,17 @@ counts the steps up to its boundary. Same points on purpose: the figure is what 
 alone saves and costs (a pruned sweep's sampler, seeing PRUNED trials, may pick other
 points; not measured here).
 
+Then what the sweep earns: the main run (`--main-steps`, the run whose tokens set the
+prior's D) trained twice from scratch with the same seed, once at the pruned sweep's winner
+and once at the scaling-law prior alone (trial 0's point, sweep/prior.py); `sweep_gain` is
+the winner's final held-out loss over the prior's (< 0.97 earns the sweep its cost), and
+`sweep_cost_fraction` the pruned sweep's trial steps over the main run's (each trial step
+costs what a main-run step does: the same model, batch and ranks).
+
 One JSON line: `pruning_saving` (sweep/saving.py: 1 - steps trained / planned), the two
 winners' losses and `loss_gap`, `meets_target` (>= 30 % saved, gap <= 1 %), per trial its
-lr, rung losses, final loss and where it was pruned.
+lr, rung losses, final loss and where it was pruned; `sweep_gain`, its two main runs'
+losses and lrs, and `sweep_cost_fraction`.
 """
 
 from __future__ import annotations
@@ -53,7 +61,7 @@ from sweep.prior import prior_lr
 from sweep.prune import Trial, decide
 from sweep.saving import pruning_figure
 from sweep.suggest import Record, distributions_json, suggest, sweep_space
-from workflows.sweep_plan import trial_spec
+from workflows.sweep_plan import trial_spec, with_params
 
 RUNGS, ETA = 2, 3  # defaults of --rungs, --eta: one boundary, at a third of the trial
 LR_RANGE = (1e-3, 1e-1)
@@ -101,6 +109,30 @@ def prune_in_order(spec: RunSpec, curves: list[dict[int, float]]) -> list[Trial]
     return done
 
 
+def main_runs(root: Path, dataset: str, spec: RunSpec, lrs: dict[str, float], steps: int,
+              jobs: int) -> dict[str, dict]:
+    """The main run at each named learning rate, `steps` steps from scratch, the same seed,
+    evaluated at its end: name -> the run (benchmarks/spikes.py `run`)."""
+    specs = {name: with_params(spec, {"lr": lr}).replace(**{
+        "run_id": f"bench-main-{name}", "train.total_steps": steps,
+        "train.segment_steps": steps, "train.eval_every": steps, "sweep.enabled": False,
+        "storage.durable": str(root / f"bench-main-{name}" / "store")})
+        for name, lr in lrs.items()}
+    with ThreadPoolExecutor(max(1, jobs)) as pool:
+        done = pool.map(lambda s: run(root, dataset, s, 300 + 1.0 * steps), specs.values())
+        return dict(zip(specs, done))
+
+
+def gain_figure(runs: dict[str, dict], steps: int, trained_steps: int) -> dict:
+    """Pure: the winner's final held-out loss over the prior's, and the sweep's cost."""
+    winner, prior = (runs[k]["evals"].get(steps) for k in ("winner", "prior"))
+    ok = winner is not None and prior is not None and math.isfinite(winner) \
+        and math.isfinite(prior) and prior > 0
+    return {"sweep_gain": round(winner / prior, 4) if ok else None,
+            "main_loss_winner": winner, "main_loss_prior": prior, "main_steps": steps,
+            "sweep_cost_fraction": round(trained_steps / steps, 4) if steps else None}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--trials", type=int, default=12)
@@ -108,11 +140,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rungs", type=int, default=RUNGS, help="sweep.pruning.rungs")
     ap.add_argument("--eta", type=int, default=ETA, help="sweep.pruning.reduction_factor")
     ap.add_argument("--jobs", type=int, default=2, help="trials run side by side")
-    ap.add_argument("--quick", action="store_true", help="smoke run: 9 trials of 27 steps")
+    ap.add_argument("--main-steps", type=int, default=MAIN_STEPS,
+                    help="the main run trained at the winner and at the prior (0: not run)")
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke run: 9 trials of 27 steps, main runs of 300")
     ap.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(),
                                                       "mainspring-bench-sweep"))
     args = ap.parse_args(argv)
     trials, trial_steps = (9, 27) if args.quick else (args.trials, args.trial_steps)
+    main_steps = min(300, args.main_steps) if args.quick else args.main_steps
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     t0 = time.time()
     root = Path(args.workdir)
@@ -147,6 +183,14 @@ def main(argv: list[str] | None = None) -> int:
     def r4(x):
         return round(x, 4) if x is not None and math.isfinite(x) else None
 
+    # what the sweep earns: the main run at the pruned sweep's winner and at the prior alone
+    best = min((i for i, t in enumerate(pruned) if t.status == "complete"),
+               key=lambda i: pruned[i].val_loss, default=None)
+    lrs = {"winner": records[best].params["lr"] if best is not None else prior_lr(spec),
+           "prior": prior_lr(spec)}
+    mains = main_runs(root, dataset, spec, lrs, main_steps, args.jobs) if main_steps else {}
+    gain = gain_figure(mains, main_steps, fig.trained_steps) if mains else {}
+
     print(json.dumps({
         "figure": "pruning_saving", "pruning_saving": round(fig.saving, 4),
         "trained_steps": fig.trained_steps, "planned_steps": fig.planned_steps,
@@ -157,7 +201,9 @@ def main(argv: list[str] | None = None) -> int:
                     "rungs": [[s, r4(v)] for s, v in t.rungs],
                     "final_loss": r4(c.get(trial_steps, math.nan))}
                    for rec, t, c in zip(records, pruned, curves)],
-        "errors": {r["name"]: r["error"] for r in runs if r["error"]},
+        **gain, "main_lrs": {k: r4(v) for k, v in lrs.items()},
+        "winner_is_prior": best == 0,
+        "errors": {r["name"]: r["error"] for r in [*runs, *mains.values()] if r["error"]},
         "inputs": {"trials": trials, "trial_steps": trial_steps, "rungs": args.rungs, "eta": args.eta,
                    "rung_steps": bounds, "lr_range": LR_RANGE, "jobs": args.jobs,
                    "model": {k[6:]: v for k, v in INPUTS.items() if k.startswith("model.")},

@@ -4,7 +4,7 @@ the pruned ones did not train."""
 
 from __future__ import annotations
 
-from benchmarks.sweep import main_spec, prune_in_order
+from benchmarks.sweep import gain_figure, main_spec, prune_in_order
 from sweep.saving import pruning_figure
 
 # 54-step trials in 2 rungs at reduction factor 3: one boundary, at step 18
@@ -26,3 +26,13 @@ def test_trials_behind_at_the_boundary_stop_there_and_the_saving_counts_their_st
     assert fig.saving == 1 - (3 * 18 + 2 * 54) / (5 * 54)
     # trial 3 (6.58) would have won: pruning cost 0.15 % of held-out loss here
     assert (fig.winner_loss, fig.reference_loss) == (6.59, 6.58)
+
+
+def test_the_sweep_gain_is_the_winners_final_loss_over_the_priors_and_its_cost_in_main_steps():
+    runs = {"winner": {"evals": {100: 4.0, 2000: 3.0}}, "prior": {"evals": {2000: 3.2}}}
+    out = gain_figure(runs, 2000, trained_steps=360)
+    assert out["sweep_gain"] == round(3.0 / 3.2, 4) and out["sweep_cost_fraction"] == 0.18
+    diverged = {"winner": {"evals": {2000: float("nan")}}, "prior": {"evals": {2000: 3.2}}}
+    assert gain_figure(diverged, 2000, 360)["sweep_gain"] is None
+    assert gain_figure({"winner": {"evals": {}}, "prior": {"evals": {}}}, 2000, 0)[
+        "sweep_gain"] is None
