@@ -96,10 +96,12 @@ def predict(span: dict, prefix: float = PREFIX, fault_s: float = 0.0) -> dict:
     """Predicted training seconds from what the first `prefix` of the steps showed, against
     the actual and against the actual less `fault_s`, the badput the record's faults caused.
 
-    Seconds per step: between the first mark and the one reaching the cutoff (checkpoint
-    pauses in that stretch included: they recur). Per segment: its head (segment_started to
-    the first mark, less that mark's steps at that rate: dispatch, start-up, restore, the
-    first steps' warm-up) and its tail, a segment ending by committing its last checkpoint
+    Seconds per step: over the later half of the prefix, from the first mark at or past its
+    middle (or earlier, to keep two intervals) to the last (checkpoint pauses in that
+    stretch included: they recur). Per
+    segment: its head (segment_started to the last mark, less its steps at that rate:
+    dispatch, start-up, restore, the first steps slowed by the segment's own start-up work)
+    and its tail, a segment ending by committing its last checkpoint
     and waiting for the upload (trainer/checkpoint_manager.py, finish): the median
     stage-to-durable time of the prefix's checkpoints after the first (whose upload pays
     the writer process's start)."""
@@ -114,9 +116,14 @@ def predict(span: dict, prefix: float = PREFIX, fault_s: float = 0.0) -> dict:
                         "pick a run at least twenty metrics windows long (ops.metrics_every), "
                         "or one whose first segment reached 10 % of its steps")
     source, seen = found[0]  # the spans' exact times where there are two, else the windows'
-    first, last = seen[0], seen[-1]
+    # the rate over the later half of the prefix: a segment's first steps share the cores
+    # with its own start-up work (the next standby's imports, the checkpoint writer's
+    # start, the scrub), so they run slower than the rest; their excess counts in the head.
+    # At least two intervals where there are, so no single mark's time sets the rate.
+    middle = next(i for i, m in enumerate(seen) if m["last"] >= seen[-1]["last"] / 2)
+    first, last = seen[max(0, min(middle, len(seen) - 3))], seen[-1]
     per_step = (last["ts"] - first["ts"]) / (last["last"] - first["last"])
-    head = max(0.0, first["ts"] - span["start_ts"] - per_step * first["last"])
+    head = max(0.0, last["ts"] - span["start_ts"] - per_step * last["last"])
     later = [c["s"] for c in span.get("commits") or [] if c["step"] <= last["last"]][1:]
     tail = statistics.median(later) if later else 0.0
     segments = math.ceil(total / span["segment_steps"]) if span["segment_steps"] > 0 else 1

@@ -51,12 +51,12 @@ def test_the_bound_is_fifteen_percent_either_way():
 
 
 def test_quick_runs_keep_the_segment_counts_of_the_full_ones():
-    quick = run_lengths(argparse.Namespace(quick=True, steps=[300, 600, 1200],
-                                           segment_steps=300))
+    quick = run_lengths(argparse.Namespace(quick=True, steps=[400, 800, 1600],
+                                           segment_steps=400))
     assert quick[0] == QUICK_STEPS
     assert [-(-s // quick[1]) for s in quick[0]] == [1, 2, 4]
-    assert run_lengths(argparse.Namespace(quick=False, steps=[300, 600, 1200],
-                                          segment_steps=300)) == ((300, 600, 1200), 300)
+    assert run_lengths(argparse.Namespace(quick=False, steps=[400, 800, 1600],
+                                          segment_steps=400)) == ((400, 800, 1600), 400)
 
 
 def test_the_load_adjusted_prediction_stretches_what_follows_the_prefix_by_the_cpu_share():

@@ -284,6 +284,21 @@ def test_from_run_times_steps_by_the_trainers_spans_and_adds_each_segments_commi
     assert predict(training_span(events))["seconds_per_step"] == pytest.approx(0.08)
 
 
+def test_from_run_takes_the_rate_from_the_later_half_of_its_tenth_and_the_slow_start_as_head():
+    # 400 steps, one segment, a span every 10 steps: 2 s to the first step, steps 1-20 at
+    # 0.2 s (the segment's own start-up work shares the cores), then 0.1 s a step
+    ends = {10: 4.0, 20: 6.0, 30: 7.0, 40: 8.0}
+    spans = [_span(f"steps {k - 9}-{k}", t - 1.0, t, rank=0, first_step=k - 9, last_step=k)
+             for k, t in ends.items()]
+    events = [_event("segment_started", 0.0, from_step=0, to_step=400, attempt=1),
+              _event("segment_finished", 44.0, from_step=0, to_step=400, attempt=1)]
+    got = predict(training_span(events, spans))
+    assert got["seconds_per_step"] == pytest.approx(0.1)  # steps 21-40; from step 10: 0.133
+    assert got["startup_s"] == pytest.approx(8.0 - 0.1 * 40)  # 2 s + 20 steps' 0.1 s excess
+    assert got["predicted_s"] == pytest.approx(4.0 + 0.1 * 400)
+    assert got["error"] == pytest.approx(0.0)
+
+
 def test_from_run_on_the_recorded_faulted_run(capsys):
     # tests/fixtures/report_run: 160 CPU steps in two segments, three faults (a crash, a
     # spike rollback); the prediction sees the windows ending by step 16, its first 10 %
