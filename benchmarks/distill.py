@@ -149,7 +149,7 @@ def main() -> None:
         cost = cost["payload"]
         with_t, without = step_times(w_student)[5:], step_times(w_base)[5:]  # past warm-up
     micro = teacher.train.micro_batch_tokens  # tokens per micro-batch: B x seq_len
-    logits_bytes = micro * manifest.vocab_size * 4  # the teacher's fp32 logits
+    logits_bytes = cost["logits_bytes"]  # the teacher's fp32 logits of one micro-batch
     print(json.dumps({
         "figure": "distill",
         "student_val_loss": round(losses["student"], 4),

@@ -319,10 +319,12 @@ def teacher_lines(events: list[dict]) -> tuple[list[str], dict | None]:
                                                                     or 0) for e in costs)
     last = costs[-1]["payload"]
     fig = {"teacher": last.get("teacher"), "forward_s_per_step": seconds / steps if steps
-           else None, "weight_bytes": last.get("weight_bytes")}
+           else None, "weight_bytes": last.get("weight_bytes"),
+           "logits_bytes": max(e["payload"].get("logits_bytes") or 0 for e in costs) or None}
     return [f"teacher: {fig['teacher']}",
-            f"   its forward: {fmt_num(fig['forward_s_per_step'], '.4f')} s/step, "
-            f"weights {fmt_bytes(fig['weight_bytes'])}"], fig
+            f"   its forward: {fmt_num(fig['forward_s_per_step'], '.4f')} s/step",
+            f"   its memory: weights {fmt_bytes(fig['weight_bytes'])}, logits "
+            f"{fmt_bytes(fig['logits_bytes'])}"], fig
 
 
 def trials_of(events: list[dict], curves: dict[str, list[tuple[int, float]]]) -> list[Trial]:

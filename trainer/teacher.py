@@ -46,6 +46,7 @@ class Teacher:
     step: int
     forward_s: float = 0.0  # wall time of the teacher's forwards (host time; CUDA: queued)
     forwards: int = 0
+    logits_bytes: int = 0  # the largest logits one forward held (B x T x V)
 
     @property
     def weight_bytes(self) -> int:
@@ -60,15 +61,18 @@ class Teacher:
             teacher_logits, _ = self.model(x, **packed)
         self.forward_s += time.perf_counter() - t0
         self.forwards += 1
+        self.logits_bytes = max(self.logits_bytes,
+                                teacher_logits.numel() * teacher_logits.element_size())
         return distill_loss(student_logits, teacher_logits, y, alpha=self.alpha,
                             temperature=self.temperature)
 
     def cost(self, steps: int) -> dict[str, float | int | str]:
         """The `teacher_cost` event's payload: the teacher's forward time per step and the
-        memory its weights hold (its logits add B x T x V floats per micro-batch)."""
+        memory it adds: its weights, and the logits of one micro-batch (B x T x V)."""
         return {"teacher": f"{self.run_id}@{self.step}", "steps": steps,
                 "forward_s_per_step": round(self.forward_s / max(steps, 1), 5),
-                "weight_bytes": self.weight_bytes, "params": self.model.param_count()}
+                "weight_bytes": self.weight_bytes, "logits_bytes": self.logits_bytes,
+                "params": self.model.param_count()}
 
 
 def load_teacher(spec: RunSpec, vocab_size: int, device: torch.device, workdir: str,

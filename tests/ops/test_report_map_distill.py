@@ -78,10 +78,11 @@ def test_a_student_runs_training_box_names_its_teacher_and_its_forward_cost():
     events, spans = read_events(STORE, RUN), read_spans(STORE, RUN)
     end = max(e["ts"] for e in events)
     events += [event("teacher_cost", end, teacher="base@160", steps=80,
-                     forward_s_per_step=0.01, weight_bytes=2_000_000),
+                     forward_s_per_step=0.01, weight_bytes=2_000_000, logits_bytes=4_194_304),
                event("teacher_cost", end, teacher="base@160", steps=80,
-                     forward_s_per_step=0.03, weight_bytes=2_000_000)]
+                     forward_s_per_step=0.03, weight_bytes=2_000_000, logits_bytes=4_194_304)]
     tmap = training_map_of(STORE, RUN, events, spans, stored_spec(STORE, RUN), 0.0)
     train = next(b for b in tmap.boxes if b.stage == "train")
     assert train.figures["teacher"]["forward_s_per_step"] == pytest.approx(0.02)
-    assert "teacher: base@160" in train.lines and any("2.0 MB" in ln for ln in train.lines)
+    assert "teacher: base@160" in train.lines
+    assert "   its memory: weights 2.0 MB, logits 4.2 MB" in train.lines

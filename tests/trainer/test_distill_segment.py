@@ -78,6 +78,7 @@ def test_the_teacher_changes_the_students_loss_and_its_cost_is_recorded(runs):
     payload = costs[0]["payload"]
     assert payload["teacher"] == "t@8" and payload["steps"] == 8
     assert payload["forward_s_per_step"] > 0 and payload["weight_bytes"] > 0
+    assert payload["logits_bytes"] == 128 * 512 * 4  # a micro-batch of 128 tokens, fp32
 
 
 def test_a_student_at_world_two_zero_two_resumes_bitwise_equal(runs, tmp_path, dataset_uri):

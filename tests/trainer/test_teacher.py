@@ -59,7 +59,9 @@ def test_the_teacher_is_the_promoted_weights_frozen_in_eval_mode(tmp_path):
     logits = torch.randn(2, 32, VOCAB, requires_grad=True)
     teacher.loss(logits, x, x).backward()
     assert logits.grad is not None and teacher.forwards == 1
-    assert teacher.cost(1)["weight_bytes"] == 4 * source.param_count()
+    cost = teacher.cost(1)
+    assert cost["weight_bytes"] == 4 * source.param_count()
+    assert cost["logits_bytes"] == 2 * 32 * VOCAB * 4  # one micro-batch of fp32 logits
 
 
 def test_a_pickle_payload_in_the_teachers_files_is_refused_never_run(tmp_path):
