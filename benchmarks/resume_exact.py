@@ -1,14 +1,20 @@
 """Exact resume with packing on: train 0→N in one process vs 0→N/2, kill, resume N/2→N.
 
-Runs the real `trainer.segment` under torchrun (CPU, gloo) for world size 1 / ZeRO 0 and
-world size 2 / ZeRO 2 on a corpus of variable-length documents, then compares every tensor
-of the two step-N checkpoints (weights, optimizer state, train state). Prints one JSON line:
-{"figure": "resume_exact", "value": <max abs weight difference over both configs>, ...}.
-The second process starts from the committed step-N/2 checkpoint only, as after a SIGKILL.
+Runs the real `trainer.segment` under torchrun (CPU, gloo) on a corpus of variable-length
+documents, then compares every tensor of the two step-N checkpoints (weights, optimizer
+state, train state; with TP every rank's shard file). `--layout` picks the configurations:
+
+    dp    world size 1 / ZeRO 0 and world size 2 / ZeRO 2 (the default)
+    tp2   TP 2 on two ranks (one data replica, train.layout {tp: 2}) at ZeRO 0 and ZeRO 2
+
+Prints one JSON line: {"figure": "resume_exact", "value": <max abs weight difference over
+the configs>, ...}. The second process starts from the committed step-N/2 checkpoint only,
+as after a SIGKILL.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import tempfile
@@ -28,6 +34,8 @@ from trainer.state import flat_tensors
 
 STEPS = 8
 VOCAB = 512
+# --layout: (world size, ZeRO stage, TP degree) of each configuration measured
+LAYOUTS = {"dp": ((1, 0, 1), (2, 2, 1)), "tp2": ((2, 0, 2), (2, 2, 2))}
 
 
 def skewed_dataset(root: Path, seed: int = 0) -> str:
@@ -56,9 +64,11 @@ def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
                 for k in a if a[k].is_floating_point()), default=0.0)
 
 
-def compare(root: Path, dataset: str, world: int, zero: int) -> dict:
+def compare(root: Path, dataset: str, world: int, zero: int, tp: int = 1) -> dict:
     root.mkdir(parents=True, exist_ok=True)
     over = {"train.procs_per_node": world, "train.zero_stage": zero, "train.packing": True}
+    if tp > 1:
+        over["train.layout"] = {"tp": tp, "pp": 1, "zero": zero}
     runs = {}
     for name in ("straight", "resumed"):
         spec = write_spec(tiny_spec(root / name, **over), root / f"{name}.json")
@@ -71,8 +81,11 @@ def compare(root: Path, dataset: str, world: int, zero: int) -> dict:
         runs[name] = root / name / "runs" / "t" / "checkpoints" / f"step-{STEPS:09d}"
     weights, other, n_weights, n_all = 0.0, 0.0, 0, 0
     load = lambda p: flat_tensors(safe_torch_load(p, map_location="cpu"))  # noqa: E731
-    for path in sorted(runs["straight"].glob("*.pt")):
-        a, b = load(path), load(runs["resumed"] / path.name)
+    files = sorted(p.name for p in runs["straight"].glob("*.pt"))
+    if files != sorted(p.name for p in runs["resumed"].glob("*.pt")):
+        raise SystemExit(f"the two step-{STEPS} checkpoints hold different files: {files}")
+    for name in files:
+        a, b = load(runs["straight"] / name), load(runs["resumed"] / name)
         module = {k: v for k, v in a.items() if k.startswith("/module/")}
         if module:
             weights = max(weights, max_diff(module, {k: b[k] for k in module if k in b}))
@@ -82,23 +95,29 @@ def compare(root: Path, dataset: str, world: int, zero: int) -> dict:
     weights_of = lambda p: {k: v for k, v in load(p).items() if k.startswith("/module/")}
     moved = max_diff(weights_of(runs["straight"] / model),
                      weights_of(runs["straight"].parent / f"step-{STEPS // 2:09d}" / model))
-    return {"world_size": world, "zero_stage": zero, "max_abs_weight_diff": weights,
+    return {"world_size": world, "zero_stage": zero, "tp": tp, "files": files,
+            "max_abs_weight_diff": weights,
             "max_abs_state_diff": other, "weight_tensors": n_weights, "tensors": n_all,
             "control_weight_change_resume_to_end": moved}
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--layout", choices=sorted(LAYOUTS), default="dp")
+    layout = parser.parse_args().layout
     t0 = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         dataset = skewed_dataset(root)
-        configs = [compare(root / f"w{w}z{z}", dataset, w, z) for w, z in ((1, 0), (2, 2))]
+        configs = [compare(root / f"w{w}z{z}t{t}", dataset, w, z, t)
+                   for w, z, t in LAYOUTS[layout]]
     # value: weights (mp_rank_00_model_states.pt "module"); max_abs_state_diff also covers
     # the optimizer files and train_state (RNGs, cursor).
     print(json.dumps({"figure": "resume_exact",
                       "value": max(c["max_abs_weight_diff"] for c in configs),
                       "max_abs_state_diff": max(c["max_abs_state_diff"] for c in configs),
-                      "steps": STEPS,
+                      "layout": layout, "steps": STEPS,
                       "resume_at": STEPS // 2, "packing": True, "device": "cpu",
                       "configs": configs, "seconds": round(time.time() - t0, 1)}))
 

@@ -37,11 +37,15 @@ RECOMPUTE_BYTES = 2  # per token, layer and hidden unit kept under full recomput
 STATE_SHARE = 0.5  # of an accelerator's memory the model states may take (assumption)
 GB = 1e9
 
-TRAINED_TODAY = "tp and pp above 1 are planned, not yet trained: use tp 1, pp 1"
-# What tp above 1 has today (docs/decisions.md 89): the step trains, a run cannot use it yet.
-TP_TODAY = ("TP's training step works (DeepSpeed AutoTP, trainer/tensor_parallel.py: TP 2 "
-            "follows one rank's losses within 1e-4), but its checkpoints, exact resume and "
-            "the segment's batches per data-parallel rank are not built")
+TRAINED_TODAY = ("tp above 1 trains inside a node (ZeRO 0-2); pp above 1 is planned, not yet "
+                 "trained: use pp 1")
+# What tp above 1 does not have yet (docs/decisions.md 89 and after): ZeRO 3 under TP is
+# not measured here (its checkpoints would hold partitions of shards, which the weights
+# readers do not reassemble); a checkpoint's TP shards are not resharded to another world
+# (elastic); the sweep counts world_size replicas in its batch and budget.
+TP_ZERO = "ZeRO 3 under TP is not built here (exact resume and evaluation measured at 0-2)"
+TP_ELASTIC = "a TP run's checkpoint is not resharded to fewer nodes (elastic) yet"
+TP_SWEEP = "the sweep counts every rank as a data replica; with TP it would not be one"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,6 +75,12 @@ class Layout:
     micro_batch: int  # sequences per micro-batch
     activation_recompute: bool
     reasons: tuple[str, ...]
+
+
+def tp_degree(layout: str | LayoutConfig) -> int:
+    """The tensor-parallel degree a `train.layout` asks for: 1 for "dp" (and "auto", which
+    a run refuses until the planner is wired to it)."""
+    return layout.tp if isinstance(layout, LayoutConfig) else 1
 
 
 def divisors(n: int) -> list[int]:
@@ -238,9 +248,10 @@ def _micro_batch(pick: _Option, sequences: int, seq_len: int, n_layers: int, d_m
 
 def check_layout(layout: LayoutConfig, *, n_heads: int, n_kv_heads: int, n_layers: int,
                  nodes: int, procs_per_node: int, node_counts: list[int], zero_stage: int,
-                 grad_accum: int) -> None:
+                 grad_accum: int, sweep: bool = False) -> None:
     """BadConfig, naming the `train.layout` field and the fix, for a layout that cannot run
-    on this model and world; last, for tp or pp above 1, that they are not yet trained."""
+    on this model and world; last, what the trainer does not do yet: pp above 1, and tp
+    above 1 with ZeRO 3, elastic nodes or a sweep."""
     tp, pp, world = layout.tp, layout.pp, nodes * procs_per_node
     f = "train.layout"
     _require(layout.zero == zero_stage, f"{f}.zero", f"ZeRO {layout.zero} differs from "
@@ -268,9 +279,16 @@ def check_layout(layout: LayoutConfig, *, n_heads: int, n_kv_heads: int, n_layer
     _require(pp == 1 or grad_accum >= pp, "train.grad_accum", f"{grad_accum} micro-batches "
              f"for {pp} stages: 1F1B needs at least as many micro-batches as stages",
              f"set grad_accum >= {pp}")
-    today = f" ({TP_TODAY})" if tp > 1 else ""
-    _require(tp == 1 and pp == 1, f, f"TP {tp} x PP {pp}: {TRAINED_TODAY}{today}",
-             f'{TRAINED_TODAY}, or "dp" (data parallel with train.zero_stage)')
+    _require(pp == 1, f"{f}.pp", f"PP {pp}: {TRAINED_TODAY}",
+             f'{TRAINED_TODAY}; for a model too large for one accelerator, tp inside a node')
+    if tp == 1:
+        return
+    _require(zero_stage <= 2, f"{f}.zero", f"TP {tp} with ZeRO {zero_stage}: {TP_ZERO}",
+             "use zero_stage 2 (gradients and optimizer states sharded over the replicas)")
+    _require(len(node_counts) == 1, "train.min_nodes", f"TP {tp} with elastic nodes "
+             f"({node_counts}): {TP_ELASTIC}", "set min_nodes to 0 (or to train.nodes)")
+    _require(not sweep, "sweep.enabled", f"TP {tp} with a sweep: {TP_SWEEP}",
+             "sweep with layout \"dp\" and train the winner with tp, or set enabled=false")
 
 
 def _listing(options: list[int], cap: int) -> str:

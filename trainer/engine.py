@@ -12,6 +12,7 @@ from typing import Any
 
 from common.errors import BadConfig
 from spec import RunSpec, TrainConfig
+from spec.layout import tp_degree
 from trainer.tensor_parallel import check_heads, localize_heads, tensor_parallel_config
 
 # DeepSpeed prints a summary every `steps_per_print` steps; the progress file already has it.
@@ -47,8 +48,11 @@ def check_micro_split(spec: RunSpec, split: int) -> None:
 
 
 def tokens_per_step(spec: RunSpec) -> int:
+    """Tokens of one global batch: each data-parallel replica's micro-batches. With TP the
+    `tp` ranks of a group read the same batch (trainer/tensor_parallel.py), so a world of
+    W ranks is W // tp replicas."""
     t = spec.train
-    return t.micro_batch_tokens * t.grad_accum * t.world_size
+    return t.micro_batch_tokens * t.grad_accum * (t.world_size // tp_degree(t.layout))
 
 
 def zero_config(t: TrainConfig) -> dict[str, Any]:

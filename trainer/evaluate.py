@@ -4,7 +4,9 @@
         --workdir DIR --out OUT.json
 
 Single process, no DeepSpeed engine: ZeRO 0-2 weights come straight from DeepSpeed's
-`mp_rank_00_model_states.pt` (`["module"]`); ZeRO-3 checkpoints hold only partitions, which
+`mp_rank_00_model_states.pt` (`["module"]`) — with tensor parallelism each TP rank's
+`mp_rank_RR_model_states.pt`, its shards put back together (trainer/tensor_parallel.py
+`merge_shards`); ZeRO-3 checkpoints hold only partitions, which
 DeepSpeed's own `zero_to_fp32` reassembles from the optimizer shards. Writes `{"results": [{"step", "val_loss",
 "perplexity"}]}` to OUT. Exit codes as trainer.segment: 0 done; 3 BadConfig/BadData
 (error.json in DIR); 4 StorageUnavailable (error.json); anything else is a crash.
@@ -44,6 +46,7 @@ from trainer.safe_load import (
     force_weights_only,
     safe_torch_load,
 )
+from trainer.tensor_parallel import merge_shards
 
 log = structlog.get_logger(__name__)
 
@@ -72,19 +75,33 @@ def read_state_dict(local: str, step: int, max_bytes: int | None = None
     stage. Every file is read by the bounded weights-only loader (`max_bytes`: what the
     model's shapes allow one file, trainer/load_bounds.py); any that fails raises
     UnsafeCheckpointFile."""
-    path = os.path.join(local, MODEL_FILE)
-    if os.path.exists(path):
-        # Weights-only, with DeepSpeed's few plain classes allowed (trainer/safe_load.py);
-        # mmap: only the module's tensors are paged in.
-        sd = safe_torch_load(path, map_location="cpu", mmap=True, max_bytes=max_bytes)
-        if not (isinstance(sd, dict) and isinstance(sd.get("module"), dict)):
-            raise CorruptCheckpoint(step, MODEL_FILE, "a DeepSpeed model-states dict",
-                                    type(sd).__name__)
-        return sd["module"]
+    if os.path.exists(os.path.join(local, MODEL_FILE)):
+        # one file per TP rank (one without TP), rank order; merged as AutoTP split them
+        return merge_shards([_module_states(local, name, step, max_bytes)
+                             for name in tp_model_files(local)])
     if any(n.startswith(ZERO3_PREFIX) for n in os.listdir(local)):
         return _zero3_state_dict(local, max_bytes)
     raise BadData(local, f"checkpoint step {step} has neither {MODEL_FILE} nor ZeRO-3 "
                   "model-state shards", "evaluate a checkpoint written by trainer.segment")
+
+
+def tp_model_files(local: str) -> list[str]:
+    """`mp_rank_00_model_states.pt`, `mp_rank_01_...`, ... up to the first missing rank."""
+    names = []
+    while os.path.exists(os.path.join(local, name := f"mp_rank_{len(names):02d}_model_states.pt")):
+        names.append(name)
+    return names
+
+
+def _module_states(local: str, name: str, step: int, max_bytes: int | None
+                   ) -> dict[str, torch.Tensor]:
+    """Weights-only, with DeepSpeed's few plain classes allowed (trainer/safe_load.py);
+    mmap: only the module's tensors are paged in."""
+    sd = safe_torch_load(os.path.join(local, name), map_location="cpu", mmap=True,
+                         max_bytes=max_bytes)
+    if not (isinstance(sd, dict) and isinstance(sd.get("module"), dict)):
+        raise CorruptCheckpoint(step, name, "a DeepSpeed model-states dict", type(sd).__name__)
+    return sd["module"]
 
 
 def _zero3_state_dict(local: str, max_bytes: int | None) -> dict[str, torch.Tensor]:

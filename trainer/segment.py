@@ -56,6 +56,7 @@ import torch.distributed as dist
 from common.errors import BadConfig
 from common.protocol import OperatorRollback, SegmentOutcome, SegmentResult, StartLine
 from spec import RunSpec
+from spec.layout import tp_degree
 from storage.dataset import load_manifest, read_split
 from trainer import tracing
 from trainer.checkpoint_manager import CheckpointManager
@@ -79,6 +80,7 @@ from trainer.start import finished_manifest, start_state
 from trainer.step_metrics import StepProbe
 from trainer.stopping import ROLLBACK_REFUSED, Stopper, StopRules
 from trainer.teacher import load_teacher
+from trainer.tensor_parallel import tp_ranks
 from trainer.throughput import DTYPES, Meter, flops_per_token, matmul_params, peak_flops
 
 log = structlog.get_logger(__name__)
@@ -161,10 +163,12 @@ def run_segment(args: SegmentArgs, rank: int, world: int) -> None:
         model = GPT(spec.model, manifest.vocab_size, seed=spec.seed)
         if spec.train.init_from and ctx.store.latest_committed() is None:  # a fresh run
             load_init_weights(model, spec, args.workdir, rank)  # before ZeRO copies them
-        engine = build_engine(spec, model, args.micro_split)
+        tp = tp_degree(spec.train.layout)
+        engine = build_engine(spec, model, args.micro_split, tp)
         teacher = load_teacher(spec, manifest.vocab_size, torch.device(engine.device),
                                args.workdir, rank) if spec.distill.teacher else None
-    source = make_batches(spec, args.dataset, rank, world, args.cache("dataset"))
+    at = tp_ranks(rank, world, tp)  # a TP group's ranks read one data replica's batches
+    source = make_batches(spec, args.dataset, at.dp_rank, at.dp_world, args.cache("dataset"))
     meter = make_meter(spec, model, manifest.vocab_size, torch.device(engine.device), world,
                        args.cache("device"))
 
@@ -232,6 +236,8 @@ def build_trainer(ctx: SegmentContext, engine, *, vocab_size: int, source, meter
     # an abnormal loss asks whether the ranks' copies of the weights still agree
     guard.replicas = ReplicaCheck(engine.module, world=ctx.world, zero_stage=spec.train.zero_stage,
                                   rank=ctx.rank, node_rank=ctx.node_rank)
+    if tp_degree(spec.train.layout) > 1:  # a TP group's ranks hold different shards, not
+        guard.replicas.enabled = False  # copies: only the replay can judge numerics there
     # the LR an oscillation lowered stays lowered for its steps (collective: a broadcast)
     guard.oscillation.windows = recorded_lr_windows(ctx)
     schedule = LRSchedule(spec.train, (*args.lr_windows, *guard.oscillation.windows),

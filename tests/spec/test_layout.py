@@ -15,7 +15,7 @@ import pytest
 
 from common.errors import BadConfig
 from spec import LayoutConfig, RunSpec, plan_layout, preset
-from spec.layout import TRAINED_TODAY, Layout
+from spec.layout import TRAINED_TODAY, Layout, tp_degree
 
 H100 = dict(accelerators_per_node=8, accelerator_memory_gb=80.0, intra_node_gbps=450.0,
             inter_node_gbps=50.0, accelerator_tflops=989.0)
@@ -191,15 +191,37 @@ def test_an_impossible_layout_is_refused_naming_the_field_and_the_fix(layout, ov
     assert exc.field == field and problem in exc.problem and fix in exc.fix, exc
 
 
-def test_a_possible_tp_or_pp_above_one_is_refused_until_the_trainer_lays_it_out():
-    for layout, over in (({"tp": 2, "pp": 1, "zero": 0}, {"train.procs_per_node": 2}),
-                         ({"tp": 1, "pp": 2, "zero": 1},
-                          {"train.nodes": 2, "train.zero_stage": 1, "train.grad_accum": 2})):
-        exc = _refused(layout, **over)
-        assert exc.field == "train.layout" and TRAINED_TODAY in exc.problem
-        assert TRAINED_TODAY in exc.fix
-        # what TP has today (the training step) and lacks (checkpoints, resume): TP only
-        assert ("checkpoints, exact resume" in exc.problem) == (layout["tp"] > 1), exc.problem
+def test_tp_above_one_inside_a_node_is_accepted_at_zero_0_to_2():
+    for zero in (0, 1, 2):
+        spec = _spec({"tp": 2, "pp": 1, "zero": zero},
+                     **{"train.procs_per_node": 2, "train.zero_stage": zero,
+                        "sweep.enabled": False})
+        assert spec.train.layout == LayoutConfig(tp=2, pp=1, zero=zero)
+        assert tp_degree(spec.train.layout) == 2
+    assert tp_degree("dp") == 1
+
+
+def test_pp_above_one_is_refused_until_the_trainer_lays_it_out():
+    exc = _refused({"tp": 1, "pp": 2, "zero": 1},
+                   **{"train.nodes": 2, "train.zero_stage": 1, "train.grad_accum": 2})
+    assert exc.field == "train.layout.pp" and TRAINED_TODAY in exc.problem
+    assert TRAINED_TODAY in exc.fix
+
+
+@pytest.mark.parametrize(("over", "field", "problem", "fix"), [
+    ({"train.zero_stage": 3}, "train.layout.zero", "ZeRO 3 under TP is not built here",
+     "use zero_stage 2"),
+    ({"train.nodes": 2, "train.min_nodes": 1}, "train.min_nodes",
+     "not resharded to fewer nodes", "set min_nodes to 0"),
+    ({"sweep.enabled": True}, "sweep.enabled", "counts every rank as a data replica",
+     'sweep with layout "dp"'),
+])
+def test_tp_where_the_trainer_does_not_support_it_yet_is_refused_naming_the_field(
+        over, field, problem, fix):
+    zero = over.get("train.zero_stage", 0)
+    exc = _refused({"tp": 2, "pp": 1, "zero": zero},
+                   **{"train.procs_per_node": 2, "sweep.enabled": False, **over})
+    assert exc.field == field and problem in exc.problem and fix in exc.fix, exc
 
 
 @pytest.mark.parametrize(("layout", "problem"), [
