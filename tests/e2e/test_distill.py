@@ -46,6 +46,9 @@ def test_a_run_distils_a_student_that_survives_a_kill_and_is_promoted_beside_its
     events = read_events(spec.storage.durable, student.run_id)
     kinds = [e["kind"] for e in events]
     assert "recovered" in kinds and "teacher_cost" in kinds
+    # its teacher was checked on the data worker before any accelerator, and is its lineage
+    [lineage] = [e["payload"] for e in events if e["kind"] == "distilled_from"]
+    assert (lineage["source_run"], lineage["source_step"]) == (spec.run_id, 40)
     assert fleet.restarts == {"trainer": 1}
     assert wait_for(lambda: read_events(spec.storage.durable, spec.run_id,
                                         kinds=("stage_finished",)), 5, "the stage records")
