@@ -8,8 +8,9 @@ second time, and the evidence decides:
   trainer/replicas.py, checked before any replay);
 - `data`: documents whose loss on the healthy weights is an outlier against the window's
   other documents (a robust z-score over per-document mean losses) and that explain the
-  spike (`explains`: the spike's batches above the threshold on the healthy weights fall
-  below it without those documents' tokens): those documents are the cause; otherwise
+  spike (`explains`: the spike's batches that stand above the window's other batches on
+  the healthy weights, `elevated_bar`, fall back under that bar without those documents'
+  tokens): those documents are the cause; otherwise
   the spike's batches that are still above the detector's threshold on the healthy
   weights while the window's other batches are not (documents empty, `batches`);
 - `optimisation`: the spike's own batches are unremarkable on the healthy weights, so the
@@ -28,7 +29,7 @@ import math
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from statistics import median
+from statistics import median, pstdev
 from typing import Any
 
 import torch
@@ -40,6 +41,9 @@ from trainer.model import IGNORE
 # Two replays of a batch differ by more than this (relative): not the same arithmetic.
 REPLAY_RTOL = 1e-5
 DOC_Z = 6.0  # a document this many robust spreads above the window's median is an outlier
+# A spike batch this many spreads above the window's other batches on the healthy weights is
+# still elevated there: guilty documents must bring it back under that bar
+ELEVATED_Z = 2.0
 MIN_DOC_TOKENS = 8  # shorter documents' mean loss is too noisy to accuse
 MAD_TO_SIGMA = 1.4826
 
@@ -134,7 +138,12 @@ def diagnose(first: Sequence[BatchReplay], second: Sequence[BatchReplay],
                     window_doc_loss_median=median(means) if means else None,
                     spike_batch_losses=in_spike,
                     outliers=[{"document": d, "loss": m, "z": z} for d, m, z in guilty])
-    if guilty and explains(first, spiky, {d for d, _, _ in guilty}, threshold):
+    # the bar the window's other batches set on the healthy weights (the detector's
+    # threshold is a step's mean over ranks on other weights: a rank's batch that holds a bad
+    # document can sit under it and still be far above its neighbours)
+    bar = elevated_bar([b.loss for b in first if b.cursor not in spiky], threshold)
+    evidence["elevated_bar"] = bar
+    if guilty and explains(first, spiky, {d for d, _, _ in guilty}, bar):
         return Diagnosis("data", tuple(d for d, _, _ in guilty), evidence)
     if guilty:  # outliers, but the spike's batches stay bad without them
         evidence["documents_explain_spike"] = False
@@ -152,12 +161,25 @@ def diagnose(first: Sequence[BatchReplay], second: Sequence[BatchReplay],
     return Diagnosis("unclear", (), evidence)
 
 
+def elevated_bar(others: Sequence[float], threshold: float) -> float:
+    """Pure: ELEVATED_Z spreads above the median of the window's other batches (the spread:
+    the larger of 1.4826 MAD and the standard deviation, floored at 1e-3 of the median),
+    never above the detector's `threshold`; the threshold itself with fewer than four."""
+    vals = [v for v in others if math.isfinite(v)]
+    if len(vals) < 4:
+        return threshold
+    mid = median(vals)
+    spread = max(MAD_TO_SIGMA * median(abs(v - mid) for v in vals), pstdev(vals),
+                 1e-3 * max(abs(mid), 1.0))
+    return min(threshold, mid + ELEVATED_Z * spread)
+
+
 def explains(replays: Sequence[BatchReplay], spike_cursors: set[int], documents: set[int],
              threshold: float) -> bool:
     """Pure: the spike's batches that are above `threshold` on the healthy weights (one at
-    least) are all at or below it without `documents`' tokens, each keeping some scored
-    token. A batch of random bytes holds more than the accused documents: leaving them out
-    would not make it healthy, and masking them would not get past it."""
+    least: `elevated_bar`) are all at or below it without `documents`' tokens, each keeping
+    some scored token. A batch of random bytes holds more than the accused documents:
+    leaving them out would not make it healthy, and masking them would not get past it."""
     high = [b for b in replays if b.cursor in spike_cursors and not b.loss <= threshold]
     if not high:
         return False

@@ -47,6 +47,32 @@ def test_a_document_far_above_the_windows_others_that_explains_the_spike_is_the_
     assert outlier["document"] == 7 and outlier["z"] > 6
 
 
+def test_a_bad_document_split_over_two_ranks_batches_under_the_step_threshold_is_the_cause():
+    """As measured at W=2: the step's mean over ranks passed the detector's threshold (7.8),
+    but on the healthy weights each rank's batch holding half the document reads 7.3,
+    under it, while the window's other batches read ~5.3. The document (12 nats a token)
+    is the outlier, and without it both batches are like their neighbours."""
+    first = []
+    for cursor in range(16):
+        for rank in range(2):  # pooled: each cursor once per rank
+            healthy = 5.3 + 0.1 * ((cursor + rank) % 5 - 2)
+            doc = 100 + 2 * cursor + rank
+            first.append(BatchReplay(cursor, healthy, {doc: (healthy * 64, 64)}))
+    for rank in range(2):  # cursor 9 on both ranks: 20 tokens of document 7, 44 healthy
+        first[2 * 9 + rank] = BatchReplay(9, (12.0 * 20 + 5.3 * 44) / 64, {
+            7: (12.0 * 20, 20), 200 + rank: (5.3 * 44, 44)})
+    found = diagnose(first, first, spike_cursors=[9], threshold=7.8)
+    assert all(b.loss < 7.8 for b in first if b.cursor == 9)
+    assert found.verdict == "data" and found.documents == (7,)
+    assert found.evidence["elevated_bar"] < 7.8
+
+
+def test_spike_batches_like_their_neighbours_on_healthy_weights_are_not_the_datas_fault():
+    first = [BatchReplay(c, 5.3 + 0.1 * (c % 5 - 2), {100 + c: (5.3 * 64, 64)})
+             for c in range(16)]
+    assert diagnose(first, first, spike_cursors=[9], threshold=7.8).verdict == "optimisation"
+
+
 def test_outlier_documents_that_leave_the_spike_batch_bad_accuse_the_batch_not_them():
     # a corrupted batch: every slot random, its own documents outliers, and the rest of
     # another document in it as bad: masking the outliers would not make it healthy
