@@ -54,6 +54,7 @@ def test_a_run_with_the_distill_stage_gets_a_sixth_box_after_promotion(distilled
     assert 'id="stage-distill"' in map_html(tmap, "", RUN)
 
 
+@pytest.mark.soak  # a PNG drawn: ~2 s, more than the default suite's budget allows
 def test_the_six_boxes_fit_the_map_with_no_overlap(distilled, tmp_path):
     tmap, _, events = distilled
     path = str(tmp_path / "map.png")
