@@ -79,10 +79,11 @@ def commits(events: list[dict], spans: list[dict], since: float) -> list[dict]:
     """Each checkpoint's stage-to-durable time by step: the trainer's `checkpoint stage N`
     start to the writer's `upload N` end, or without spans the checkpoint_saved event to
     its checkpoint_committed one."""
-    staged = {s["attributes"].get("step", int(s["name"].rsplit(" ", 1)[1])): s["start_ns"] / 1e9
-              for s in _rank0(spans, "checkpoint stage ", since)}
-    uploaded = {int(s["name"].rsplit(" ", 1)[1]): s["end_ns"] / 1e9 for s in spans
+    staged = {_step_of(s): s["start_ns"] / 1e9 for s in _rank0(spans, "checkpoint stage ", since)}
+    uploaded = {_step_of(s): s["end_ns"] / 1e9 for s in spans
                 if s["name"].startswith("upload ") and s["start_ns"] / 1e9 >= since}
+    staged.pop(None, None)
+    uploaded.pop(None, None)
     if not (staged and uploaded):
         staged = {e["step"]: e["ts"] for e in events if e["kind"] == "checkpoint_saved"
                   and e["ts"] >= since and e.get("step") is not None}
@@ -92,19 +93,24 @@ def commits(events: list[dict], spans: list[dict], since: float) -> list[dict]:
                    if k in uploaded and uploaded[k] >= staged[k]), key=lambda c: c["step"])
 
 
+def _step_of(span: dict) -> int | None:
+    """The step a `checkpoint stage N` or `upload N` span names (None: not a step)."""
+    tail = span["name"].rsplit(" ", 1)[-1]
+    return int(tail) if tail.isdigit() else None
+
+
 def predict(span: dict, prefix: float = PREFIX, fault_s: float = 0.0) -> dict:
     """Predicted training seconds from what the first `prefix` of the steps showed, against
     the actual and against the actual less `fault_s`, the badput the record's faults caused.
 
     Seconds per step: over the later half of the prefix, from the first mark at or past its
     middle (or earlier, to keep two intervals) to the last (checkpoint pauses in that
-    stretch included: they recur). Per
-    segment: its head (segment_started to the last mark, less its steps at that rate:
-    dispatch, start-up, restore, the first steps slowed by the segment's own start-up work)
-    and its tail, a segment ending by committing its last checkpoint
-    and waiting for the upload (trainer/checkpoint_manager.py, finish): the median
-    stage-to-durable time of the prefix's checkpoints after the first (whose upload pays
-    the writer process's start)."""
+    stretch included: they recur). Per segment: its head (segment_started to the last
+    mark, less its steps at that rate: dispatch, start-up, restore, the first steps slowed
+    by the segment's own start-up work) and its tail, a segment ending by committing its
+    last checkpoint and waiting for the upload (trainer/checkpoint_manager.py, finish): the
+    median stage-to-durable time of the prefix's checkpoints after the first (whose upload
+    pays the writer process's start)."""
     total = span["total_steps"]
     cutoff = max(1, math.ceil(prefix * total))
     found = [(source, seen) for source, seen in (
@@ -131,7 +137,8 @@ def predict(span: dict, prefix: float = PREFIX, fault_s: float = 0.0) -> dict:
     actual = span["end_ts"] - span["start_ts"]
     return {"seen_steps": last["last"], "total_steps": total, "marks_from": source,
             "seconds_per_step": per_step, "startup_s": head, "tail_s": tail,
-            "start_ts": span["start_ts"], "seen_ts": last["ts"], "segments": segments, "segment_steps": span["segment_steps"],
+            "start_ts": span["start_ts"], "seen_ts": last["ts"], "segments": segments,
+            "segment_steps": span["segment_steps"],
             "predicted_s": predicted, "actual_s": actual,
             "error": (predicted - actual) / actual if actual > 0 else None,
             "fault_badput_s": fault_s, "error_without_faults":
