@@ -98,14 +98,24 @@ def check_fit(spec: RunSpec, manifest_uri: str, manifest: DatasetManifest) -> In
             raise BadConfig(FIELD, f"run {source.run_id}'s model does not fit this run's: "
                             f"{problem}", f"set model.* as run {source.run_id} has them, or "
                             "start from scratch")
-    data = source_dataset(durable, source.run_id)
-    if data is not None:
-        their_uri, their_manifest = data
-        if their_manifest.vocab_size != manifest.vocab_size or \
-                tokenizer_sha(their_uri, their_manifest) != tokenizer_sha(manifest_uri, manifest):
-            tokenizer = join(their_uri.rsplit("/", 1)[0], their_manifest.tokenizer)
-            raise BadConfig(FIELD, f"run {source.run_id} was trained with another tokenizer "
-                            f"(vocabulary {their_manifest.vocab_size} there, "
-                            f"{manifest.vocab_size} here)",
-                            f"set data.tokenizer.path to {tokenizer}, the source's tokenizer")
+    check_tokenizer(durable, source.run_id, manifest_uri, manifest, FIELD, "the source")
     return source
+
+
+def check_tokenizer(durable: str, run_id: str, manifest_uri: str, manifest: DatasetManifest,
+                    field: str, who: str) -> None:
+    """BadConfig naming `field` and both vocabularies when run `run_id` (`who`: the source,
+    the teacher) trained with another tokenizer than this dataset's: the same size is not
+    enough, the same ids must mean the same text. Nothing to check for a run with no
+    recorded dataset."""
+    data = source_dataset(durable, run_id)
+    if data is None:
+        return
+    their_uri, their_manifest = data
+    if their_manifest.vocab_size != manifest.vocab_size or \
+            tokenizer_sha(their_uri, their_manifest) != tokenizer_sha(manifest_uri, manifest):
+        tokenizer = join(their_uri.rsplit("/", 1)[0], their_manifest.tokenizer)
+        raise BadConfig(field, f"run {run_id}, {who}, was trained with another tokenizer "
+                        f"(vocabulary {their_manifest.vocab_size} there, "
+                        f"{manifest.vocab_size} here)",
+                        f"set data.tokenizer.path to {tokenizer}, {who}'s tokenizer")

@@ -11,8 +11,7 @@ from __future__ import annotations
 from common.errors import BadConfig
 from spec import RunSpec
 from storage.dataset import DatasetManifest
-from storage.fs import join
-from storage.init_source import InitSource, promoted_source, source_dataset, tokenizer_sha
+from storage.init_source import InitSource, check_tokenizer, promoted_source
 from storage.runs import stored_spec
 
 FIELD = "distill.teacher"
@@ -37,14 +36,6 @@ def check_teacher(spec: RunSpec, manifest_uri: str, manifest: DatasetManifest) -
     tokenizer is not this dataset's (the same size is not enough: the same ids must mean
     the same text for its distribution to teach anything)."""
     source = teacher_source(spec)
-    data = source_dataset(spec.storage.durable, source.run_id)
-    if data is not None:
-        their_uri, their_manifest = data
-        if their_manifest.vocab_size != manifest.vocab_size or \
-                tokenizer_sha(their_uri, their_manifest) != tokenizer_sha(manifest_uri, manifest):
-            tokenizer = join(their_uri.rsplit("/", 1)[0], their_manifest.tokenizer)
-            raise BadConfig(FIELD, f"run {source.run_id}, the teacher, was trained with "
-                            f"another tokenizer (vocabulary {their_manifest.vocab_size} there, "
-                            f"{manifest.vocab_size} here)",
-                            f"set data.tokenizer.path to {tokenizer}, the teacher's tokenizer")
+    check_tokenizer(spec.storage.durable, source.run_id, manifest_uri, manifest, FIELD,
+                    "the teacher")
     return source

@@ -33,11 +33,8 @@ def load_init_weights(model: torch.nn.Module, spec: RunSpec, workdir: str,
     rank fetches into a directory of its own: the ranks of a node share `workdir`, and two
     fetches into one directory remove and rename each other's files."""
     source = promoted_source(spec.storage.durable, spec.train.init_from)
-    local = os.path.join(workdir, "init_from", f"rank{rank}", step_dir(source.step))
-    shutil.rmtree(local, ignore_errors=True)
     try:
-        source.store.fetch(source.step, local)
-        load_weights(model, local, source.step)
+        load_promoted(model, source, os.path.join(workdir, "init_from", f"rank{rank}"))
     except (CorruptCheckpoint, UnsafeCheckpointFile) as exc:  # the same on every retry
         raise BadData(source.uri, f"run {source.run_id}'s promoted checkpoint cannot be "
                       f"loaded: {exc}", "promote a good checkpoint of that run again, or "
@@ -46,7 +43,20 @@ def load_init_weights(model: torch.nn.Module, spec: RunSpec, workdir: str,
         raise BadConfig("train.init_from", f"run {source.run_id}'s promoted step "
                         f"{source.step} does not fit this model ({exc.problem[:300]})",
                         f"set model.* as run {source.run_id} has them") from None
-    finally:
-        shutil.rmtree(local, ignore_errors=True)
     log.info("initialized_from", **source.lineage())
     return source
+
+
+def load_promoted(model: torch.nn.Module, source: InitSource, directory: str) -> None:
+    """Fetch `source`'s promoted checkpoint under `directory` (one of this rank's own: the
+    ranks of a node share a workdir), verified file by file against its manifest, load its
+    weights into `model` with the bounded weights-only loader, and remove the copy. Raises
+    what the store and the loader raise (CorruptCheckpoint, UnsafeCheckpointFile, and
+    BadConfig for weights that do not fit), for the caller to name its field."""
+    local = os.path.join(directory, step_dir(source.step))
+    shutil.rmtree(local, ignore_errors=True)
+    try:
+        source.store.fetch(source.step, local)
+        load_weights(model, local, source.step)
+    finally:
+        shutil.rmtree(local, ignore_errors=True)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 import time
 from dataclasses import dataclass
 
@@ -24,11 +23,11 @@ import torch
 from common.errors import BadConfig, BadData
 from spec import ModelConfig, RunSpec
 from spec.codec import build
-from storage.checkpoints import CorruptCheckpoint, step_dir
+from storage.checkpoints import CorruptCheckpoint
 from storage.runs import stored_spec
 from storage.teacher_source import FIELD, teacher_source
 from trainer.distill import distill_loss
-from trainer.evaluate import load_weights
+from trainer.init_from import load_promoted
 from trainer.model import GPT
 from trainer.safe_load import UnsafeCheckpointFile
 
@@ -90,11 +89,8 @@ def load_teacher(spec: RunSpec, vocab_size: int, device: torch.device, workdir: 
     cfg = dataclasses.replace(build(ModelConfig, raw["model"], "model"), attention="auto",
                               activation_checkpointing=False, compile=False)
     model = GPT(cfg, vocab_size, seed=0)
-    local = os.path.join(workdir, "teacher", f"rank{rank}", step_dir(source.step))
-    shutil.rmtree(local, ignore_errors=True)
     try:
-        source.store.fetch(source.step, local)
-        load_weights(model, local, source.step)
+        load_promoted(model, source, os.path.join(workdir, "teacher", f"rank{rank}"))
     except (CorruptCheckpoint, UnsafeCheckpointFile) as exc:  # the same on every retry
         raise BadData(source.uri, f"the teacher, run {source.run_id}'s promoted checkpoint, "
                       f"cannot be loaded: {exc}", "promote a good checkpoint of that run "
@@ -103,8 +99,6 @@ def load_teacher(spec: RunSpec, vocab_size: int, device: torch.device, workdir: 
         raise BadConfig(FIELD, f"run {source.run_id}'s promoted step {source.step} does not "
                         f"fit this dataset ({exc.problem[:300]})", "distil on the dataset "
                         "the teacher was trained on (the same data section)") from None
-    finally:
-        shutil.rmtree(local, ignore_errors=True)
     model.requires_grad_(False)
     model.eval()
     model.to(device)
