@@ -52,9 +52,9 @@ diagnosis's cost per incident in steps' worth of training (the event's `steps_wo
 `replay_s` over the median step time); each run's final held-out loss over its
 reference's; the second run's outliers; every input.
 
-The full mode (the defaults: 10 faults of each kind in 2000 steps, 5000 clean steps, a
-2000-step base, two planted runs of 12 documents, an epoch each) trains ~15,000 steps at
-W=2, two runs side by side.
+The full mode (the defaults: 10 faults of each kind in 1600 steps, 2000 clean steps, a
+2000-step base, four planted runs of 6 documents, an epoch each, and their references)
+trains ~10,000 steps at W=2, two runs side by side.
 """
 
 from __future__ import annotations
@@ -106,27 +106,30 @@ PATIENCE = 1
 MAX_ROLLBACKS = 20  # a run that rolls back more often than this ends (the stopper's rule)
 EXTRA = ("--max-rollbacks", str(MAX_ROLLBACKS))
 SHOWS_WITHIN = 4  # a fault's spike has its onset at most this many steps after it fires
-ROWS = INPUTS["train.micro_batch_tokens"] // INPUTS["model.seq_len"]  # sequences per cursor
+# Each rank's micro-batch: twice benchmarks/spikes.py's, so that one planted document can be
+# most of a rank's share of a step (a step's loss is the mean over ranks) and still be masked
+MICRO_BATCH_TOKENS = 1024
+ROWS = MICRO_BATCH_TOKENS // INPUTS["model.seq_len"]  # sequences per cursor and rank
 
 
 # ---- planted documents (pure) ------------------------------------------------------------
-# Each planted document is 300-420 tokens with the corpus's tokenizer: large enough that
-# its loss can move a step's (W=2: two 512-token micro-batches), small enough to mask
-# (trainer/spikes.py maskable: at most 448 of a micro-batch's 512 slots).
+# Each planted document is ~650-900 tokens with the corpus's tokenizer: large enough that
+# its loss can move a step's (W=2: two 1024-token micro-batches), small enough to mask
+# (trainer/spikes.py maskable: at most 960 of a micro-batch's 1024 slots).
 def rare_run(rng: random.Random) -> str:
     """One rare letter (Runic, Ogham, Tifinagh: letters, so the non-text filter keeps it),
     repeated: one long word, no repeated line or n-gram for the repetition filters."""
     letter = chr(rng.choice([*range(0x16A0, 0x16EB), *range(0x2D30, 0x2D68)]))
-    return letter * rng.randint(100, 135)  # 3 unseen bytes a letter
+    return letter * rng.randint(220, 290)  # 3 unseen bytes a letter
 
 
 def base64_blob(rng: random.Random) -> str:
-    raw = base64.b64encode(rng.randbytes(rng.randint(240, 300))).decode()
+    raw = base64.b64encode(rng.randbytes(rng.randint(480, 620))).decode()
     return "\n".join(raw[i:i + 76] for i in range(0, len(raw), 76))
 
 
 def hex_blob(rng: random.Random) -> str:
-    raw = rng.randbytes(rng.randint(150, 200)).hex()
+    raw = rng.randbytes(rng.randint(330, 430)).hex()
     return "\n".join(raw[i:i + 64] for i in range(0, len(raw), 64))
 
 
@@ -134,7 +137,7 @@ def mojibake(rng: random.Random) -> str:
     """Cyrillic and Greek words written as UTF-8 and read back as Latin-1."""
     letters = [*map(chr, range(0x430, 0x450)), *map(chr, range(0x3B1, 0x3CA))]
     words = ["".join(rng.choice(letters) for _ in range(rng.randint(3, 7)))
-             for _ in range(rng.randint(13, 16))]
+             for _ in range(rng.randint(28, 36))]
     return " ".join(words).encode("utf-8").decode("latin-1")
 
 
@@ -180,14 +183,15 @@ def diagnoses(events: list[dict]) -> list[dict]:
     return out
 
 
-def spiked(incidents: list[dict], events: list[dict]) -> list[dict]:
-    """Each data incident with `spiked`: the detector called a step that read its document
-    an outlier (a `loss_spike` event at that step, or the next for a document across two
-    steps). A planted document whose steps stayed under the threshold did no harm to find."""
+def spiked(incidents: list[dict], events: list[dict], within: int = 0) -> list[dict]:
+    """Each incident with `spiked`: the detector called a step it struck an outlier (a
+    `loss_spike` event at its step, the next for a document across two steps, or up to
+    `within` steps after a fault). A planted document or a fault whose steps stayed under
+    the threshold did no harm to diagnose."""
     outliers = {e["step"] for e in events if e["kind"] == "loss_spike"}
-    return [{**i, "spiked": any(s in outliers for s in range(i["step"], i["step"] + 1
-                                                             + bool(i["two_steps"])))}
-            for i in incidents]
+    return [{**i, "spiked": any(s in outliers for s in range(
+        i["step"], i["step"] + 1 + max(within, int(bool(i.get("two_steps"))))))}
+        for i in incidents]
 
 
 def count_by(items: list[dict], key: str) -> dict[str, int]:
@@ -358,14 +362,13 @@ def place_data(dataset: str, planted: dict[int, str], steps: int, want: int, see
     [MIN_STEP, steps - TAIL], DATA_GAP apart, and none elsewhere in the run: (seed, the data
     incidents, every row holding a planted document in epoch 0)."""
     tokens, starts = read_split(dataset, "train")
-    mbs = INPUTS["train.micro_batch_tokens"] // INPUTS["model.seq_len"]
     for s in range(seed, seed + 5000):
         batches = PackedBatches(tokens, starts, seq_len=INPUTS["model.seq_len"],
-                                batch_size=mbs, seed=s, world=world)
+                                batch_size=ROWS, seed=s, world=world)
         land = landings(batches, list(planted))
         read = sorted((c + 1, d) for d, (c, _) in land.items() if c + 1 <= steps)
         ok = [st for st, _ in read if MIN_STEP <= st <= steps - TAIL]
-        across = {d for _, d in read if land[d][1][-1] // (mbs * batches.world) > land[d][0]}
+        across = {d for _, d in read if land[d][1][-1] // (ROWS * batches.world) > land[d][0]}
         if len(read) >= want and len(ok) == len(read) and all(
                 b - a >= DATA_GAP for a, b in zip(ok, ok[1:])):
             dirty = {r for _, rows in land.values() for r in rows}
@@ -414,7 +417,9 @@ def figures(runs: dict[str, dict], faults: list[dict], data_runs: list[dict],
                         "step": fired.get((f["kind"], f["at_step"]), f["at_step"]),
                         "fired": (f["kind"], f["at_step"]) in fired} for f in faults]
     found_faults = diagnoses(faulty["events"])
-    judged, stray_faults = judge(fault_incidents, found_faults)
+    fault_incidents = spiked(fault_incidents, faulty["events"], SHOWS_WITHIN)
+    judged, stray_faults = judge([i for i in fault_incidents if i["spiked"]], found_faults)
+    quiet_faults = [i for i in fault_incidents if not i["spiked"]]
     found_data, stray_data, incidents, skips = [], [], [], ([], [])
     accused, quarantined, masked, planted = set(), set(), set(), set()
     for d in data_runs:
@@ -443,6 +448,12 @@ def figures(runs: dict[str, dict], faults: list[dict], data_runs: list[dict],
         "planted_accused": recall_precision(accused, read, planted),
         "planted_quarantined": recall_precision(quarantined, read, planted),
         "planted_masked": recall_precision(masked, read, planted),
+        # faults that moved no loss past the detector (a burst late in the LR decay) did no
+        # harm to diagnose
+        "faults_without_spike": {"count": len(quiet_faults),
+                                 "by_kind": count_by(quiet_faults, "kind"),
+                                 "of_fired": len(fault_incidents),
+                                 "steps": [[i["kind"], i["step"]] for i in quiet_faults]},
         "planted_read_without_spike": {
             "count": len(harmless), "by_kind": count_by(harmless, "planted"),
             "of_read": len(incidents),
@@ -485,12 +496,13 @@ def rerun_figures(rerun: dict, first: dict, planted: dict[int, str], dirty_steps
             "final_val_loss_ratio_vs_first": final_ratio(rerun, first)}
 
 
-# Planted documents per kind and planted run. The full mode plants more of the kinds that
-# moved a step's loss in the quick mode (a run of one rare letter, mojibake: ~12 nats a
-# token on the trained model against ~6 for the corpus) and two runs' worth, so that ten
-# incidents at least are data; base64 and hex blobs (~6 nats) are planted too and counted.
+# Planted documents per kind and planted run (an epoch of ~500 steps holds six, DATA_GAP
+# apart). The full mode plants more of the kinds that moved a step's loss in the quick mode
+# (a run of one rare letter, mojibake: ~12 nats a token on a trained model against ~5-6 for
+# the corpus) in four runs, so that ten incidents at least are data; base64 and hex blobs
+# (~6 nats) are planted too and counted.
 QUICK_COUNTS = dict.fromkeys(KINDS, 1)
-FULL_COUNTS = {"rare_run": 4, "base64": 2, "hex": 2, "mojibake": 4}
+FULL_COUNTS = {"rare_run": 2, "base64": 1, "hex": 1, "mojibake": 2}
 
 
 def data_run(root: Path, clean: str, k: int, args, steps: int, counts: dict[str, int]
@@ -504,7 +516,7 @@ def data_run(root: Path, clean: str, k: int, args, steps: int, counts: dict[str,
         report[kind]["in_train"] = sum(1 for x in planted.values() if x == kind)
     tokens, _ = read_split(dataset, "train")
     epoch = -(-tokens.size // INPUTS["model.seq_len"]) // (ROWS * args.world)
-    run_steps = steps if args.quick else min(steps, epoch)
+    run_steps = min(steps, epoch)  # one epoch at most: each planted document read once
     seed, incidents, dirty = place_data(dataset, planted, run_steps, len(planted), args.seed,
                                         args.world)
     return {"name": name, "ref": f"clean-{name}", "dataset": dataset, "planted": planted,
@@ -521,9 +533,8 @@ def second_run(root: Path, clean: str, first: dict, runs: dict, args, counts, ev
     dataset, _, manifest = planted_corpus(root, clean, counts, args.seed, first["name"],
                                           quarantine=(uri,))
     planted = planted_documents(dataset)
-    mbs = INPUTS["train.micro_batch_tokens"] // INPUTS["model.seq_len"]
     land = landings(PackedBatches(*read_split(dataset, "train"), seq_len=INPUTS["model.seq_len"],
-                                  batch_size=mbs, seed=first["seed"], world=args.world),
+                                  batch_size=ROWS, seed=first["seed"], world=args.world),
                     list(planted))
     steps = {c + 1 + i for c, rows in land.values() for i in range(2)}
     again = run(root, dataset, spec_for(root, f"{first['name']}-again", first["seed"],
@@ -535,10 +546,11 @@ def second_run(root: Path, clean: str, first: dict, runs: dict, args, counts, ev
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--steps", type=int, default=5000, help="the clean run's steps")
-    ap.add_argument("--fault-steps", type=int, default=2000, help="the fault run's steps")
+    ap.add_argument("--steps", type=int, default=2000,
+                    help="the clean run's steps (the base and the references are clean too)")
+    ap.add_argument("--fault-steps", type=int, default=1600, help="the fault run's steps")
     ap.add_argument("--incidents", type=int, default=10, help="faults of each kind")
-    ap.add_argument("--data-runs", type=int, default=2, help="planted runs, an epoch each")
+    ap.add_argument("--data-runs", type=int, default=4, help="planted runs, an epoch each")
     ap.add_argument("--base-steps", type=int, default=2000,
                     help="the clean run the planted runs start from (train.init_from)")
     ap.add_argument("--seed", type=int, default=1)
@@ -562,7 +574,7 @@ def main(argv: list[str] | None = None) -> int:
     faults = place_faults(n, fault_steps, args.seed, rank=args.world - 1)
     # the same evaluation steps in every run; a rollback (and a diagnosis) on one outlier
     every = {"train.eval_every": eval_every(steps), "spikes.patience": PATIENCE,
-             "train.procs_per_node": args.world}
+             "train.procs_per_node": args.world, "train.micro_batch_tokens": MICRO_BATCH_TOKENS}
     # the base run and the runs that start from its promoted weights share one store
     shared = root / "shared"
     shutil.rmtree(shared, ignore_errors=True)
