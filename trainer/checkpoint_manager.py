@@ -30,6 +30,7 @@ from opentelemetry import trace
 
 from common.errors import StorageUnavailable
 from common.protocol import CommitLine
+from spec.layout import tp_degree
 from storage.checkpoints import (
     CheckpointManifest,
     CorruptCheckpoint,
@@ -46,6 +47,17 @@ from trainer.context import SegmentContext
 from trainer.state import TrainState, state_file
 
 log = structlog.get_logger(__name__)
+
+
+def layout_extra(ctx: SegmentContext) -> dict[str, int]:
+    """What a checkpoint's manifest says of the layout it was written at, for its readers:
+    the world size and ZeRO stage (trainer/elastic.py `saved_layout`) and, with TP, the
+    degree its shards need (trainer/tensor_parallel.py `check_saved_tp`; left out at 1, as
+    in every manifest written before TP)."""
+    extra = {"world_size": ctx.world, "zero_stage": ctx.spec.train.zero_stage}
+    if (tp := tp_degree(ctx.spec.train.layout)) > 1:
+        extra["tp"] = tp
+    return extra
 
 
 def save_due(step: int, saved: int | None, every: int, last: bool) -> bool:
@@ -314,7 +326,7 @@ class CheckpointManager:
             skip_ranges=tuple(tuple(r) for r in state.skip_ranges), detector_state=state_file(0),
             config_hash=ctx.config_hash, parent=ckpt.last_step,
             writer=f"trainer-attempt{ctx.args.attempt}",
-            extra={"world_size": ctx.world, "zero_stage": ctx.spec.train.zero_stage})
+            extra=layout_extra(ctx))
         if not ctx.spec.storage.async_upload:
             ckpt.drain()
         pause = time.perf_counter() - t0

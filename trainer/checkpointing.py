@@ -21,6 +21,7 @@ from trainer.context import SegmentContext
 from trainer.elastic import load_resharded, resharded, saved_layout
 from trainer.safe_load import UnsafeCheckpointFile, as_corrupt
 from trainer.state import TrainState, state_file
+from trainer.tensor_parallel import check_saved_tp, engine_tp
 
 log = structlog.get_logger(__name__)
 
@@ -62,6 +63,7 @@ def load_checkpoint(ctx: SegmentContext, engine, step: int, tier: str,
         log.warning("checkpoint_config_differs", step=step, checkpoint=man.config_hash,
                     spec=ctx.config_hash)
     saved_world, zero_stage = saved_layout(man.extra, step, ctx.world)
+    check_saved_tp(man.extra, step, engine_tp(engine))
     try:
         if saved_world != ctx.world and zero_stage in (1, 2):
             # fewer nodes (elastic): DeepSpeed reshards its universal form of the ZeRO state

@@ -101,3 +101,27 @@ def merge_shards(shards: list[dict[str, Any]]) -> dict[str, Any]:
         else:
             merged[name] = first
     return merged
+
+
+def check_saved_tp(extra: dict[str, Any], step: int, tp: int) -> None:
+    """A checkpoint resumes at the TP degree it was written at: each rank loads its own
+    `mp_rank_RR` shards, and nothing here reshards them to another degree. Its manifest's
+    `extra.tp` says which (absent: 1, a checkpoint written without TP). BadConfig before
+    DeepSpeed fails on a shape; CorruptCheckpoint when the field is not a positive whole
+    number (readers fall back past it)."""
+    from storage.manifest import MANIFEST, CorruptCheckpoint
+
+    saved = extra.get("tp", 1)
+    if type(saved) is not int or saved < 1:  # noqa: E721 — a bool is not a degree
+        raise CorruptCheckpoint(step, MANIFEST, "extra.tp a positive integer", repr(saved)[:80])
+    if saved != tp:
+        raise BadConfig("train.layout.tp", f"checkpoint step {step} was written at TP {saved}, "
+                        f"this segment runs TP {tp}; its shards are not resharded to another "
+                        "degree", f"resume with tp {saved}, or start a new run from its weights "
+                        "with train.init_from (the readers merge the shards; any tp loads them)")
+
+
+def engine_tp(engine) -> int:
+    """The TP degree a DeepSpeed engine was built with (its config's `autotp_size`, 0
+    when the section is absent: no TP, 1)."""
+    return max(1, int(engine.autotp_size()))

@@ -32,6 +32,8 @@ from trainer.tensor_parallel import (
     COLUMN,
     ROW,
     check_heads,
+    check_saved_tp,
+    merge_shards,
     partition_config,
     tensor_parallel_config,
     tp_ranks,
@@ -101,6 +103,31 @@ def test_a_step_counts_the_tokens_of_data_replicas_not_of_ranks():
     assert tokens_per_step(tp) == 128 * 2 * 2  # 4 ranks, 2 TP groups: 2 replicas
 
 
+def test_a_checkpoint_resumes_only_at_the_tp_degree_it_was_written_at():
+    check_saved_tp({"world_size": 2, "zero_stage": 0, "tp": 2}, step=8, tp=2)
+    check_saved_tp({"world_size": 2, "zero_stage": 0}, step=8, tp=1)  # written before TP
+    with pytest.raises(BadConfig, match=r"written at TP 2, this segment runs TP 1") as exc:
+        check_saved_tp({"tp": 2}, step=8, tp=1)
+    assert exc.value.field == "train.layout.tp" and "init_from" in exc.value.fix
+    with pytest.raises(BadConfig, match=r"written at TP 1, this segment runs TP 2"):
+        check_saved_tp({}, step=8, tp=2)
+    from storage.manifest import CorruptCheckpoint
+    for bad in (0, True, "2"):
+        with pytest.raises(CorruptCheckpoint):
+            check_saved_tp({"tp": bad}, step=8, tp=2)
+
+
+def test_merging_shards_concatenates_columns_by_rows_and_rows_by_columns():
+    col, row = "blocks.0.attn.wq.weight", "blocks.0.ffn.w2.weight"
+    whole = {col: torch.arange(24.0).reshape(4, 6), row: torch.arange(12.0).reshape(2, 6),
+             "embed.weight": torch.ones(3, 2)}
+    shards = [{col: whole[col][2 * r:2 * r + 2], row: whole[row][:, 3 * r:3 * r + 3],
+               "embed.weight": whole["embed.weight"]} for r in range(2)]
+    merged = merge_shards(shards)
+    assert all(torch.equal(merged[k], whole[k]) for k in whole)
+    assert merge_shards(shards[:1]) is shards[0]
+
+
 TP2 = {"train.procs_per_node": 2, "train.layout": {"tp": 2, "pp": 1, "zero": 0}}
 
 
@@ -124,6 +151,7 @@ def test_a_tp2_segment_trains_one_replica_and_commits_each_ranks_shards(tmp_path
     assert result["tokens_seen"] == 4 * 128  # one replica; DP over two ranks: 4 * 256
     checkpoints = tmp_path / "store" / "runs" / "t" / "checkpoints"
     ckpt = checkpoints / f"step-{4:09d}"
+    assert json.loads((ckpt / "MANIFEST.json").read_text())["extra"]["tp"] == 2
     d, hidden = spec.model.d_model, ffn_hidden(spec.model)
     halves = [safe_torch_load(ckpt / f"mp_rank_{r:02d}_model_states.pt")["module"]
               for r in range(2)]
@@ -152,6 +180,21 @@ def test_a_tp2_segment_resumes_bitwise_at_zero_0(tmp_path):
     assert "mp_rank_01_model_states.pt" in got["files"]
     assert got["max_abs_weight_diff"] == got["max_abs_state_diff"] == 0.0, got
     assert got["control_weight_change_resume_to_end"] > 1e-3  # the weights did move
+
+
+@pytest.mark.soak
+def test_a_tp2_checkpoint_resumed_without_tp_is_refused_naming_the_layout(tmp_path):
+    dataset = make_dataset(tmp_path / "data")
+    tp_spec = tiny_spec(tmp_path / "store", **TP2)
+    proc = run_segment(write_spec(tp_spec, tmp_path / "tp.json"), dataset, 4,
+                       tmp_path / "w1", world=2)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    dp_spec = tiny_spec(tmp_path / "store")  # the same run, one rank, no TP
+    proc = run_segment(write_spec(dp_spec, tmp_path / "dp.json"), dataset, 8,
+                       tmp_path / "w2", attempt=2)
+    assert proc.returncode != 0
+    error = json.loads((tmp_path / "w2" / "error.json").read_text())  # BadConfig: not retried
+    assert "train.layout.tp" in json.dumps(error) and "written at TP 2" in json.dumps(error)
 
 
 @pytest.mark.soak
