@@ -85,8 +85,9 @@ class TrainConfig:
     # How the model is laid across the world (spec/layout.py, docs/runspec.md): "dp", data
     # parallel over every rank with zero_stage (what runs today); {"tp", "pp", "zero"}
     # explicit degrees, checked against the model and world by RunSpec; "auto", the
-    # planner's choice (spec/layout.py plan_layout). TP or PP above 1 and "auto" are
-    # refused until the trainer lays the model out that way.
+    # planner's choice (spec/layout.py plan_layout). TP above 1 trains (ZeRO 0-2, not
+    # elastic, no sweep); PP above 1 and "auto" are refused until the trainer lays the
+    # model out that way.
     layout: str | LayoutConfig = "dp"
 
     def __post_init__(self) -> None:
