@@ -198,6 +198,32 @@ def test_a_tp2_checkpoint_resumed_without_tp_is_refused_naming_the_layout(tmp_pa
 
 
 @pytest.mark.soak
+def test_a_tp2_segment_skips_a_nan_step_and_rolls_back_a_sustained_spike_diagnosed_as_data(
+        tmp_path):
+    """tests/trainer/test_spike_handling.py's faulted segment at TP 2: the step loop's
+    verdicts, the rollback's restore of both ranks' shards and the diagnosis's replay on
+    them (its two replays agree, the corrupted batches accused)."""
+    from storage.events import read_events
+    from tests.trainer.test_spike_handling import CORRUPT_AT, CORRUPT_STEPS, NAN_AT, SPIKY
+
+    spec = tiny_spec(tmp_path / "store", **SPIKY, **TP2, faults=[
+        {"kind": "corrupt_batches", "at_step": CORRUPT_AT, "steps": CORRUPT_STEPS},
+        {"kind": "nan_loss", "at_step": NAN_AT}])
+    proc = run_segment(write_spec(spec, tmp_path / "spec.json"), make_dataset(tmp_path / "d"),
+                       100, tmp_path / "work", world=2)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads((tmp_path / "work" / "result.json").read_text())
+    (rb,) = result["outcome"]["rollbacks"]
+    assert rb["onset"] == CORRUPT_AT and rb["to_step"] < CORRUPT_AT and rb["verdict"] == "data"
+    assert NAN_AT in result["outcome"]["skipped_steps"]
+    assert result["final_step"] == 100 and result["train_loss"] < 4.0
+    (diag,) = [e["payload"] for e in read_events(spec.storage.durable, spec.run_id)
+               if e["kind"] == "spike_diagnosed"]
+    assert diag["verdict"] == "data" and diag["replay_disagreement"] == 0.0
+    assert set(diag["batches"]) == set(range(CORRUPT_AT - 1, CORRUPT_AT - 1 + CORRUPT_STEPS))
+
+
+@pytest.mark.soak
 def test_tp2_training_follows_the_one_rank_trajectory_within_1e4(tmp_path):
     """50 steps of the tiny GPT, fp32, 2 micro-batches a step: TP=2 over two ranks (one
     data-parallel replica) against one rank holding the whole model, the same batches."""
