@@ -4,8 +4,9 @@ Runs the real `trainer.segment` under torchrun (CPU, gloo) on a corpus of variab
 documents, then compares every tensor of the two step-N checkpoints (weights, optimizer
 state, train state; with TP every rank's shard file). `--layout` picks the configurations:
 
-    dp    world size 1 / ZeRO 0 and world size 2 / ZeRO 2 (the default)
-    tp2   TP 2 on two ranks (one data replica, train.layout {tp: 2}) at ZeRO 0 and ZeRO 2
+    dp      world size 1 / ZeRO 0 and world size 2 / ZeRO 2 (the default)
+    tp2     TP 2 on two ranks (one data replica, train.layout {tp: 2}) at ZeRO 0 and ZeRO 2
+    tp2dp2  TP 2 x DP 2 on four ranks of one host (two replicas of two shards), ZeRO 2
 
 Prints one JSON line: {"figure": "resume_exact", "value": <max abs weight difference over
 the configs>, ...}. The second process starts from the committed step-N/2 checkpoint only,
@@ -35,7 +36,8 @@ from trainer.state import flat_tensors
 STEPS = 8
 VOCAB = 512
 # --layout: (world size, ZeRO stage, TP degree) of each configuration measured
-LAYOUTS = {"dp": ((1, 0, 1), (2, 2, 1)), "tp2": ((2, 0, 2), (2, 2, 2))}
+LAYOUTS = {"dp": ((1, 0, 1), (2, 2, 1)), "tp2": ((2, 0, 2), (2, 2, 2)),
+           "tp2dp2": ((4, 2, 2),)}
 
 
 def skewed_dataset(root: Path, seed: int = 0) -> str:
