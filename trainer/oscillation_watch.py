@@ -40,6 +40,7 @@ from trainer.engine import plain_fp32
 from trainer.oscillation import NoiseScale, OscillationState, Reading, noise_scale, remedy
 from trainer.spikes import Verdict
 from trainer.step_metrics import grad_norm
+from trainer.tensor_parallel import engine_tp
 
 log = structlog.get_logger(__name__)
 
@@ -73,6 +74,9 @@ def unmeasured(engine, micro_batches: int, every: int) -> str:
     """Why this segment cannot sample the gradient noise scale ('' it can)."""
     if not every:
         return "spikes.oscillation.noise_every is 0"
+    if engine_tp(engine) > 1:
+        return ("tensor parallelism: a rank's gradient is its shards' and the replicated "
+                "parameters', not the model's, so the noise scale's norms would mix them")
     if micro_batches < 2:
         return ("one micro-batch per step (train.grad_accum 1): no gradient before the "
                 "all-reduce to compare the step's with")

@@ -238,6 +238,8 @@ def test_tp2_training_follows_the_one_rank_trajectory_within_1e4(tmp_path):
     assert np.max(np.abs(a - b) / np.abs(a)) < 1e-4, np.abs(a - b) / np.abs(a)
     assert min(one["norms"]) > CLIP  # every step was clipped, by the same norm
     assert two["norms"] == pytest.approx(one["norms"], rel=1e-4)
+    # the gradient noise scale is sampled without TP only (trainer/oscillation_watch.py)
+    assert one["noise_unmeasured"] == "" and "tensor parallelism" in two["noise_unmeasured"]
 
 
 def run_torchrun(world: int, *args: str) -> dict:
@@ -306,7 +308,10 @@ def _main(tp: int, steps: int) -> dict:
     flags = [None] * world
     if world > 1:
         dist.all_gather_object(flags, sharded)
-    return {"losses": losses, "norms": norms, "sharded": flags if world > 1 else [sharded], "tp_losses_agree": agree}
+    from trainer.oscillation_watch import unmeasured
+
+    return {"losses": losses, "norms": norms, "sharded": flags if world > 1 else [sharded],
+            "tp_losses_agree": agree, "noise_unmeasured": unmeasured(engine, accum, 1)}
 
 
 if __name__ == "__main__":
