@@ -65,6 +65,10 @@ class FakeEngine:
     def __call__(self, x, y, **kw):
         return self.module(x, y, **kw)
 
+    @staticmethod
+    def autotp_size() -> int:
+        return 0  # DeepSpeed's answer without a tensor_parallel section: no TP
+
     def backward(self, loss):
         (loss / self.accum).backward()
 
