@@ -13,6 +13,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 from common.errors import NEEDS_DECISION
 from common.faults import Fault
 from spec import RunSpec
+from spec.layout import tp_degree
 
 
 def needs_decision(err: BaseException) -> ApplicationError | None:
@@ -48,7 +49,8 @@ def oom_adaptation(spec: RunSpec, split: int, new: int) -> dict[str, Any]:
     mbs, t = micro_batch(spec), spec.train
     return {"micro_batch": {"from": mbs // split, "to": mbs // new},
             "grad_accum": {"from": t.grad_accum * split, "to": t.grad_accum * new},
-            "global_batch_sequences": mbs * t.grad_accum * t.world_size,
+            # per data replica: a TP group's ranks read one batch
+            "global_batch_sequences": mbs * t.grad_accum * (t.world_size // tp_degree(t.layout)),
             "micro_split": new}
 
 
