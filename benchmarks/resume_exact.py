@@ -2,11 +2,14 @@
 
 Runs the real `trainer.segment` under torchrun (CPU, gloo) on a corpus of variable-length
 documents, then compares every tensor of the two step-N checkpoints (weights, optimizer
-state, train state; with TP every rank's shard file). `--layout` picks the configurations:
+state, train state; with TP every rank's shard file, with PP every layer's file).
+`--layout` picks the configurations:
 
     dp      world size 1 / ZeRO 0 and world size 2 / ZeRO 2 (the default)
     tp2     TP 2 on two ranks (one data replica, train.layout {tp: 2}) at ZeRO 0 and ZeRO 2
     tp2dp2  TP 2 x DP 2 on four ranks of one host (two replicas of two shards), ZeRO 2
+    pp2     PP 2 on two ranks (one pipeline, train.layout {pp: 2}, 2 micro-batches a step)
+            at ZeRO 0 and ZeRO 1
 
 Prints one JSON line: {"figure": "resume_exact", "value": <max abs weight difference over
 the configs>, ...}. The second process starts from the committed step-N/2 checkpoint only,
@@ -35,9 +38,10 @@ from trainer.state import flat_tensors
 
 STEPS = 8
 VOCAB = 512
-# --layout: (world size, ZeRO stage, TP degree) of each configuration measured
+# --layout: (world size, ZeRO stage, TP degree[, PP degree]) of each configuration measured
 LAYOUTS = {"dp": ((1, 0, 1), (2, 2, 1)), "tp2": ((2, 0, 2), (2, 2, 2)),
-           "tp2dp2": ((4, 2, 2),)}
+           "tp2dp2": ((4, 2, 2),), "pp2": ((2, 0, 1, 2), (2, 1, 1, 2))}
+LAYER_FILE = "layer_"  # a pipeline's weights: one file per layer (trainer/pipeline.py)
 
 
 def skewed_dataset(root: Path, seed: int = 0) -> str:
@@ -66,11 +70,13 @@ def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
                 for k in a if a[k].is_floating_point()), default=0.0)
 
 
-def compare(root: Path, dataset: str, world: int, zero: int, tp: int = 1) -> dict:
+def compare(root: Path, dataset: str, world: int, zero: int, tp: int = 1, pp: int = 1) -> dict:
     root.mkdir(parents=True, exist_ok=True)
     over = {"train.procs_per_node": world, "train.zero_stage": zero, "train.packing": True}
-    if tp > 1:
-        over["train.layout"] = {"tp": tp, "pp": 1, "zero": zero}
+    if tp > 1 or pp > 1:
+        over["train.layout"] = {"tp": tp, "pp": pp, "zero": zero}
+    if pp > 1:  # 1F1B needs at least as many micro-batches as stages
+        over["train.grad_accum"] = pp
     runs = {}
     for name in ("straight", "resumed"):
         spec = write_spec(tiny_spec(root / name, **over), root / f"{name}.json")
@@ -88,16 +94,18 @@ def compare(root: Path, dataset: str, world: int, zero: int, tp: int = 1) -> dic
         raise SystemExit(f"the two step-{STEPS} checkpoints hold different files: {files}")
     for name in files:
         a, b = load(runs["straight"] / name), load(runs["resumed"] / name)
-        module = {k: v for k, v in a.items() if k.startswith("/module/")}
+        module = {k: v for k, v in a.items()
+                  if k.startswith("/module/") or name.startswith(LAYER_FILE)}
         if module:
             weights = max(weights, max_diff(module, {k: b[k] for k in module if k in b}))
         other, n_weights, n_all = max(other, max_diff(a, b)), n_weights + len(module), n_all + len(a)
     # Control: the weights did move between the resume point and the end, so 0.0 means something.
-    model = "mp_rank_00_model_states.pt"
-    weights_of = lambda p: {k: v for k, v in load(p).items() if k.startswith("/module/")}
+    model = "layer_01-model_states.pt" if pp > 1 else "mp_rank_00_model_states.pt"
+    weights_of = lambda p: {k: v for k, v in load(p).items()  # noqa: E731
+                            if k.startswith("/module/") or p.name.startswith(LAYER_FILE)}
     moved = max_diff(weights_of(runs["straight"] / model),
                      weights_of(runs["straight"].parent / f"step-{STEPS // 2:09d}" / model))
-    return {"world_size": world, "zero_stage": zero, "tp": tp, "files": files,
+    return {"world_size": world, "zero_stage": zero, "tp": tp, "pp": pp, "files": files,
             "max_abs_weight_diff": weights,
             "max_abs_state_diff": other, "weight_tensors": n_weights, "tensors": n_all,
             "control_weight_change_resume_to_end": moved}
@@ -112,9 +120,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         dataset = skewed_dataset(root)
-        configs = [compare(root / f"w{w}z{z}t{t}", dataset, w, z, t)
-                   for w, z, t in LAYOUTS[layout]]
-    # value: weights (mp_rank_00_model_states.pt "module"); max_abs_state_diff also covers
+        configs = [compare(root / f"w{w}z{z}t{t}p{p}", dataset, w, z, t, p)
+                   for w, z, t, p in (c + (1,) * (4 - len(c)) for c in LAYOUTS[layout])]
+    # value: weights (mp_rank_00_model_states.pt "module", a pipeline's layer files);
+    # max_abs_state_diff also covers
     # the optimizer files and train_state (RNGs, cursor).
     print(json.dumps({"figure": "resume_exact",
                       "value": max(c["max_abs_weight_diff"] for c in configs),

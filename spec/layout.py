@@ -37,8 +37,8 @@ RECOMPUTE_BYTES = 2  # per token, layer and hidden unit kept under full recomput
 STATE_SHARE = 0.5  # of an accelerator's memory the model states may take (assumption)
 GB = 1e9
 
-TRAINED_TODAY = ("tp above 1 trains inside a node (ZeRO 0-2); pp above 1 is planned, not yet "
-                 "trained: use pp 1")
+TRAINED_TODAY = ("tp above 1 trains inside a node (ZeRO 0-2); pp above 1 trains alone (tp 1, "
+                 "ZeRO 0-1, fp32, not elastic, no sweep, no online evaluation, no teacher)")
 # What tp above 1 does not have yet (docs/decisions.md 89 and after): ZeRO 3 under TP is
 # not measured here (its checkpoints would hold partitions of shards, which the weights
 # readers do not reassemble); a checkpoint's TP shards are not resharded to another world
@@ -46,6 +46,16 @@ TRAINED_TODAY = ("tp above 1 trains inside a node (ZeRO 0-2); pp above 1 is plan
 TP_ZERO = "ZeRO 3 under TP is not built here (exact resume and evaluation measured at 0-2)"
 TP_ELASTIC = "a TP run's checkpoint is not resharded to fewer nodes (elastic) yet"
 TP_SWEEP = "the sweep counts every rank as a data replica; with TP it would not be one"
+# What pp above 1 does not have yet (docs/decisions.md 94): TP and PP together (DeepSpeed's
+# 3D grid with AutoTP is not built here); a stage's layer files are not repartitioned to
+# another world (elastic); the sweep's replica count; bf16/fp16 (not measured with the
+# pipe engine here); the online evaluation and a teacher, which call the whole model's
+# forward, which the pipe engine does not have.
+PP_TP = "TP and PP together (DeepSpeed's 3D grid with AutoTP) are not built here"
+PP_ELASTIC = "a pipeline's stages are not repartitioned to fewer nodes (elastic)"
+PP_SWEEP = "the sweep counts every rank as a data replica; with PP it would not be one"
+PP_PRECISION = "the pipeline engine is measured in fp32 only here"
+PP_FORWARD = "the pipeline engine has no whole-model forward, which it calls"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,6 +91,11 @@ def tp_degree(layout: str | LayoutConfig) -> int:
     """The tensor-parallel degree a `train.layout` asks for: 1 for "dp" (and "auto", which
     a run refuses until the planner is wired to it)."""
     return layout.tp if isinstance(layout, LayoutConfig) else 1
+
+
+def pp_degree(layout: str | LayoutConfig) -> int:
+    """The pipeline stages a `train.layout` asks for: 1 for "dp" (and "auto")."""
+    return layout.pp if isinstance(layout, LayoutConfig) else 1
 
 
 def divisors(n: int) -> list[int]:
@@ -248,10 +263,13 @@ def _micro_batch(pick: _Option, sequences: int, seq_len: int, n_layers: int, d_m
 
 def check_layout(layout: LayoutConfig, *, n_heads: int, n_kv_heads: int, n_layers: int,
                  nodes: int, procs_per_node: int, node_counts: list[int], zero_stage: int,
-                 grad_accum: int, sweep: bool = False) -> None:
+                 grad_accum: int, sweep: bool = False, precision: str = "fp32",
+                 eval_every: int = 0, teacher: bool = False,
+                 faults: tuple[str, ...] = ()) -> None:
     """BadConfig, naming the `train.layout` field and the fix, for a layout that cannot run
-    on this model and world; last, what the trainer does not do yet: pp above 1, and tp
-    above 1 with ZeRO 3, elastic nodes or a sweep."""
+    on this model and world; last, what the trainer does not do yet: tp above 1 with ZeRO
+    3, elastic nodes or a sweep; pp above 1 with tp, elastic nodes, a sweep, bf16/fp16,
+    online evaluation, a teacher or a nan_loss fault (`faults`: the kinds injected)."""
     tp, pp, world = layout.tp, layout.pp, nodes * procs_per_node
     f = "train.layout"
     _require(layout.zero == zero_stage, f"{f}.zero", f"ZeRO {layout.zero} differs from "
@@ -279,8 +297,8 @@ def check_layout(layout: LayoutConfig, *, n_heads: int, n_kv_heads: int, n_layer
     _require(pp == 1 or grad_accum >= pp, "train.grad_accum", f"{grad_accum} micro-batches "
              f"for {pp} stages: 1F1B needs at least as many micro-batches as stages",
              f"set grad_accum >= {pp}")
-    _require(pp == 1, f"{f}.pp", f"PP {pp}: {TRAINED_TODAY}",
-             f'{TRAINED_TODAY}; for a model too large for one accelerator, tp inside a node')
+    if pp > 1:
+        _check_pp(pp, tp, node_counts, sweep, precision, eval_every, teacher, faults)
     if tp == 1:
         return
     _require(zero_stage <= 2, f"{f}.zero", f"TP {tp} with ZeRO {zero_stage}: {TP_ZERO}",
@@ -289,6 +307,28 @@ def check_layout(layout: LayoutConfig, *, n_heads: int, n_kv_heads: int, n_layer
              f"({node_counts}): {TP_ELASTIC}", "set min_nodes to 0 (or to train.nodes)")
     _require(not sweep, "sweep.enabled", f"TP {tp} with a sweep: {TP_SWEEP}",
              "sweep with layout \"dp\" and train the winner with tp, or set enabled=false")
+
+
+def _check_pp(pp: int, tp: int, node_counts: list[int], sweep: bool, precision: str,
+              eval_every: int, teacher: bool, faults: tuple[str, ...]) -> None:
+    """What pp above 1 does not run with yet, each naming its field and the fix."""
+    _require(tp == 1, "train.layout", f"TP {tp} x PP {pp}: {PP_TP}",
+             "use tp or pp, not both: tp inside a node, or pp with tp 1")
+    _require(len(node_counts) == 1, "train.min_nodes", f"PP {pp} with elastic nodes "
+             f"({node_counts}): {PP_ELASTIC}", "set min_nodes to 0 (or to train.nodes)")
+    _require(not sweep, "sweep.enabled", f"PP {pp} with a sweep: {PP_SWEEP}",
+             "sweep with layout \"dp\" and train the winner with pp, or set enabled=false")
+    _require(precision == "fp32", "train.precision", f"PP {pp} in {precision}: {PP_PRECISION}",
+             "use precision fp32 with pp above 1")
+    _require(eval_every == 0, "train.eval_every", f"PP {pp} with online evaluation: "
+             f"{PP_FORWARD}", "set eval_every to 0 and evaluate the promoted checkpoints "
+             "(the readers merge a pipeline's layers)")
+    _require(not teacher, "distill.teacher", f"PP {pp} with a teacher: {PP_FORWARD} to "
+             "score the student's logits", "distill with layout \"dp\" or tp")
+    _require("nan_loss" not in faults, "faults", f"PP {pp} with a nan_loss fault: it poisons "
+             "the whole model's loss, which no pipeline stage returns",
+             "inject nan_loss with layout \"dp\" or tp; corrupt_batches, corrupt_grad and "
+             "kill_worker run with pp")
 
 
 def _listing(options: list[int], cap: int) -> str:

@@ -159,7 +159,10 @@ class RunSpec:
         check_layout(t.layout, n_heads=m.n_heads, n_kv_heads=m.n_kv_heads, n_layers=m.n_layers,
                      nodes=t.nodes, procs_per_node=t.procs_per_node,
                      node_counts=t.node_counts(), zero_stage=t.zero_stage,
-                     grad_accum=t.grad_accum, sweep=self.sweep.enabled)
+                     grad_accum=t.grad_accum, sweep=self.sweep.enabled,
+                     precision=t.precision, eval_every=t.eval_every,
+                     teacher=bool(self.distill.teacher),
+                     faults=tuple(f.kind for f in self.faults))
 
     def _check_sweep_ends(self) -> None:
         """Every trial the sweep can run, and the run its best point trains, is a valid spec.

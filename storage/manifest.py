@@ -35,14 +35,16 @@ STEP_DIGITS = len(str(MAX_STEP))
 STEP_DIR = re.compile(rf"step-([0-9]{{9}}|[1-9][0-9]{{9,{STEP_DIGITS - 1}}})", re.ASCII)
 
 # Every file name a checkpoint may hold: what DeepSpeed 0.19's save_checkpoint writes into
-# a tag directory for ZeRO 0-3 without pipeline or expert parallelism (checked against real
-# saves, tests/trainer/test_safe_load.py), plus trainer/state.py:state_file. One flat
+# a tag directory for ZeRO 0-3 without expert parallelism (checked against real saves,
+# tests/trainer/test_safe_load.py; a pipeline's layer files against its saves,
+# tests/trainer/test_pipeline_parallel.py), plus trainer/state.py:state_file. One flat
 # directory: no pattern has a "/", so a name is relative and has no ".." by construction.
 FILE_PATTERNS = tuple(re.compile(p, re.ASCII) for p in (
     r"mp_rank_[0-9]{2,}_model_states\.pt",  # weights (and, at ZeRO 0, the optimizer)
     r"zero_pp_rank_[0-9]+_mp_rank_[0-9]{2,}_model_states\.pt",  # ZeRO-3 weight partitions
     r"(bf16_)?zero_pp_rank_[0-9]+_mp_rank_[0-9]{2,}_optim_states\.pt",  # ZeRO 1-3 shards
     r"train_state-rank[0-9]+\.pt",  # the TrainState of each rank
+    r"layer_[0-9]{2,}-model_states\.pt",  # a pipeline's weights, one file per layer
 ))
 SHA256 = re.compile(r"[0-9a-f]{64}", re.ASCII)
 

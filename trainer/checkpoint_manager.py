@@ -30,7 +30,7 @@ from opentelemetry import trace
 
 from common.errors import StorageUnavailable
 from common.protocol import CommitLine
-from spec.layout import tp_degree
+from spec.layout import pp_degree, tp_degree
 from storage.checkpoints import (
     CheckpointManifest,
     CorruptCheckpoint,
@@ -53,10 +53,13 @@ def layout_extra(ctx: SegmentContext) -> dict[str, int]:
     """What a checkpoint's manifest says of the layout it was written at, for its readers:
     the world size and ZeRO stage (trainer/elastic.py `saved_layout`) and, with TP, the
     degree its shards need (trainer/tensor_parallel.py `check_saved_tp`; left out at 1, as
-    in every manifest written before TP)."""
+    in every manifest written before TP); with PP, its stages (trainer/pipeline.py
+    `check_saved_pp`; likewise left out at 1)."""
     extra = {"world_size": ctx.world, "zero_stage": ctx.spec.train.zero_stage}
     if (tp := tp_degree(ctx.spec.train.layout)) > 1:
         extra["tp"] = tp
+    if (pp := pp_degree(ctx.spec.train.layout)) > 1:
+        extra["pp"] = pp
     return extra
 
 

@@ -19,6 +19,7 @@ from common.errors import BadConfig
 from storage.checkpoints import CheckpointManifest, CheckpointStore, step_dir
 from trainer.context import SegmentContext
 from trainer.elastic import load_resharded, resharded, saved_layout
+from trainer.pipeline import check_saved_pp, engine_pp, loading
 from trainer.safe_load import UnsafeCheckpointFile, as_corrupt
 from trainer.state import TrainState, state_file
 from trainer.tensor_parallel import check_saved_tp, engine_tp
@@ -64,13 +65,15 @@ def load_checkpoint(ctx: SegmentContext, engine, step: int, tier: str,
                     spec=ctx.config_hash)
     saved_world, zero_stage = saved_layout(man.extra, step, ctx.world)
     check_saved_tp(man.extra, step, engine_tp(engine))
+    check_saved_pp(man.extra, step, engine_pp(engine))
     try:
         if saved_world != ctx.world and zero_stage in (1, 2):
             # fewer nodes (elastic): DeepSpeed reshards its universal form of the ZeRO state
             load_path = load_resharded(engine, root, tag, os.path.join(
                 ctx.workdir, f"universal-rank{ctx.rank}"))
         else:
-            load_path, _ = engine.load_checkpoint(root, tag=tag)
+            with loading(engine):  # a pipeline's tied embedding: broadcast unrecorded
+                load_path, _ = engine.load_checkpoint(root, tag=tag)
         state = TrainState.load(os.path.join(root, tag, state_file(ctx.rank)))
     except UnsafeCheckpointFile as exc:
         raise as_corrupt(step, exc) from None

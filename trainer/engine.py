@@ -12,7 +12,7 @@ from typing import Any
 
 from common.errors import BadConfig
 from spec import RunSpec, TrainConfig
-from spec.layout import tp_degree
+from spec.layout import pp_degree, tp_degree
 from trainer.tensor_parallel import check_heads, localize_heads, tensor_parallel_config
 
 # DeepSpeed prints a summary every `steps_per_print` steps; the progress file already has it.
@@ -40,8 +40,15 @@ def micro_batch_size(spec: RunSpec) -> int:
 
 def check_micro_split(spec: RunSpec, split: int) -> None:
     """An OOM-adapted run (workflows/adapt.py) runs each micro-batch as `split` equal
-    chunks, one forward/backward each: `split` must divide the micro-batch."""
+    chunks, one forward/backward each: `split` must divide the micro-batch. Not with
+    pipelines: DeepSpeed's pipe engine runs whole micro-batches through its stages, and
+    the chunks' loss weights (trainer/loop.py chunk_weights) have no way into its loss."""
     mbs = micro_batch_size(spec)
+    if split > 1 and pp_degree(spec.train.layout) > 1:
+        raise BadConfig("--micro-split", f"{split} chunks per micro-batch with PP "
+                        f"{pp_degree(spec.train.layout)}: the pipeline engine runs whole "
+                        "micro-batches", "lower train.micro_batch_tokens (and raise "
+                        "train.grad_accum to keep the global batch) instead of splitting")
     if split < 1 or mbs % split:
         raise BadConfig("--micro-split", f"{split} does not divide the micro-batch of {mbs} "
                         f"sequences", "pass a power of two that divides it")
@@ -49,10 +56,16 @@ def check_micro_split(spec: RunSpec, split: int) -> None:
 
 def tokens_per_step(spec: RunSpec) -> int:
     """Tokens of one global batch: each data-parallel replica's micro-batches. With TP the
-    `tp` ranks of a group read the same batch (trainer/tensor_parallel.py), so a world of
-    W ranks is W // tp replicas."""
+    `tp` ranks of a group read the same batch (trainer/tensor_parallel.py), with PP the
+    `pp` stages of a pipeline (trainer/pipeline.py), so a world of W ranks is
+    W // (tp x pp) replicas."""
     t = spec.train
-    return t.micro_batch_tokens * t.grad_accum * (t.world_size // tp_degree(t.layout))
+    return t.micro_batch_tokens * t.grad_accum * (t.world_size // replica_ranks(spec))
+
+
+def replica_ranks(spec: RunSpec) -> int:
+    """Ranks per data-parallel replica: tp x pp (at most one of them above 1 here)."""
+    return tp_degree(spec.train.layout) * pp_degree(spec.train.layout)
 
 
 def zero_config(t: TrainConfig) -> dict[str, Any]:
@@ -74,20 +87,23 @@ def fp16_config(t: TrainConfig) -> dict[str, Any]:
             "min_loss_scale": t.fp16_min_loss_scale}
 
 
-def deepspeed_config(spec: RunSpec, micro_split: int = 1, tp: int = 1) -> dict[str, Any]:
+def deepspeed_config(spec: RunSpec, micro_split: int = 1, tp: int = 1, pp: int = 1
+                     ) -> dict[str, Any]:
     """With `micro_split` > 1 (after an OOM) DeepSpeed sees micro-batches that many times
     smaller and that many times more accumulation: the same global batch. With `tp` > 1
     the `tp` ranks of a group share one batch (trainer/tensor_parallel.py), so the global
     batch is world // tp replicas' worth; DeepSpeed 0.19 checks `train_batch_size`
     against the whole world before it builds the TP mesh (runtime/config.py
-    `_batch_assertion`), so with TP it is left out and DeepSpeed derives its own count."""
+    `_batch_assertion`), so with TP it is left out and DeepSpeed derives its own count.
+    With `pp` > 1 DeepSpeed counts the data-parallel world of its pipe grid (the config is
+    built with the PipelineModule's mpu), world // pp replicas: the global batch is theirs."""
     t = spec.train
     mbs = micro_batch_size(spec) // micro_split
     accum = t.grad_accum * micro_split
     config: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": mbs,
         "gradient_accumulation_steps": accum,
-        "train_batch_size": mbs * accum * t.world_size,
+        "train_batch_size": mbs * accum * (t.world_size // pp),
         "gradient_clipping": t.grad_clip,
         "zero_optimization": zero_config(t),
         "bf16": {"enabled": t.precision == "bf16"},
@@ -124,21 +140,26 @@ def check_device(spec: RunSpec, cuda: bool) -> None:
                         "no fp16", "use bf16 or fp32 on CPU")
 
 
-def build_engine(spec: RunSpec, model, micro_split: int = 1, tp: int = 1):
+def build_engine(spec: RunSpec, model, micro_split: int = 1, tp: int = 1, pp: int = 1):
     """deepspeed.initialize with the derived config; decay/no-decay parameter groups; every
     checkpoint file it loads is read weights-only (trainer/safe_load.py). With `tp` > 1
-    AutoTP shards the model's matrices over groups of `tp` ranks (trainer/tensor_parallel.py)."""
+    AutoTP shards the model's matrices over groups of `tp` ranks (trainer/tensor_parallel.py);
+    with `pp` > 1 the model is a PipelineModule of `pp` stages and the engine DeepSpeed's
+    PipelineEngine, its update held back for engine.step() (trainer/pipeline.py)."""
     import deepspeed
     import torch
 
     check_device(spec, torch.cuda.is_available())
     from trainer.model import param_groups
     from trainer.optim import build_optimizer
+    from trainer.pipeline import defer_update, pipeline_module
     from trainer.safe_load import install_safe_loading
 
     check_micro_split(spec, micro_split)
     check_heads(spec.model.n_heads, spec.model.n_kv_heads, tp)
-    config = deepspeed_config(spec, micro_split, tp)
+    config = deepspeed_config(spec, micro_split, tp, pp)
+    if pp > 1:  # this rank's stage: its layers alone are the engine's module
+        model = pipeline_module(model, pp)
     # The optimizer is ours (an AdamW whose update a spike verdict can veto, trainer/optim.py)
     # with exactly the config's hyperparameters; ZeRO accepts it as a torch AdamW subclass.
     optimizer = build_optimizer(param_groups(model, spec.train.weight_decay),
@@ -147,6 +168,8 @@ def build_engine(spec: RunSpec, model, micro_split: int = 1, tp: int = 1):
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
     if tp > 1:
         localize_heads(engine.module)
+    if pp > 1:
+        defer_update(engine)
     install_safe_loading(engine)  # load_checkpoint never unpickles code (DESIGN §3)
     trim_per_step_work(engine)
     return engine
@@ -174,6 +197,7 @@ def trim_per_step_work(engine) -> None:
         return
     if engine.dp_world_size == 1:
         engine.enable_backward_allreduce = False
+        engine.pipeline_enable_backward_allreduce = False  # the pipe engine's own reduction
     engine.clip_fp32_gradients = lambda: keep_clip_norm(engine)
 
 
@@ -185,6 +209,11 @@ def keep_clip_norm(engine) -> None:
     collective every step): the same norm and the same clipped gradients, bit for bit."""
     from deepspeed.runtime.utils import clip_grad_norm_
 
+    from trainer.pipeline import clip_pipeline, is_pipeline
+
+    if is_pipeline(engine):  # its clip_grad_norm_ would count the first stage only
+        engine._global_grad_norm = clip_pipeline(engine, engine.gradient_clipping())  # noqa: SLF001
+        return
     if engine.mpu is not None or engine.dp_world_size != 1:
         engine._global_grad_norm = clip_grad_norm_(  # noqa: SLF001 — get_global_grad_norm's
             parameters=engine.module.parameters(), max_norm=engine.gradient_clipping(),

@@ -6,7 +6,9 @@
 Single process, no DeepSpeed engine: ZeRO 0-2 weights come straight from DeepSpeed's
 `mp_rank_00_model_states.pt` (`["module"]`) — with tensor parallelism each TP rank's
 `mp_rank_RR_model_states.pt`, its shards put back together (trainer/tensor_parallel.py
-`merge_shards`); ZeRO-3 checkpoints hold only partitions, which
+`merge_shards`), with pipeline parallelism each layer's `layer_NN-model_states.pt`,
+named back as the GPT's (trainer/pipeline.py `merge_layers`); ZeRO-3 checkpoints hold only
+partitions, which
 DeepSpeed's own `zero_to_fp32` reassembles from the optimizer shards. Writes `{"results": [{"step", "val_loss",
 "perplexity"}]}` to OUT. Exit codes as trainer.segment: 0 done; 3 BadConfig/BadData
 (error.json in DIR); 4 StorageUnavailable (error.json); anything else is a crash.
@@ -40,6 +42,7 @@ from trainer.data import val_batches
 from trainer.engine import micro_batch_size
 from trainer.load_bounds import bytes_allowed, model_numel
 from trainer.model import GPT
+from trainer.pipeline import layer_files, merge_layers
 from trainer.safe_load import (
     UnsafeCheckpointFile,
     as_corrupt,
@@ -75,6 +78,10 @@ def read_state_dict(local: str, step: int, max_bytes: int | None = None
     stage. Every file is read by the bounded weights-only loader (`max_bytes`: what the
     model's shapes allow one file, trainer/load_bounds.py); any that fails raises
     UnsafeCheckpointFile."""
+    if layers := layer_files(os.listdir(local)):
+        # a pipeline's: one file per layer, written by its stage; named back as GPT's
+        return merge_layers([(i, _layer_states(local, name, step, max_bytes))
+                             for i, name in layers])
     if os.path.exists(os.path.join(local, MODEL_FILE)):
         # one file per TP rank (one without TP), rank order; merged as AutoTP split them
         return merge_shards([_module_states(local, name, step, max_bytes)
@@ -102,6 +109,16 @@ def _module_states(local: str, name: str, step: int, max_bytes: int | None
     if not (isinstance(sd, dict) and isinstance(sd.get("module"), dict)):
         raise CorruptCheckpoint(step, name, "a DeepSpeed model-states dict", type(sd).__name__)
     return sd["module"]
+
+
+def _layer_states(local: str, name: str, step: int, max_bytes: int | None
+                  ) -> dict[str, torch.Tensor]:
+    """One pipeline layer's state dict (trainer/pipeline.py), weights-only, mmap."""
+    sd = safe_torch_load(os.path.join(local, name), map_location="cpu", mmap=True,
+                         max_bytes=max_bytes)
+    if not isinstance(sd, dict):
+        raise CorruptCheckpoint(step, name, "a layer's state dict", type(sd).__name__)
+    return sd
 
 
 def _zero3_state_dict(local: str, max_bytes: int | None) -> dict[str, torch.Tensor]:

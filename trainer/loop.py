@@ -39,6 +39,7 @@ from trainer.guard import SpikeGuard, finite_or_none
 from trainer.model import IGNORE
 from trainer.online_eval import OnlineEval
 from trainer.oscillation_watch import NoiseSample
+from trainer.pipeline import is_pipeline, pipeline_forward_backward
 from trainer.spikes import Verdict
 from trainer.state import TrainState
 from trainer.step_metrics import OwnerClock, StepProbe, write_owner_times
@@ -222,7 +223,12 @@ def forward_backward(engine, batches: BatchSource, state: TrainState, step: int,
     wants engine.step() after each forward/backward; it updates only on the last one, which
     train_step calls itself once it has judged the loss. `noise`: a gradient noise sample
     reads the gradients after each micro-batch (trainer/oscillation_watch.py). `teacher`:
-    the loss is the distillation loss against it on the same rows (trainer/teacher.py)."""
+    the loss is the distillation loss against it on the same rows (trainer/teacher.py).
+    A pipeline engine runs the micro-batches through its stages itself, 1F1B
+    (trainer/pipeline.py; no split, noise sample or teacher there: spec validation and
+    oscillation_watch.unmeasured see to it)."""
+    if is_pipeline(engine):
+        return pipeline_forward_backward(engine, batches, state, step, micro_batches)
     loss_sum = torch.zeros((), dtype=torch.float32, device=engine.device)
     passes = 0
     for index in range(micro_batches):

@@ -38,6 +38,7 @@ from trainer import oscillation
 from trainer.context import SegmentContext
 from trainer.engine import plain_fp32
 from trainer.oscillation import NoiseScale, OscillationState, Reading, noise_scale, remedy
+from trainer.pipeline import is_pipeline
 from trainer.spikes import Verdict
 from trainer.step_metrics import grad_norm
 from trainer.tensor_parallel import engine_tp
@@ -74,6 +75,9 @@ def unmeasured(engine, micro_batches: int, every: int) -> str:
     """Why this segment cannot sample the gradient noise scale ('' it can)."""
     if not every:
         return "spikes.oscillation.noise_every is 0"
+    if is_pipeline(engine):
+        return ("pipeline parallelism: the stages run the step's micro-batches inside "
+                "DeepSpeed's schedule, with no gradient to read between them")
     if engine_tp(engine) > 1:
         return ("tensor parallelism: a rank's gradient is its shards' and the replicated "
                 "parameters', not the model's, so the noise scale's norms would mix them")

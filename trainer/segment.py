@@ -56,7 +56,7 @@ import torch.distributed as dist
 from common.errors import BadConfig
 from common.protocol import OperatorRollback, SegmentOutcome, SegmentResult, StartLine
 from spec import RunSpec
-from spec.layout import tp_degree
+from spec.layout import pp_degree, tp_degree
 from storage.dataset import load_manifest, read_split
 from trainer import tracing
 from trainer.checkpoint_manager import CheckpointManager
@@ -74,6 +74,7 @@ from trainer.loop import Trainer
 from trainer.model import GPT
 from trainer.online_eval import OnlineEval
 from trainer.oscillation_watch import recorded_lr_windows
+from trainer.pipeline import pp_ranks
 from trainer.replicas import ReplicaCheck
 from trainer.schedule import LRSchedule
 from trainer.start import finished_manifest, start_state
@@ -163,11 +164,12 @@ def run_segment(args: SegmentArgs, rank: int, world: int) -> None:
         model = GPT(spec.model, manifest.vocab_size, seed=spec.seed)
         if spec.train.init_from and ctx.store.latest_committed() is None:  # a fresh run
             load_init_weights(model, spec, args.workdir, rank)  # before ZeRO copies them
-        tp = tp_degree(spec.train.layout)
-        engine = build_engine(spec, model, args.micro_split, tp)
+        tp, pp = tp_degree(spec.train.layout), pp_degree(spec.train.layout)
+        engine = build_engine(spec, model, args.micro_split, tp, pp)
         teacher = load_teacher(spec, manifest.vocab_size, torch.device(engine.device),
                                args.workdir, rank) if spec.distill.teacher else None
-    at = tp_ranks(rank, world, tp)  # a TP group's ranks read one data replica's batches
+    # a TP group's ranks, a pipeline's stages, read one data replica's batches
+    at = pp_ranks(rank, world, pp) if pp > 1 else tp_ranks(rank, world, tp)
     source = make_batches(spec, args.dataset, at.dp_rank, at.dp_world, args.cache("dataset"))
     meter = make_meter(spec, model, manifest.vocab_size, torch.device(engine.device), world,
                        args.cache("device"))
@@ -238,6 +240,9 @@ def build_trainer(ctx: SegmentContext, engine, *, vocab_size: int, source, meter
                                   rank=ctx.rank, node_rank=ctx.node_rank)
     if tp_degree(spec.train.layout) > 1:  # a TP group's ranks hold different shards, not
         guard.replicas.enabled = False  # copies: only the replay can judge numerics there
+    if pp_degree(spec.train.layout) > 1:  # stages hold different layers, and the replay
+        guard.replicas.enabled = False  # runs the whole model's forward, which a pipeline
+        guard.replayer = None  # engine has not: a rollback skips its window undiagnosed
     # the LR an oscillation lowered stays lowered for its steps (collective: a broadcast)
     guard.oscillation.windows = recorded_lr_windows(ctx)
     schedule = LRSchedule(spec.train, (*args.lr_windows, *guard.oscillation.windows),

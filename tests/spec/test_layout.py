@@ -15,7 +15,7 @@ import pytest
 
 from common.errors import BadConfig
 from spec import LayoutConfig, RunSpec, plan_layout, preset
-from spec.layout import TRAINED_TODAY, Layout, tp_degree
+from spec.layout import TRAINED_TODAY, Layout, pp_degree, tp_degree
 
 H100 = dict(accelerators_per_node=8, accelerator_memory_gb=80.0, intra_node_gbps=450.0,
             inter_node_gbps=50.0, accelerator_tflops=989.0)
@@ -201,11 +201,17 @@ def test_tp_above_one_inside_a_node_is_accepted_at_zero_0_to_2():
     assert tp_degree("dp") == 1
 
 
-def test_pp_above_one_is_refused_until_the_trainer_lays_it_out():
-    exc = _refused({"tp": 1, "pp": 2, "zero": 1},
-                   **{"train.nodes": 2, "train.zero_stage": 1, "train.grad_accum": 2})
-    assert exc.field == "train.layout.pp" and TRAINED_TODAY in exc.problem
-    assert TRAINED_TODAY in exc.fix
+def test_pp_above_one_is_accepted_alone_at_zero_0_and_1_and_refused_beside_a_sweep():
+    alone = {"train.nodes": 2, "train.grad_accum": 2, "train.eval_every": 0,
+             "sweep.enabled": False}
+    for zero in (0, 1):
+        spec = _spec({"tp": 1, "pp": 2, "zero": zero}, **alone, **{"train.zero_stage": zero})
+        assert spec.train.layout == LayoutConfig(tp=1, pp=2, zero=zero)
+        assert pp_degree(spec.train.layout) == 2 and tp_degree(spec.train.layout) == 1
+    assert pp_degree("dp") == 1
+    exc = _refused({"tp": 1, "pp": 2, "zero": 0}, **{**alone, "sweep.enabled": True})
+    assert exc.field == "sweep.enabled" and "with PP it would not be one" in exc.problem
+    assert "pp above 1 trains" in TRAINED_TODAY
 
 
 @pytest.mark.parametrize(("over", "field", "problem", "fix"), [
