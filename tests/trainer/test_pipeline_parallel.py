@@ -313,3 +313,25 @@ def test_a_pp2_checkpoint_resumed_without_pp_is_refused_naming_the_layout(tmp_pa
     assert proc.returncode != 0
     error = json.dumps(json.loads((tmp_path / "w2" / "error.json").read_text()))
     assert "train.layout.pp" in error and "written at PP 2" in error
+
+
+@pytest.mark.soak
+def test_a_pp2_segment_skips_and_rolls_back_a_sustained_spike_through_the_held_update(
+        tmp_path):
+    """tests/trainer/test_spike_handling.py's corrupted batches at PP 2: the spiking steps'
+    updates vetoed (the pipe engine's update waits for the verdict), the rollback restores
+    both stages' layers before the onset and skips the window (undiagnosed: the replay
+    runs the whole model's forward), and the run trains on to its end."""
+    from tests.trainer.test_spike_handling import CORRUPT_AT, CORRUPT_STEPS, SPIKY
+
+    spec = tiny_spec(tmp_path / "store", **{**SPIKY, **PP2, "train.eval_every": 0}, faults=[
+        {"kind": "corrupt_batches", "at_step": CORRUPT_AT, "steps": CORRUPT_STEPS}])
+    proc = run_segment(write_spec(spec, tmp_path / "spec.json"), make_dataset(tmp_path / "d"),
+                       100, tmp_path / "work", world=2)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads((tmp_path / "work" / "result.json").read_text())
+    (rb,) = result["outcome"]["rollbacks"]
+    assert rb["onset"] == CORRUPT_AT and rb["to_step"] < CORRUPT_AT
+    assert rb["skipped"] == "window" and rb["verdict"] is None
+    assert CORRUPT_AT in result["outcome"]["skipped_steps"]
+    assert result["final_step"] == 100 and result["train_loss"] < 4.0
