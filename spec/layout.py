@@ -38,7 +38,7 @@ STATE_SHARE = 0.5  # of an accelerator's memory the model states may take (assum
 GB = 1e9
 
 TRAINED_TODAY = ("tp above 1 trains inside a node (ZeRO 0-2); pp above 1 trains alone (tp 1, "
-                 "ZeRO 0-1, fp32, not elastic, no sweep, no online evaluation, no teacher)")
+                 "ZeRO 0-1, fp32, not elastic, no sweep, no teacher)")
 # What tp above 1 does not have yet (docs/decisions.md 89 and after): ZeRO 3 under TP is
 # not measured here (its checkpoints would hold partitions of shards, which the weights
 # readers do not reassemble); a checkpoint's TP shards are not resharded to another world
@@ -49,8 +49,7 @@ TP_SWEEP = "the sweep counts every rank as a data replica; with TP it would not 
 # What pp above 1 does not have yet (docs/decisions.md 94): TP and PP together (DeepSpeed's
 # 3D grid with AutoTP is not built here); a stage's layer files are not repartitioned to
 # another world (elastic); the sweep's replica count; bf16/fp16 (not measured with the
-# pipe engine here); the online evaluation and a teacher, which call the whole model's
-# forward, which the pipe engine does not have.
+# pipe engine here); a teacher, which scores the whole model's logits, which no stage has.
 PP_TP = "TP and PP together (DeepSpeed's 3D grid with AutoTP) are not built here"
 PP_ELASTIC = "a pipeline's stages are not repartitioned to fewer nodes (elastic)"
 PP_SWEEP = "the sweep counts every rank as a data replica; with PP it would not be one"
@@ -264,12 +263,12 @@ def _micro_batch(pick: _Option, sequences: int, seq_len: int, n_layers: int, d_m
 def check_layout(layout: LayoutConfig, *, n_heads: int, n_kv_heads: int, n_layers: int,
                  nodes: int, procs_per_node: int, node_counts: list[int], zero_stage: int,
                  grad_accum: int, sweep: bool = False, precision: str = "fp32",
-                 eval_every: int = 0, teacher: bool = False,
+                 teacher: bool = False,
                  faults: tuple[str, ...] = ()) -> None:
     """BadConfig, naming the `train.layout` field and the fix, for a layout that cannot run
     on this model and world; last, what the trainer does not do yet: tp above 1 with ZeRO
     3, elastic nodes or a sweep; pp above 1 with tp, elastic nodes, a sweep, bf16/fp16,
-    online evaluation, a teacher or a nan_loss fault (`faults`: the kinds injected)."""
+    a teacher or a nan_loss fault (`faults`: the kinds injected)."""
     tp, pp, world = layout.tp, layout.pp, nodes * procs_per_node
     f = "train.layout"
     _require(layout.zero == zero_stage, f"{f}.zero", f"ZeRO {layout.zero} differs from "
@@ -298,7 +297,7 @@ def check_layout(layout: LayoutConfig, *, n_heads: int, n_kv_heads: int, n_layer
              f"for {pp} stages: 1F1B needs at least as many micro-batches as stages",
              f"set grad_accum >= {pp}")
     if pp > 1:
-        _check_pp(pp, tp, node_counts, sweep, precision, eval_every, teacher, faults)
+        _check_pp(pp, tp, node_counts, sweep, precision, teacher, faults)
     if tp == 1:
         return
     _require(zero_stage <= 2, f"{f}.zero", f"TP {tp} with ZeRO {zero_stage}: {TP_ZERO}",
@@ -310,7 +309,7 @@ def check_layout(layout: LayoutConfig, *, n_heads: int, n_kv_heads: int, n_layer
 
 
 def _check_pp(pp: int, tp: int, node_counts: list[int], sweep: bool, precision: str,
-              eval_every: int, teacher: bool, faults: tuple[str, ...]) -> None:
+              teacher: bool, faults: tuple[str, ...]) -> None:
     """What pp above 1 does not run with yet, each naming its field and the fix."""
     _require(tp == 1, "train.layout", f"TP {tp} x PP {pp}: {PP_TP}",
              "use tp or pp, not both: tp inside a node, or pp with tp 1")
@@ -320,9 +319,6 @@ def _check_pp(pp: int, tp: int, node_counts: list[int], sweep: bool, precision: 
              "sweep with layout \"dp\" and train the winner with pp, or set enabled=false")
     _require(precision == "fp32", "train.precision", f"PP {pp} in {precision}: {PP_PRECISION}",
              "use precision fp32 with pp above 1")
-    _require(eval_every == 0, "train.eval_every", f"PP {pp} with online evaluation: "
-             f"{PP_FORWARD}", "set eval_every to 0 and evaluate the promoted checkpoints "
-             "(the readers merge a pipeline's layers)")
     _require(not teacher, "distill.teacher", f"PP {pp} with a teacher: {PP_FORWARD} to "
              "score the student's logits", "distill with layout \"dp\" or tp")
     _require("nan_loss" not in faults, "faults", f"PP {pp} with a nan_loss fault: it poisons "

@@ -160,7 +160,7 @@ class RunSpec:
                      nodes=t.nodes, procs_per_node=t.procs_per_node,
                      node_counts=t.node_counts(), zero_stage=t.zero_stage,
                      grad_accum=t.grad_accum, sweep=self.sweep.enabled,
-                     precision=t.precision, eval_every=t.eval_every,
+                     precision=t.precision,
                      teacher=bool(self.distill.teacher),
                      faults=tuple(f.kind for f in self.faults))
 

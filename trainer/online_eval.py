@@ -15,6 +15,7 @@ from trainer import tracing
 from trainer.context import SegmentContext
 from trainer.evaluate import evaluate_model
 from trainer.guard import SpikeGuard, decision_event, finite_or_none
+from trainer.pipeline import evaluate_pipeline, is_pipeline
 from trainer.spikes import overfitting
 from trainer.state import TrainState
 
@@ -45,7 +46,9 @@ class OnlineEval:
         if not every or self.val is None or state.step % every or rolled_back:
             return None
         with tracing.span("online_eval", badput="evaluation", step=state.step, rank=self.ctx.rank):
-            mine = evaluate_model(self.engine.module, self.val)  # host sync: every batch's loss
+            # host sync: every batch's loss (a pipeline's: through its stages, trainer/pipeline.py)
+            mine = (evaluate_pipeline(self.engine, self.val) if is_pipeline(self.engine)
+                    else evaluate_model(self.engine.module, self.val))
             # collective: the mean validation loss over ranks
             val = self.ctx.mean_over_ranks(torch.tensor(mine))
         taken, self.spikes.accepted = self.spikes.accepted, []

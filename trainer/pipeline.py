@@ -263,6 +263,21 @@ def pipeline_forward_backward(engine, batches, state, step: int,
     return mean.detach().float().reshape(()) * micro_batches
 
 
+def evaluate_pipeline(engine, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
+    """trainer/evaluate.py evaluate_model's mean validation loss, through the stages: the
+    pipe engine's `eval_batch` over every batch (its inference schedule, no gradients),
+    the mean over them and the replicas, which every stage holds. The validation rows are
+    (x, y) windows, no packed ids: the activations' shape changes from the training
+    tuple's, and the engine caches the shapes it exchanged, so they are reset before and
+    after (`reset_activation_shape`). Collective: every rank of every pipeline."""
+    engine.reset_activation_shape()
+    try:
+        loss = engine.eval_batch(iter(batches), num_micro_batches=len(batches))
+    finally:
+        engine.reset_activation_shape()
+    return float(loss)  # host sync
+
+
 def clip_pipeline(engine, max_norm: float) -> torch.Tensor:
     """DeepSpeed's fp32 2-norm clipping for a pipeline stage: the global norm of the whole
     model's gradient — each stage's squared norms summed over the stages of its pipeline

@@ -170,8 +170,7 @@ def test_a_checkpoint_resumes_only_at_the_pp_degree_it_was_written_at():
             check_saved_pp({"pp": bad}, step=4, pp=2)
 
 
-ALONE = {"train.nodes": 2, "train.grad_accum": 2, "train.eval_every": 0,
-         "sweep.enabled": False, "faults": []}
+ALONE = {"train.nodes": 2, "train.grad_accum": 2, "sweep.enabled": False, "faults": []}
 
 
 @pytest.mark.parametrize(("over", "field", "problem"), [
@@ -181,7 +180,6 @@ ALONE = {"train.nodes": 2, "train.grad_accum": 2, "train.eval_every": 0,
      "not repartitioned to fewer nodes"),
     ({"sweep.enabled": True}, "sweep.enabled", "with PP it would not be one"),
     ({"train.precision": "bf16"}, "train.precision", "measured in fp32 only"),
-    ({"train.eval_every": 10}, "train.eval_every", "no whole-model forward"),
     ({"distill.teacher": "base-run"}, "distill.teacher", "no whole-model forward"),
     ({"faults": [{"kind": "nan_loss", "at_step": 5}]}, "faults", "nan_loss fault"),
     ({"train.zero_stage": 2, "layout.zero": 2}, "train.layout.pp", "refuses ZeRO 2 and 3"),
@@ -195,6 +193,14 @@ def test_pp_where_the_trainer_does_not_support_it_is_refused_naming_the_field(
     with pytest.raises(BadConfig) as exc:
         preset("demo", **{**ALONE, **rest, "train.layout": layout})
     assert exc.value.field == field and problem in exc.value.problem, exc.value
+
+
+def test_pp_alone_is_accepted_with_online_evaluation_and_the_faults_it_runs_with():
+    spec = preset("demo", **{**ALONE, "train.layout": {"tp": 1, "pp": 2, "zero": 0}})
+    assert spec.train.eval_every == 40 and {f.kind for f in spec.faults} == set()
+    spec = preset("demo", **{**ALONE, "train.layout": {"tp": 1, "pp": 2, "zero": 0},
+                             "faults": [{"kind": "corrupt_batches", "at_step": 5}]})
+    assert spec.train.layout.pp == 2
 
 
 def _progress(workdir: Path) -> list[dict]:
@@ -238,13 +244,14 @@ def test_a_pp2_segment_trains_one_pipeline_and_commits_each_stages_layers(tmp_pa
 
 def _trajectory(tmp_path: Path, steps: int, zero: int, pp: int = 2, dp: int = 1
                 ) -> tuple[np.ndarray, np.ndarray]:
-    """(loss, grad_norm) per step of a real segment: `dp` ranks of plain data parallelism
-    (each the whole model) and `dp` pipelines of `pp` stages over pp x dp ranks, the same
-    batches (a pipeline reads its replica's), `pp` micro-batches a step, fp32."""
+    """(loss, grad_norm) per step, then (val_loss, nan) per online evaluation (every 10
+    steps) of a real segment: `dp` ranks of plain data parallelism (each the whole model)
+    and `dp` pipelines of `pp` stages over pp x dp ranks, the same batches (a pipeline
+    reads its replica's), `pp` micro-batches a step, fp32."""
     dataset = make_dataset(tmp_path / "d")
     base = {"train.grad_accum": pp, "train.grad_clip": CLIP, "train.total_steps": steps,
             "train.segment_steps": steps, "train.checkpoint_every": steps,
-            "train.zero_stage": zero, "model.n_layers": max(2, pp)}
+            "train.zero_stage": zero, "model.n_layers": max(2, pp), "train.eval_every": 10}
     out = []
     for name, world, over in (("dp", dp, {"train.procs_per_node": dp}),
                               ("pp", pp * dp, {"train.procs_per_node": pp * dp,
@@ -253,22 +260,29 @@ def _trajectory(tmp_path: Path, steps: int, zero: int, pp: int = 2, dp: int = 1
         proc = run_segment(write_spec(spec, tmp_path / f"{name}.json"), dataset, steps,
                            tmp_path / f"w-{name}", world=world)
         assert proc.returncode == 0, proc.stderr[-4000:]
-        out.append(np.array([(s["loss"], s["grad_norm"]) for s in _progress(tmp_path / f"w-{name}")]))
+        evals = [json.loads(ln) for ln in (tmp_path / f"w-{name}" / "progress.jsonl")
+                 .read_text().splitlines() if json.loads(ln)["type"] == "eval"]
+        assert [e["step"] for e in evals] == list(range(10, steps + 1, 10))
+        out.append(np.array([(s["loss"], s["grad_norm"]) for s in _progress(tmp_path / f"w-{name}")]
+                            + [(e["val_loss"], np.nan) for e in evals]))
     return out[0], out[1]
 
 
 def _assert_same_trajectory(dp: np.ndarray, pp: np.ndarray, steps: int) -> None:
-    assert dp.shape == pp.shape == (steps, 2)
-    assert dp[-1, 0] < dp[0, 0] - 0.2  # it trained
+    """Step losses and clip norms, then the online evaluations' validation losses."""
+    assert dp.shape == pp.shape == (steps + steps // 10, 2)
+    assert dp[steps - 1, 0] < dp[0, 0] - 0.2  # it trained
     assert np.max(np.abs(dp[:, 0] - pp[:, 0]) / np.abs(dp[:, 0])) < 1e-4
-    assert dp[:, 1].min() > CLIP  # every step clipped, by the norm over both stages
-    assert np.max(np.abs(dp[:, 1] - pp[:, 1]) / dp[:, 1]) < 1e-4
+    norms = slice(0, steps)
+    assert dp[norms, 1].min() > CLIP  # every step clipped, by the norm over both stages
+    assert np.max(np.abs(dp[norms, 1] - pp[norms, 1]) / dp[norms, 1]) < 1e-4
 
 
 def test_pp2_training_follows_the_one_rank_trajectory_for_20_steps_within_1e4(tmp_path):
     """The step loop's loss under PP (DeepSpeed's mean over the micro-batches and
     replicas, which every stage holds) is the same quantity as without it, step by step,
-    and the update is the same: the clipping norm spans both stages' gradients."""
+    and the update is the same: the clipping norm spans both stages' gradients; the
+    online evaluation through the stages (eval_batch) gives the same validation loss."""
     _assert_same_trajectory(*_trajectory(tmp_path, 20, zero=0), 20)
 
 
