@@ -211,7 +211,10 @@ def engine_pp(engine) -> int:
 def defer_update(engine) -> None:
     """`train_batch` runs the schedule without its `OptimizerStep`, and `engine.step()`
     runs that instruction (DeepSpeed's `_exec_optimizer_step`: clipping, the optimizer,
-    zeroing the gradients, the step count) when the loop calls it, after the verdict."""
+    zeroing the gradients, the step count) when the loop calls it, after the verdict.
+    Without clipping at ZeRO 0 nothing computes the whole model's gradient norm (the step
+    line's `grad_norm`: the probe, trainer/step_metrics.py, would read this stage's
+    alone), so the step keeps `pipeline_grad_norm`'s, as the clipping does."""
     from deepspeed.runtime.pipe import schedule
 
     plain = engine._train_schedule  # noqa: SLF001 — the one schedule train_batch runs
@@ -227,8 +230,13 @@ def defer_update(engine) -> None:
             for cmds in self.inner.steps():
                 yield [c for c in cmds if not isinstance(c, schedule.OptimizerStep)]
 
+    def step() -> None:
+        if not engine.gradient_clipping() and not engine.zero_optimization():
+            engine._global_grad_norm = pipeline_grad_norm(engine)  # noqa: SLF001
+        engine._exec_optimizer_step()  # noqa: SLF001
+
     engine._train_schedule = lambda: HeldBack(plain())
-    engine.step = lambda: engine._exec_optimizer_step()  # noqa: SLF001
+    engine.step = step
 
 
 def step_batches(batches, state, step: int, micro_batches: int) -> Iterator[tuple]:
@@ -278,6 +286,19 @@ def evaluate_pipeline(engine, batches: list[tuple[torch.Tensor, torch.Tensor]]) 
     return float(loss)  # host sync
 
 
+def pipeline_grad_norm(engine) -> torch.Tensor:
+    """The 2-norm of the whole model's gradient from one stage (a 1-element tensor):
+    its squared norms summed over the stages of its pipeline (collective: the pipe group),
+    the tied embedding's later copies (`ds_pipe_replicated`) left out."""
+    import torch.distributed as dist
+
+    grads = [p.grad for p in engine.module.parameters()
+             if p.grad is not None and not getattr(p, "ds_pipe_replicated", False)]
+    squares = torch.stack([g.detach().float().norm(2.0) for g in grads]).pow(2.0).sum()
+    dist.all_reduce(squares, group=engine.mpu.get_model_parallel_group())
+    return squares.pow(0.5).reshape(1)
+
+
 def clip_pipeline(engine, max_norm: float) -> torch.Tensor:
     """DeepSpeed's fp32 2-norm clipping for a pipeline stage: the global norm of the whole
     model's gradient — each stage's squared norms summed over the stages of its pipeline
@@ -286,13 +307,7 @@ def clip_pipeline(engine, max_norm: float) -> torch.Tensor:
     Its own `clip_grad_norm_` counts only the first stage under PP: it keeps parameters
     on model-parallel rank 0, and a stage's rank in the pipe group is its stage
     (runtime/utils.py), so the norm would miss the other stages' gradients."""
-    import torch.distributed as dist
-
-    grads = [p.grad for p in engine.module.parameters()
-             if p.grad is not None and not getattr(p, "ds_pipe_replicated", False)]
-    squares = torch.stack([g.detach().float().norm(2.0) for g in grads]).pow(2.0).sum()
-    dist.all_reduce(squares, group=engine.mpu.get_model_parallel_group())
-    total = squares.pow(0.5).reshape(1)
+    total = pipeline_grad_norm(engine)
     coef = torch.clamp(torch.tensor([float(max_norm)]) / (total + 1e-6), max=1.0)
     every = [p.grad for p in engine.module.parameters() if p.grad is not None]
     torch._foreach_mul_(every, coef.reshape(()))
