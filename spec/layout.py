@@ -48,12 +48,15 @@ TP_ELASTIC = "a TP run's checkpoint is not resharded to fewer nodes (elastic) ye
 TP_SWEEP = "the sweep counts every rank as a data replica; with TP it would not be one"
 # What pp above 1 does not have yet (docs/decisions.md 94): TP and PP together (DeepSpeed's
 # 3D grid with AutoTP is not built here); a stage's layer files are not repartitioned to
-# another world (elastic); the sweep's replica count; bf16/fp16 (not measured with the
-# pipe engine here); a teacher, which scores the whole model's logits, which no stage has.
+# another world (elastic); the sweep's replica count; bf16/fp16 (in bf16 the pipe engine
+# takes DeepSpeed's BF16_Optimizer, whose checkpoint does not load back here: a resume
+# fails in its load_state_dict); a teacher, which scores the whole model's logits, which
+# no stage has.
 PP_TP = "TP and PP together (DeepSpeed's 3D grid with AutoTP) are not built here"
 PP_ELASTIC = "a pipeline's stages are not repartitioned to fewer nodes (elastic)"
 PP_SWEEP = "the sweep counts every rank as a data replica; with PP it would not be one"
-PP_PRECISION = "the pipeline engine is measured in fp32 only here"
+PP_PRECISION = ("the pipeline engine's bf16 optimizer (DeepSpeed's BF16_Optimizer) does not "
+                "resume its own checkpoint here, and fp16 needs CUDA")
 PP_FORWARD = "the pipeline engine has no whole-model forward, which it calls"
 
 

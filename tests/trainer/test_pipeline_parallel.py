@@ -179,7 +179,7 @@ ALONE = {"train.nodes": 2, "train.grad_accum": 2, "sweep.enabled": False, "fault
     ({"train.min_nodes": 1, "train.procs_per_node": 2}, "train.min_nodes",
      "not repartitioned to fewer nodes"),
     ({"sweep.enabled": True}, "sweep.enabled", "with PP it would not be one"),
-    ({"train.precision": "bf16"}, "train.precision", "measured in fp32 only"),
+    ({"train.precision": "bf16"}, "train.precision", "does not resume its own checkpoint"),
     ({"distill.teacher": "base-run"}, "distill.teacher", "no whole-model forward"),
     ({"faults": [{"kind": "nan_loss", "at_step": 5}]}, "faults", "nan_loss fault"),
     ({"train.zero_stage": 2, "layout.zero": 2}, "train.layout.pp", "refuses ZeRO 2 and 3"),
