@@ -41,7 +41,7 @@ import structlog
 
 from common.errors import Diverged
 from common.protocol import SegmentOutcome
-from spec.layout import tp_degree
+from spec.layout import pp_degree, tp_degree
 from trainer import tracing
 from trainer.checkpoint_manager import CheckpointManager
 from trainer.context import SegmentContext
@@ -102,9 +102,10 @@ class SpikeGuard:
         self.oscillation = OscillationWatch(ctx, engine, outcome, self._event)
         rows = ctx.spec.train.micro_batch_tokens // ctx.spec.model.seq_len  # per micro-batch
         self.batch_tokens = rows * ctx.spec.model.seq_len  # one micro-batch's token slots
-        # sequences one cursor names on all data replicas together (a TP group's ranks read
-        # one batch: spec/layout.py tp_degree)
-        self.rows = rows * (ctx.world // tp_degree(ctx.spec.train.layout))
+        # sequences one cursor names on all data replicas together (a TP group's ranks, a
+        # pipeline's stages, read one batch: spec/layout.py tp_degree, pp_degree)
+        layout = ctx.spec.train.layout
+        self.rows = rows * (ctx.world // (tp_degree(layout) * pp_degree(layout)))
 
     # ---- per step ------------------------------------------------------------------
     def judge(self, state: TrainState, step: int, loss: float, cursor: int) -> Verdict:

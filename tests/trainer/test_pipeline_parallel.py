@@ -352,3 +352,21 @@ def test_a_pp2_segment_skips_and_rolls_back_a_sustained_spike_through_the_held_u
     assert rb["skipped"] == "window" and rb["verdict"] is None
     assert CORRUPT_AT in result["outcome"]["skipped_steps"]
     assert result["final_step"] == 100 and result["train_loss"] < 4.0
+
+
+def test_a_rollback_counts_the_sequences_of_a_cursor_over_pipelines_not_ranks(tmp_path):
+    """A cursor names one micro-batch per data replica: 4 ranks in pipelines of 2 stages
+    are 2 replicas (trainer/guard.py `rows`, the rollback's kept_sequences)."""
+    from common.protocol import SegmentOutcome
+    from tests.trainer.test_step_loop import FakeEngine
+    from trainer.context import SegmentArgs, SegmentContext
+    from trainer.guard import SpikeGuard
+
+    rows = 128 // 32  # sequences of one micro-batch on one replica
+    for layout, replicas in (("dp", 4), ({"tp": 1, "pp": 2, "zero": 0}, 2)):
+        spec = tiny_spec(tmp_path / "store", **{**PP2, "train.procs_per_node": 4,
+                                                "train.layout": layout})
+        args = SegmentArgs(spec="-", dataset="-", to_step=4, workdir=str(tmp_path))
+        guard = SpikeGuard(SegmentContext(args, spec, rank=0, world=4), FakeEngine(2),
+                           SegmentOutcome(), None)
+        assert guard.rows == rows * replicas
