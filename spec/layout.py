@@ -266,12 +266,11 @@ def _micro_batch(pick: _Option, sequences: int, seq_len: int, n_layers: int, d_m
 def check_layout(layout: LayoutConfig, *, n_heads: int, n_kv_heads: int, n_layers: int,
                  nodes: int, procs_per_node: int, node_counts: list[int], zero_stage: int,
                  grad_accum: int, sweep: bool = False, precision: str = "fp32",
-                 teacher: bool = False,
-                 faults: tuple[str, ...] = ()) -> None:
+                 teacher: bool = False) -> None:
     """BadConfig, naming the `train.layout` field and the fix, for a layout that cannot run
     on this model and world; last, what the trainer does not do yet: tp above 1 with ZeRO
     3, elastic nodes or a sweep; pp above 1 with tp, elastic nodes, a sweep, bf16/fp16,
-    a teacher or a nan_loss fault (`faults`: the kinds injected)."""
+    or a teacher."""
     tp, pp, world = layout.tp, layout.pp, nodes * procs_per_node
     f = "train.layout"
     _require(layout.zero == zero_stage, f"{f}.zero", f"ZeRO {layout.zero} differs from "
@@ -300,7 +299,7 @@ def check_layout(layout: LayoutConfig, *, n_heads: int, n_kv_heads: int, n_layer
              f"for {pp} stages: 1F1B needs at least as many micro-batches as stages",
              f"set grad_accum >= {pp}")
     if pp > 1:
-        _check_pp(pp, tp, node_counts, sweep, precision, teacher, faults)
+        _check_pp(pp, tp, node_counts, sweep, precision, teacher)
     if tp == 1:
         return
     _require(zero_stage <= 2, f"{f}.zero", f"TP {tp} with ZeRO {zero_stage}: {TP_ZERO}",
@@ -312,7 +311,7 @@ def check_layout(layout: LayoutConfig, *, n_heads: int, n_kv_heads: int, n_layer
 
 
 def _check_pp(pp: int, tp: int, node_counts: list[int], sweep: bool, precision: str,
-              teacher: bool, faults: tuple[str, ...]) -> None:
+              teacher: bool) -> None:
     """What pp above 1 does not run with yet, each naming its field and the fix."""
     _require(tp == 1, "train.layout", f"TP {tp} x PP {pp}: {PP_TP}",
              "use tp or pp, not both: tp inside a node, or pp with tp 1")
@@ -324,10 +323,6 @@ def _check_pp(pp: int, tp: int, node_counts: list[int], sweep: bool, precision: 
              "use precision fp32 with pp above 1")
     _require(not teacher, "distill.teacher", f"PP {pp} with a teacher: {PP_FORWARD} to "
              "score the student's logits", "distill with layout \"dp\" or tp")
-    _require("nan_loss" not in faults, "faults", f"PP {pp} with a nan_loss fault: it poisons "
-             "the whole model's loss, which no pipeline stage returns",
-             "inject nan_loss with layout \"dp\" or tp; corrupt_batches, corrupt_grad and "
-             "kill_worker run with pp")
 
 
 def _listing(options: list[int], cap: int) -> str:

@@ -161,8 +161,7 @@ class RunSpec:
                      node_counts=t.node_counts(), zero_stage=t.zero_stage,
                      grad_accum=t.grad_accum, sweep=self.sweep.enabled,
                      precision=t.precision,
-                     teacher=bool(self.distill.teacher),
-                     faults=tuple(f.kind for f in self.faults))
+                     teacher=bool(self.distill.teacher))
 
     def _check_sweep_ends(self) -> None:
         """Every trial the sweep can run, and the run its best point trains, is a valid spec.

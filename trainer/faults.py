@@ -163,7 +163,9 @@ class FaultInjector:
     def attach(self, module: torch.nn.Module) -> None:
         """A forward hook that turns the loss of an armed micro-batch into NaN (a real NaN:
         the backward pass of that loss makes every gradient NaN), only with nan_loss
-        faults; the optimizer pre-hook of `corrupt_grad`, only with those."""
+        faults; the optimizer pre-hook of `corrupt_grad`, only with those. A pipeline's
+        module (trainer/pipeline.py) returns no loss: its last stage's `loss_fn` is
+        poisoned instead (the other stages never consume the flag)."""
         if any(f.kind == "corrupt_grad" for f in self.faults) and self.grad_hook is None:
             self.grad_hook = register_optimizer_step_pre_hook(
                 self._corrupt_grad)
@@ -177,6 +179,14 @@ class FaultInjector:
             logits, loss = output
             return logits, loss * float("nan")
 
+        if getattr(module, "loss_fn", None) is not None:  # a PipelineModule
+            plain = module.loss_fn
+
+            def poisoned_loss(outputs, targets):
+                return poison(module, (), (None, plain(outputs, targets)))[1]
+
+            module.loss_fn = poisoned_loss
+            return
         module.register_forward_hook(poison)
 
     def _corrupt_grad(self, optimizer, _args, _kwargs) -> None:

@@ -181,7 +181,6 @@ ALONE = {"train.nodes": 2, "train.grad_accum": 2, "sweep.enabled": False, "fault
     ({"sweep.enabled": True}, "sweep.enabled", "with PP it would not be one"),
     ({"train.precision": "bf16"}, "train.precision", "does not resume its own checkpoint"),
     ({"distill.teacher": "base-run"}, "distill.teacher", "no whole-model forward"),
-    ({"faults": [{"kind": "nan_loss", "at_step": 5}]}, "faults", "nan_loss fault"),
     ({"train.zero_stage": 2, "layout.zero": 2}, "train.layout.pp", "refuses ZeRO 2 and 3"),
     ({"train.grad_accum": 1}, "train.grad_accum", "1F1B needs at least as many"),
 ])
@@ -195,12 +194,12 @@ def test_pp_where_the_trainer_does_not_support_it_is_refused_naming_the_field(
     assert exc.value.field == field and problem in exc.value.problem, exc.value
 
 
-def test_pp_alone_is_accepted_with_online_evaluation_and_the_faults_it_runs_with():
-    spec = preset("demo", **{**ALONE, "train.layout": {"tp": 1, "pp": 2, "zero": 0}})
-    assert spec.train.eval_every == 40 and {f.kind for f in spec.faults} == set()
+def test_pp_alone_is_accepted_with_online_evaluation_and_injected_faults():
     spec = preset("demo", **{**ALONE, "train.layout": {"tp": 1, "pp": 2, "zero": 0},
-                             "faults": [{"kind": "corrupt_batches", "at_step": 5}]})
-    assert spec.train.layout.pp == 2
+                             "faults": [{"kind": "corrupt_batches", "at_step": 5},
+                                        {"kind": "nan_loss", "at_step": 7}]})
+    assert spec.train.layout.pp == 2 and spec.train.eval_every == 40
+    assert [f.kind for f in spec.faults] == ["corrupt_batches", "nan_loss"]
 
 
 def _progress(workdir: Path) -> list[dict]:
@@ -333,16 +332,18 @@ def test_a_pp2_checkpoint_resumed_without_pp_is_refused_naming_the_layout(tmp_pa
 
 
 @pytest.mark.soak
-def test_a_pp2_segment_skips_and_rolls_back_a_sustained_spike_through_the_held_update(
+def test_a_pp2_segment_skips_a_nan_step_and_rolls_back_a_sustained_spike_through_the_held_update(
         tmp_path):
-    """tests/trainer/test_spike_handling.py's corrupted batches at PP 2: the spiking steps'
-    updates vetoed (the pipe engine's update waits for the verdict), the rollback restores
-    both stages' layers before the onset and skips the window (undiagnosed: the replay
-    runs the whole model's forward), and the run trains on to its end."""
-    from tests.trainer.test_spike_handling import CORRUPT_AT, CORRUPT_STEPS, SPIKY
+    """tests/trainer/test_spike_handling.py's faulted segment at PP 2: the NaN loss (the
+    last stage's loss_fn poisoned) skipped, the spiking steps' updates vetoed (the pipe
+    engine's update waits for the verdict), the rollback restores both stages' layers
+    before the onset and skips the window (undiagnosed: the replay runs the whole model's
+    forward), online evaluation on, and the run trains on to its end."""
+    from tests.trainer.test_spike_handling import CORRUPT_AT, CORRUPT_STEPS, NAN_AT, SPIKY
 
-    spec = tiny_spec(tmp_path / "store", **{**SPIKY, **PP2, "train.eval_every": 0}, faults=[
-        {"kind": "corrupt_batches", "at_step": CORRUPT_AT, "steps": CORRUPT_STEPS}])
+    spec = tiny_spec(tmp_path / "store", **SPIKY, **PP2, faults=[
+        {"kind": "corrupt_batches", "at_step": CORRUPT_AT, "steps": CORRUPT_STEPS},
+        {"kind": "nan_loss", "at_step": NAN_AT}])
     proc = run_segment(write_spec(spec, tmp_path / "spec.json"), make_dataset(tmp_path / "d"),
                        100, tmp_path / "work", world=2)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -350,8 +351,10 @@ def test_a_pp2_segment_skips_and_rolls_back_a_sustained_spike_through_the_held_u
     (rb,) = result["outcome"]["rollbacks"]
     assert rb["onset"] == CORRUPT_AT and rb["to_step"] < CORRUPT_AT
     assert rb["skipped"] == "window" and rb["verdict"] is None
+    assert NAN_AT in result["outcome"]["skipped_steps"]
     assert CORRUPT_AT in result["outcome"]["skipped_steps"]
     assert result["final_step"] == 100 and result["train_loss"] < 4.0
+    assert [e[0] for e in result["outcome"]["evals"]] == list(range(10, 101, 10))
 
 
 def test_a_rollback_counts_the_sequences_of_a_cursor_over_pipelines_not_ranks(tmp_path):
