@@ -83,9 +83,10 @@ async def run_demo(as_json: bool, address: str = "", state_dir: str = ".mainspri
     spec = localize(preset("demo", run_id=run_id, **{
         "storage.durable": os.path.join(state_dir, "store"),
         "storage.fast": os.path.join(state_dir, "fast")}))
+    # the trainer worker takes as many segments at once as the sweep runs trials
     fleet = WorkerFleet(address, log_dir=os.path.join(state_dir, "logs", run_id),
-                        env={"MAINSPRING_SPANS_DIR": os.path.join(state_dir, "spans", run_id)}
-                        ).start()
+                        env={"MAINSPRING_SPANS_DIR": os.path.join(state_dir, "spans", run_id)},
+                        args=("--trainer-slots", str(spec.sweep.parallel))).start()
     status = "failed"
     result = None
     try:

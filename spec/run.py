@@ -160,8 +160,7 @@ class RunSpec:
                      nodes=t.nodes, procs_per_node=t.procs_per_node,
                      node_counts=t.node_counts(), zero_stage=t.zero_stage,
                      grad_accum=t.grad_accum, sweep=self.sweep.enabled,
-                     precision=t.precision,
-                     teacher=bool(self.distill.teacher))
+                     precision=t.precision)
 
     def _check_sweep_ends(self) -> None:
         """Every trial the sweep can run, and the run its best point trains, is a valid spec.
@@ -242,10 +241,12 @@ PRESETS: dict[str, dict[str, Any]] = {
         "data": {"corpus": "stdlib:*.py", "max_documents": 120,
                  "tokenizer": {"vocab_size": 1024}},
         "model": {"d_model": 128, "n_layers": 2, "n_heads": 4, "n_kv_heads": 4, "seq_len": 128},
-        "train": {"total_steps": 160, "segment_steps": 80, "segments_per_run": 1,
+        "train": {"total_steps": 240, "segment_steps": 120, "segments_per_run": 1,
                   "micro_batch_tokens": 1024, "warmup_steps": 10, "checkpoint_every": 20,
                   "eval_every": 40},
-        "sweep": {"trials": 2, "trial_steps": 15},
+        # Both trials at once (the demo's trainer worker takes two): the sweep's cost is
+        # mostly each trial's start-up, which two cores overlap.
+        "sweep": {"trials": 2, "trial_steps": 15, "parallel": 2},
         # A lost node mid-segment, then a window of bad data (a loss spike -> rollback).
         "faults": [{"kind": "kill_worker", "at_step": 50},
                    {"kind": "corrupt_batches", "at_step": 110, "steps": 4}],

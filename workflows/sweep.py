@@ -63,7 +63,11 @@ with workflow.unsafe.imports_passed_through():
     from spec.sweep import rung_steps
     from workflows.activity_options import segment_options, short_options, suggest_options
     from workflows.failures import FAILURE_EXCEPTION_TYPES
-    from workflows.sweep_plan import sweep_rounds, trial_spec
+    from workflows.sweep_plan import sweep_rounds, trial_eval_every, trial_spec
+
+# workflow.patched id: a trial's held-out loss is its segment's own online evaluation at the
+# step the sweep reads (the evaluate activity only where the segment has none to give)
+SCORED_IN_SEGMENT = "trial_scored_in_segment"
 
 
 @workflow.defn(name=SWEEP_WORKFLOW_TYPE, failure_exception_types=FAILURE_EXCEPTION_TYPES)
@@ -103,20 +107,24 @@ class Sweep:
                      params: dict[str, float], round_no: int, source: str,
                      distributions: dict[str, str]) -> TrialResult:
         tspec = trial_spec(spec, index, params)
+        in_segment = workflow.patched(SCORED_IN_SEGMENT)
+        if in_segment:
+            tspec = tspec.replace(**{"train.eval_every": trial_eval_every(spec.sweep)})
         steps = tspec.train.total_steps
         shown = ", ".join(f"{k} {v:.3g}" for k, v in sorted(params.items()))
         pruned: PruneResult | None = None
         record = self._records[index] = RungRecord(TRIAL_RUNNING)
         if spec.sweep.pruning.enabled:
             steps, val_loss, pruned = await self._in_rungs(spec, tspec, dataset_uri, index,
-                                                          round_no, shown)
-        else:  # one segment, one evaluation: the commands of every recorded history
-            await workflow.execute_activity(
+                                                          round_no, shown, in_segment)
+        else:  # one segment, its score (an evaluation, in recorded histories before the patch)
+            seg = await workflow.execute_activity(
                 TRAIN_SEGMENT, TrainSegmentInput(tspec.to_dict(), dataset_uri, 0, steps),
                 task_queue=TRAINER_QUEUE, result_type=TrainSegmentResult,
                 **segment_options(tspec),
                 summary=f"sweep trial {index} (round {round_no}, {shown}): train {steps} steps")
-            val_loss = await self._held_out(tspec, dataset_uri, index, steps)
+            val_loss = await self._held_out(tspec, dataset_uri, index, steps,
+                                            seg if in_segment else None)
         status = TRIAL_PRUNED if pruned and pruned.prune else \
             TRIAL_COMPLETE if math.isfinite(val_loss) else TRIAL_DIVERGED
         record.status, record.val_loss = status, val_loss if status == TRIAL_COMPLETE else None
@@ -139,19 +147,21 @@ class Sweep:
                            rungs=list(record.rungs), steps=steps)
 
     async def _in_rungs(self, spec: RunSpec, tspec: RunSpec, dataset_uri: str, index: int,
-                        round_no: int, shown: str) -> tuple[int, float, PruneResult | None]:
+                        round_no: int, shown: str, in_segment: bool
+                        ) -> tuple[int, float, PruneResult | None]:
         """Train the trial a rung at a time, asking the pruner at each boundary but the last:
         (steps trained, the last held-out loss, the last decision)."""
         bounds = rung_steps(spec.sweep.pruning, spec.sweep.trial_steps)
         record, start, decision = self._records[index], 0, None
         for rung, end in enumerate(bounds):
-            await workflow.execute_activity(
+            seg = await workflow.execute_activity(
                 TRAIN_SEGMENT, TrainSegmentInput(tspec.to_dict(), dataset_uri, start, end),
                 task_queue=TRAINER_QUEUE, result_type=TrainSegmentResult,
                 **segment_options(tspec),
                 summary=f"sweep trial {index} (round {round_no}, {shown}): rung {rung}, "
                         f"train steps {start}-{end}")
-            val_loss = await self._held_out(tspec, dataset_uri, index, end)
+            val_loss = await self._held_out(tspec, dataset_uri, index, end,
+                                            seg if in_segment else None)
             if end == bounds[-1]:
                 break
             record.rungs.append([end, val_loss])
@@ -168,7 +178,14 @@ class Sweep:
             start = end
         return bounds[-1], val_loss, decision
 
-    async def _held_out(self, tspec: RunSpec, dataset_uri: str, index: int, step: int) -> float:
+    async def _held_out(self, tspec: RunSpec, dataset_uri: str, index: int, step: int,
+                        seg: TrainSegmentResult | None = None) -> float:
+        """The trial's held-out loss at `step`: its segment's online evaluation there, else
+        (none in `seg`: a retry of a segment that had already finished, a rollback at that
+        step; or a history from before the patch, `seg` None) the evaluate activity's."""
+        scored_there = [val for at, _, val in (seg.evals if seg else []) if int(at) == step]
+        if scored_there:
+            return scored_there[-1]
         scored = await workflow.execute_activity(
             EVALUATE, EvaluateInput(tspec.to_dict(), dataset_uri, [step]),
             task_queue=TRAINER_QUEUE, result_type=EvaluateResult, **short_options(tspec),

@@ -5,8 +5,10 @@ sandbox.
 
 from __future__ import annotations
 
+import math
+
 from spec import RunSpec, SweepConfig
-from spec.sweep import point_overrides, trial_overrides
+from spec.sweep import point_overrides, rung_steps, trial_overrides
 
 
 def initial_trials(cfg: SweepConfig) -> int:
@@ -34,6 +36,14 @@ def trial_spec(spec: RunSpec, index: int, params: dict[str, float]) -> RunSpec:
     each swept parameter to its train field, batch_tokens to grad_accum)."""
     return spec.replace(**{"run_id": trial_run_id(spec.run_id, index),
                            **trial_overrides(params, spec.train, spec.sweep)})
+
+
+def trial_eval_every(cfg: SweepConfig) -> int:
+    """A trial's `train.eval_every` when its segments score it themselves: every step at
+    which the sweep reads its held-out loss (each rung boundary, the last step) is a multiple
+    of it, so the segment's own online evaluation there is the trial's score, on the same
+    held-out batches the evaluate activity would read, without that activity's process."""
+    return math.gcd(*rung_steps(cfg.pruning, cfg.trial_steps)) or cfg.trial_steps
 
 
 def with_params(spec: RunSpec, params: dict[str, float]) -> RunSpec:

@@ -42,7 +42,7 @@ def tiny_spec(run_id: str, durable: str, fast: str, *, prepared: bool = True,
             "model.seq_len": 64, "train.micro_batch_tokens": 512,
             "train.total_steps": 80, "train.segment_steps": 40, "train.segments_per_run": 1,
             "train.checkpoint_every": 10, "train.warmup_steps": 5, "train.eval_batches": 4,
-            "sweep.trials": 2, "sweep.trial_steps": 8,
+            "sweep.trials": 2, "sweep.trial_steps": 8, "sweep.parallel": 1,
             "sweep.space": {"lr": {"low": 3e-3, "high": 1e-2, "log": True}},
             "faults": [], "ops.heartbeat_timeout_s": 8.0}
     spec = localize(preset("demo", **{**base, **overrides}))

@@ -37,23 +37,26 @@ def test_demo_json_completes_five_stages_and_recovers_its_injected_fault(tmp_pat
     assert summary["faults_seen"] >= 1  # the injected worker kill, seen as worker_lost
     assert summary["spike_rollbacks"] >= 1
     assert summary["human_actions"] == 0
-    assert summary["final_val_loss"] < summary["initial_val_loss"]
-    assert summary["promoted_checkpoint"].endswith("promoted/step-000000160")
+    # it learns, visibly: 6.95 at step 0 to ~5.42 at 240 (deterministic on CPU: the kill
+    # resumes exactly, and the trials' results, so the winner, do not depend on timing)
+    assert summary["final_val_loss"] < 5.5 < summary["initial_val_loss"]
+    assert summary["promoted_checkpoint"].endswith("promoted/step-000000240")
     assert "Temporal UI: http://" in proc.stderr
     # the post-incident report: the loss curve with the kill and the rollback marked
     report = (tmp_path / "state" / "reports" / summary["run_id"] / "report.html").read_text()
     assert summary["report"].endswith("report.html") and "data:image/png;base64," in report
     assert "kill_worker" in report and "sustained_spike" in report
 
-    # The run's own record (the demo preset: 160 steps in two 80-step segments, one per
-    # workflow run, a commit every 20, two sweep trials; the worker SIGKILLed after step 50).
+    # The run's own record (the demo preset: 240 steps in two 120-step segments, one per
+    # workflow run, a commit every 20, two sweep trials at once; the worker SIGKILLed after
+    # step 50).
     run_id, durable = summary["run_id"], str(tmp_path / "state" / "store")
     events = read_events(durable, run_id)
     kinds = {(e["kind"], e["payload"].get("stage")) for e in events}
     for stage in STAGES:
         assert ("stage_started", stage) in kinds and ("stage_finished", stage) in kinds, stage
     committed = CheckpointStore(durable, run_id).list_committed()
-    assert {0, 20, 40, 60, 80, 160} <= set(committed), committed
+    assert {0, 20, 40, 60, 80, 100, 120, 240} <= set(committed), committed
     logged = {e["step"] for e in events if e["kind"] == "checkpoint_committed"}
     assert set(committed) <= logged, (committed, logged)
     # the injected SIGKILL really killed the trainer worker: the next attempt saw a lost
@@ -69,7 +72,7 @@ def test_demo_json_completes_five_stages_and_recovers_its_injected_fault(tmp_pat
     # workflow's spans carry two workflow runs of the one workflow id
     [train] = [e["payload"] for e in events if e["kind"] == "stage_finished"
                and e["payload"]["stage"] == "train"]
-    assert train["segments"] == 2 and train["final_step"] == 160, train
+    assert train["segments"] == 2 and train["final_step"] == 240, train
     spans = read_spans(durable, run_id)  # all stored: the demo stopped its workers
     runs = {s["attributes"].get("temporalRunID") for s in spans
             if s["name"] == "RunWorkflow:TrainingRun"}

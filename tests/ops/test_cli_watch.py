@@ -227,7 +227,7 @@ def test_run_watch_off_a_terminal_prints_plain_lines_and_ctrl_c_stops_only_the_w
     watch = Cli("run", "watch", run.run_id, "--address", orchestrator)
     try:
         line = watch.until(watch.err, lambda line: True)
-        assert line.startswith("stage=prepare_data  step=0/160 committed=None loss=None")
+        assert line.startswith("stage=prepare_data  step=0/240 committed=None loss=None")
         watch.proc.send_signal(signal.SIGINT)
         code, out, err = watch.end()
     finally:
@@ -262,6 +262,6 @@ def test_run_watch_on_a_terminal_draws_the_rich_step_bar(orchestrator, run, caps
         os.close(leader)
     text = screen.decode(errors="replace")
     assert "\x1b[" in text  # drawn with a terminal's control sequences, not plain lines
-    assert "prepare_data" in text and "0/160" in text and "eta" in text
+    assert "prepare_data" in text and "0/240" in text and "eta" in text
     assert "loss – · – tok/s · faults 0 · recovered 0" in text
     assert "stage=" not in text

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from common.errors import BadConfig
-from spec import RunSpec, preset
+from spec import RunSpec
 from spec.paths import anchor
+from tests.spec.helpers import pinned
 
 
 def _spec(quarantine) -> RunSpec:
@@ -42,7 +43,7 @@ def test_quarantine_files_round_trip_and_change_the_hash_only_when_given():
     assert _spec([]).spec_hash() == plain.spec_hash()
     # measured before data.quarantine existed (tests/spec/test_auto_checkpoint.py): a run's
     # claim and its checkpoints' config_hash stay valid
-    assert preset("demo").spec_hash() == "c8357bb19b1b4caf"
+    assert pinned().spec_hash() == "c8357bb19b1b4caf"
 
 
 def test_a_relative_quarantine_file_is_anchored_like_the_corpus():

@@ -8,10 +8,11 @@ import dataclasses
 
 import pytest
 
-from spec import RunSpec, preset
+from spec import RunSpec
 from spec.codec import value_range
 from spec.distill import DistillConfig, default_dict, student_spec
 from tests.spec.helpers import demo as _demo
+from tests.spec.helpers import pinned
 from tests.spec.helpers import refused as _error
 
 
@@ -52,7 +53,7 @@ def test_a_bad_distill_setting_is_bad_config_naming_its_field(over, field, words
 
 
 def test_the_student_runs_are_valid_specs_of_their_own():
-    s = preset("demo", **{"distill.enabled": True, "distill.steps": 40, "distill.alpha": 0.7})
+    s = pinned(**{"distill.enabled": True, "distill.steps": 40, "distill.alpha": 0.7})
     student = RunSpec.from_dict(student_spec(s.to_dict(), 160))
     base = RunSpec.from_dict(student_spec(s.to_dict(), 160, baseline=True))
     assert (student.run_id, base.run_id) == ("demo-student", "demo-student-base")
@@ -64,7 +65,7 @@ def test_the_student_runs_are_valid_specs_of_their_own():
     # the same data section: the stage's data prep is the teacher's, from the cache
     assert student.data == base.data == s.data
     # steps 0: the teacher's own
-    whole = preset("demo", **{"distill.enabled": True})
+    whole = pinned(**{"distill.enabled": True})
     assert RunSpec.from_dict(student_spec(whole.to_dict(), 1)).train.total_steps == 160
 
 

@@ -14,8 +14,9 @@ from __future__ import annotations
 import pytest
 
 from common.errors import BadConfig
-from spec import LayoutConfig, RunSpec, plan_layout, preset
+from spec import LayoutConfig, RunSpec, plan_layout
 from spec.layout import TRAINED_TODAY, Layout, pp_degree, tp_degree
+from tests.spec.helpers import pinned
 
 H100 = dict(accelerators_per_node=8, accelerator_memory_gb=80.0, intra_node_gbps=450.0,
             inter_node_gbps=50.0, accelerator_tflops=989.0)
@@ -137,11 +138,11 @@ DEMO_HASH = "c8357bb19b1b4caf"  # the demo preset's hash before train.layout exi
 
 
 def _spec(layout, **over) -> RunSpec:
-    return preset("demo", **{"train.layout": layout, **over})
+    return pinned(**{"train.layout": layout, **over})
 
 
 def test_the_default_layout_is_data_parallel_and_leaves_the_spec_hash_alone():
-    demo = preset("demo")
+    demo = pinned()
     assert demo.train.layout == "dp" and demo.spec_hash() == DEMO_HASH
     assert _spec("dp").spec_hash() == DEMO_HASH
     explicit = _spec({"tp": 1, "pp": 1, "zero": 0})

@@ -7,14 +7,15 @@ from __future__ import annotations
 import pytest
 
 from common.errors import BadConfig
-from spec import OpsConfig, RunSpec, preset
+from spec import OpsConfig, RunSpec
+from tests.spec.helpers import pinned
 
 
 def test_profiling_is_off_by_default_and_the_default_leaves_spec_hashes_alone():
     assert OpsConfig().profile_every == 0
     # the demo preset's hash before the multi-node fields (tests/spec/test_spec.py pins the same)
-    assert preset("demo").spec_hash() == "c8357bb19b1b4caf"
-    assert preset("demo", **{"ops.profile_every": 100}).spec_hash() != "c8357bb19b1b4caf"
+    assert pinned().spec_hash() == "c8357bb19b1b4caf"
+    assert pinned(**{"ops.profile_every": 100}).spec_hash() != "c8357bb19b1b4caf"
 
 
 @pytest.mark.parametrize("value", [-1, 2.5, True, "100", 10**10])

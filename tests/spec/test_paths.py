@@ -6,14 +6,15 @@ from __future__ import annotations
 import pytest
 
 from common.errors import BadConfig
-from spec import RunSpec, preset
+from spec import RunSpec
 from spec.paths import anchor, anchor_raw, needs_root, unanchored
 from spec.summary import static_details, static_summary
 from storage.fs import normalize_url
+from tests.spec.helpers import pinned
 
 
 def relative_everywhere() -> RunSpec:
-    return preset("demo", run_id="r", faults=[{"kind": "crash", "at_step": 3, "path": "flag"}],
+    return pinned(run_id="r", faults=[{"kind": "crash", "at_step": 3, "path": "flag"}],
                   **{"data.corpus": "corpus/*.jsonl", "data.tokenizer.path": "tok/t.json",
                      "storage.durable": "out/../store", "storage.fast": "./fast"})
 
@@ -36,7 +37,7 @@ def test_every_relative_path_is_anchored_under_the_root_and_nothing_else_moves()
 
 
 def test_urls_stdlib_corpora_and_empty_paths_are_left_as_written():
-    s = preset("demo", run_id="r", **{"storage.durable": "s3://bucket/prefix",
+    s = pinned(run_id="r", **{"storage.durable": "s3://bucket/prefix",
                                       "storage.fast": "/nvme/fast", "data.corpus": "stdlib:*.py"})
     assert unanchored(s) == [] and not needs_root(s) and anchor(s, "/srv") is s
     memory = s.replace(**{"data.corpus": "memory://c/*.txt", "storage.durable": "memory://x"})
@@ -48,7 +49,7 @@ def test_a_spec_anchored_by_either_client_has_one_hash():
     anchoring must give the same spec, so a run started one way resumes the other way."""
     for durable, fast in (("store", "fast"), ("/abs/store/", "/abs//fast/"),
                           ("s3://bucket/prefix/", "f")):
-        s = preset("demo", run_id="r", **{"storage.durable": durable, "storage.fast": fast})
+        s = pinned(run_id="r", **{"storage.durable": durable, "storage.fast": fast})
         a = anchor(s, "/work/dir")
         old = normalize_url(durable) if "://" in durable or durable.startswith("/") \
             else "file:///work/dir/" + durable
@@ -72,7 +73,7 @@ def test_the_raw_spec_keeps_what_was_written_and_gains_only_the_anchored_paths()
 
 
 def test_a_home_path_is_expanded_by_a_client_and_refused_without_a_home():
-    s = preset("demo", run_id="r", **{"storage.durable": "~/store", "storage.fast": "~/fast"})
+    s = pinned(run_id="r", **{"storage.durable": "~/store", "storage.fast": "~/fast"})
     assert unanchored(s) == ["storage.durable", "storage.fast"]
     with pytest.raises(BadConfig) as refused:
         anchor(s, "/srv")
@@ -91,7 +92,7 @@ def test_the_root_must_be_absolute():
 
 
 def test_the_static_summary_names_the_run_its_size_and_where_its_record_is():
-    s = anchor(preset("demo", run_id="my-run"), "/srv")
+    s = anchor(pinned(run_id="my-run"), "/srv")
     assert static_summary(s) == \
         "my-run: 160 steps of a 2×128 GPT on stdlib:*.py, sweep 2×15 steps"
     assert static_summary(s.replace(**{"sweep.enabled": False})) == \

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 import spec as spec_module
 from common.errors import BadConfig
-from spec import PRESETS, RunSpec, preset
+from spec import PRESETS, RunSpec
+from tests.spec.helpers import demo, pinned
 from workflows.activity_options import segment_options, short_options
 from workflows.sweep_plan import sweep_rounds, trial_spec, with_params
 
@@ -21,7 +22,7 @@ def _error(raw) -> BadConfig:
 
 
 def test_spec_round_trips_through_json_unchanged():
-    spec = preset("demo")
+    spec = pinned()
     assert RunSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
 
 
@@ -57,7 +58,7 @@ def test_cross_field_rules_name_the_field_to_change():
 
 
 def test_replace_applies_dotted_overrides_and_revalidates():
-    spec = preset("demo").replace(**{"train.lr": 1e-3, "run_id": "other"})
+    spec = pinned().replace(**{"train.lr": 1e-3, "run_id": "other"})
     assert spec.train.lr == 1e-3 and spec.run_id == "other"
     with pytest.raises(BadConfig):
         spec.replace(**{"train.lr": -1.0})
@@ -69,7 +70,7 @@ def test_replace_applies_dotted_overrides_and_revalidates():
     ("train.betas", [0.9, 0.99]), ("sweep.trials", 3), ("storage.keep_last", 2),
     ("spikes.budget.rollbacks", 4), ("ops.heartbeat_timeout_s", 11.0), ("faults", [])])
 def test_spec_hash_changes_with_any_field(field, value):
-    spec = preset("demo")
+    spec = pinned()
     assert spec.spec_hash() != spec.replace(**{field: value}).spec_hash()
 
 
@@ -87,7 +88,7 @@ def test_sweep_below_min_lr_is_rejected_before_any_trial_runs():
 
 
 def _demo(**dotted) -> dict:
-    return spec_module.deep_merge(PRESETS["demo"], spec_module.dotted_to_nested(dotted))
+    return demo(**dotted)
 
 
 @pytest.mark.parametrize("value", [1e20, 1e10, math.inf])
@@ -128,7 +129,7 @@ def test_the_removed_metrics_port_is_ignored_on_input_and_changes_no_hash():
     assert old == RunSpec.from_dict(_demo())
     # (as stored then: with that time's hang_timeout_s default, explicit in a stored spec;
     # the fields added since, at their defaults, leave the hash alone: OpsConfig.ADDED)
-    stored = preset("demo", run_id="hash-pin", **{"ops.hang_timeout_s": 600.0})
+    stored = pinned(run_id="hash-pin", **{"ops.hang_timeout_s": 600.0})
     assert stored.spec_hash() == HASH_BEFORE_REMOVAL
     assert stored.replace(**{"ops.repeat_failure_limit": 4}).spec_hash() != HASH_BEFORE_REMOVAL
     err = _error(_demo(**{"ops.metrics_prt": 0}))  # an unknown field is still refused
@@ -300,8 +301,8 @@ def test_a_trial_of_a_multinode_run_runs_on_one_node_with_the_run_s_global_batch
 
 def test_new_multinode_fields_at_their_defaults_keep_the_spec_hash():
     # the demo preset's hash before the multi-node fields (measured at d358520)
-    assert preset("demo").spec_hash() == "c8357bb19b1b4caf"
-    stored = preset("demo", run_id="hash-pin", **{"ops.hang_timeout_s": 600.0})
+    assert pinned().spec_hash() == "c8357bb19b1b4caf"
+    stored = pinned(run_id="hash-pin", **{"ops.hang_timeout_s": 600.0})
     assert stored.spec_hash() == HASH_BEFORE_REMOVAL
     for changed in ({"train.min_nodes": 1}, {"ops.node_wait_s": 60.0},
                     {"ops.node_failure_limit": 3}):

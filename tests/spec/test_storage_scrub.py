@@ -6,12 +6,13 @@ from __future__ import annotations
 import pytest
 
 from common.errors import BadConfig
-from spec import StorageConfig, preset
+from spec import StorageConfig
+from tests.spec.helpers import pinned
 
 
 def test_scrub_fields_at_their_defaults_leave_a_stored_specs_hash_alone():
     # the demo preset's hash from before the fields existed (tests/spec/test_spec.py)
-    stored = preset("demo", run_id="hash-pin", **{"ops.hang_timeout_s": 600.0})
+    stored = pinned(run_id="hash-pin", **{"ops.hang_timeout_s": 600.0})
     assert stored.storage.scrub_every == 1 and stored.storage.scrub_newest == 2
     assert stored.spec_hash() == "110ac9f4598b1d51"
     assert stored.replace(**{"storage.scrub_every": 0}).spec_hash() != "110ac9f4598b1d51"
@@ -25,5 +26,5 @@ def test_a_scrub_field_out_of_range_is_refused_naming_it(field, value):
         StorageConfig(**{field: value})
     assert info.value.field.endswith(field)
     with pytest.raises(BadConfig) as info:
-        preset("demo", **{f"storage.{field}": value})
+        pinned(**{f"storage.{field}": value})
     assert info.value.field == f"storage.{field}"

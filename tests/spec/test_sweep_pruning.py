@@ -5,19 +5,19 @@ refused naming the field and the fix."""
 
 from __future__ import annotations
 
-from spec import RunSpec, preset
+from spec import RunSpec
 from spec.sweep import PruningConfig, rung_steps
-from tests.spec.helpers import demo, refused
+from tests.spec.helpers import demo, pinned, refused
 
 DEMO_HASH = "c8357bb19b1b4caf"  # the demo preset's hash before sweep.pruning existed
 
 
 def test_pruning_is_off_by_default_and_keeps_every_specs_hash():
-    spec = preset("demo")
+    spec = pinned()
     assert spec.sweep.pruning == PruningConfig() and not spec.sweep.pruning.enabled
     assert spec.spec_hash() == DEMO_HASH
-    assert preset("demo", **{"sweep.pruning": {"rungs": 1}}).spec_hash() == DEMO_HASH
-    on = preset("demo", **{"sweep.pruning": {"rungs": 2}})
+    assert pinned(**{"sweep.pruning": {"rungs": 1}}).spec_hash() == DEMO_HASH
+    on = pinned(**{"sweep.pruning": {"rungs": 2}})
     assert on.sweep.pruning.enabled and on.spec_hash() != DEMO_HASH
     assert RunSpec.from_dict(on.to_dict()) == on  # round-trips through JSON
 

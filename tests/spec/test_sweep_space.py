@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from spec import RunSpec, SearchDim, SweepConfig, preset
+from spec import RunSpec, SearchDim, SweepConfig
 from spec.sweep import SWEPT, Budget, sweep_budget, sweep_ends
-from tests.spec.helpers import demo, refused
+from tests.spec.helpers import demo, pinned, refused
 
 DEMO_HASH = "c8357bb19b1b4caf"  # the demo preset's hash before these fields existed
 FULL_SPACE = {"lr": {"low": 1e-3, "high": 1e-2}, "warmup_steps": {"low": 0, "high": 2,
@@ -20,11 +20,11 @@ FULL_SPACE = {"lr": {"low": 1e-3, "high": 1e-2}, "warmup_steps": {"low": 0, "hig
 
 
 def test_an_old_spec_sweeps_lr_as_before_and_keeps_its_hash():
-    spec = preset("demo")
+    spec = pinned()
     assert set(spec.sweep.space) == {"lr"} and spec.sweep.budget_fraction == 0.0
     assert spec.spec_hash() == DEMO_HASH
-    assert preset("demo", **{"sweep.budget_fraction": 0.0}).spec_hash() == DEMO_HASH
-    assert preset("demo", **{"sweep.budget_fraction": 0.2}).spec_hash() != DEMO_HASH
+    assert pinned(**{"sweep.budget_fraction": 0.0}).spec_hash() == DEMO_HASH
+    assert pinned(**{"sweep.budget_fraction": 0.2}).spec_hash() != DEMO_HASH
 
 
 def test_every_parameter_a_practitioner_sweeps_is_accepted_with_its_range():
@@ -69,7 +69,7 @@ def test_the_batch_is_checked_against_every_rank_of_the_run():
 
 
 def test_the_budget_weighs_trials_times_steps_against_the_main_run_in_tokens():
-    train = preset("demo").train  # 160 steps of 1,024 tokens
+    train = pinned().train  # 160 steps of 1,024 tokens
     b = sweep_budget(SweepConfig(trials=4, trial_steps=10, budget_fraction=0.2), train)
     assert (b.sweep_tokens, b.main_tokens, b.allowed_tokens) == (40_960, 163_840, 32_768.0)
     assert b.over and b.max_trial_steps == 8 and b.max_trials == 3
@@ -79,7 +79,7 @@ def test_the_budget_weighs_trials_times_steps_against_the_main_run_in_tokens():
 
 
 def test_a_swept_batch_is_budgeted_at_the_top_of_its_range():
-    train = preset("demo").train  # 160 steps of 1,024 tokens: 0.2 allows 32,768 tokens
+    train = pinned().train  # 160 steps of 1,024 tokens: 0.2 allows 32,768 tokens
     space = {"batch_tokens": SearchDim(low=1024, high=4096)}
     b = sweep_budget(SweepConfig(trials=2, trial_steps=5, space=space, budget_fraction=0.2),
                      train)

@@ -24,8 +24,8 @@ def test_the_demo_models_non_embedding_params_counted_by_hand():
     # ceil(4·128·2/3 / 64)·64 = 384 → 3·128·384, two norms 2·128; plus the final norm
     spec = preset("demo")
     assert non_embedding_params(spec.model) == 2 * (4 * 128**2 + 3 * 128 * 384 + 256) + 128
-    assert planned_tokens(spec) == 160 * 1024  # 160 steps of one 1,024-token micro-batch
-    assert math.isclose(prior_lr(spec), step_law_lr(426_624, 163_840))
+    assert planned_tokens(spec) == 240 * 1024  # 240 steps of one 1,024-token micro-batch
+    assert math.isclose(prior_lr(spec), step_law_lr(426_624, 245_760))
 
 
 def test_the_count_matches_the_trainers_model_less_its_tied_embedding():

@@ -81,7 +81,8 @@ def spec_for(run_id: str, **overrides):
     base = {"run_id": run_id, "storage.durable": "file:///stub/store",
             "storage.fast": "/stub/fast", "train.total_steps": 20, "train.segment_steps": 10,
             "train.segments_per_run": 1, "train.warmup_steps": 2, "train.checkpoint_every": 5,
-            "sweep.enabled": False, "faults": [], "ops.heartbeat_timeout_s": 1.0}
+            "sweep.enabled": False, "sweep.parallel": 1, "faults": [],
+            "ops.heartbeat_timeout_s": 1.0}
     return preset("demo", **{**base, **overrides})
 
 

@@ -39,7 +39,7 @@ def test_the_details_of_a_held_run_say_why_and_how_to_go_on():
         next_step=12, train_loss=4.0, stages_done=["prepare_data"],
         held={"stage": "paused", "reason": "inspect shard 3", "who": "ann"}))
     text = details(spec, c, "paused", None)
-    assert text.startswith("**r** · paused · step 12/160 · loss 4.0000")
+    assert text.startswith("**r** · paused · step 12/240 · loss 4.0000")
     assert "held (paused): inspect shard 3" in text
     assert "temporal workflow update execute --workflow-id r --name resume" in text
     assert "stages done: prepare_data" in text

@@ -135,3 +135,59 @@ def test_losing_trials_stop_at_their_rung_and_the_winner_ran_whole(temporal_serv
         out = HISTORIES / RECORD
         out.mkdir(parents=True, exist_ok=True)
         (out / "pruned.sweep.json").write_text(history.to_json())
+
+
+class SelfScoringStubs(ScriptedStubs):
+    """Trial segments that score themselves, as the real one does with the trial's
+    train.eval_every: an online evaluation at each multiple of it they train through —
+    except trial 1's, which returns none (a retried segment that had already finished):
+    the evaluate activity scores that one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.evaluated: list[tuple[str, list[int]]] = []
+
+    @activity.defn(name=TRAIN_SEGMENT)
+    async def train_segment(self, inp: TrainSegmentInput) -> TrainSegmentResult:
+        result = await ScriptedStubs.train_segment(self, inp)
+        every, losses = inp.spec["train"]["eval_every"], LOSS[inp.spec["train"]["lr"]]
+        if not inp.spec["run_id"].endswith("-trial-1"):
+            result.evals = [[s, 0.0, losses[s]] for s in range(inp.from_step + 1, inp.to_step + 1)
+                            if s % every == 0 and s in losses]
+        return result
+
+    @activity.defn(name=EVALUATE)
+    async def evaluate(self, inp: EvaluateInput) -> EvaluateResult:
+        self.evaluated.append((inp.spec["run_id"], inp.steps))
+        return await ScriptedStubs.evaluate(self, inp)
+
+
+def test_a_trial_is_scored_by_its_own_segments_evaluation_and_the_sweep_ends_the_same(
+        temporal_server):
+    spec = spec_for(f"stub-scored-{uuid.uuid4().hex[:6]}", **{
+        "sweep.enabled": True, "sweep.trials": 6, "sweep.parallel": 1, "sweep.trial_steps": 9,
+        "sweep.space": {"lr": {"low": 1e-3, "high": 3e-2}},
+        "sweep.pruning": {"rungs": 3, "reduction_factor": 3}})
+    stubs = SelfScoringStubs()
+
+    async def go():
+        client = await Client.connect(temporal_server.address)
+        async with Harness(client, stubs) as h:
+            handle = await h.client.start_workflow(
+                SWEEP_WORKFLOW_TYPE, SweepInput(spec.to_dict(), "file:///stub/data"),
+                id=f"{spec.run_id}-sweep", task_queue=h.queue)
+            return await handle.result(), await handle.fetch_history()
+
+    result, history = asyncio.run(asyncio.wait_for(go(), 60))
+    # every boundary (steps 1, 3, 9) is a multiple of the trials' eval_every
+    assert {s.spec["train"]["eval_every"] for s in stubs.trial_segments} == {1}
+    # only the trial whose segment gave no score was evaluated by the activity (it was
+    # pruned at its first boundary, step 1)
+    assert stubs.evaluated == [(f"{spec.run_id}-trial-1", [1])]
+    # the same sweep as the one scored by evaluations alone
+    assert result["best_params"] == {"lr": 1e-2}
+    assert [t["status"] for t in result["trials"]] == [
+        "complete", "pruned", "complete", "pruned", "pruned", "pruned"]
+    assert [t["val_loss"] for t in result["trials"]] == [4.9, 5.3, 4.8, 4.7, 5.5, 5.1]
+    replayed = asyncio.run(Replayer(workflows=[TrainingRun, Sweep]).replay_workflow(history))
+    assert replayed.replay_failure is None
