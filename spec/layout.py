@@ -38,7 +38,7 @@ STATE_SHARE = 0.5  # of an accelerator's memory the model states may take (assum
 GB = 1e9
 
 TRAINED_TODAY = ("tp above 1 trains inside a node (ZeRO 0-2); pp above 1 trains alone (tp 1, "
-                 "ZeRO 0-1, fp32, not elastic, no sweep, no teacher)")
+                 "ZeRO 0-1, fp32, not elastic, no sweep)")
 # What tp above 1 does not have yet (docs/decisions.md 89 and after): ZeRO 3 under TP is
 # not measured here (its checkpoints would hold partitions of shards, which the weights
 # readers do not reassemble); a checkpoint's TP shards are not resharded to another world
@@ -50,14 +50,12 @@ TP_SWEEP = "the sweep counts every rank as a data replica; with TP it would not 
 # 3D grid with AutoTP is not built here); a stage's layer files are not repartitioned to
 # another world (elastic); the sweep's replica count; bf16/fp16 (in bf16 the pipe engine
 # takes DeepSpeed's BF16_Optimizer, whose checkpoint does not load back here: a resume
-# fails in its load_state_dict); a teacher, which scores the whole model's logits, which
-# no stage has.
+# fails in its load_state_dict).
 PP_TP = "TP and PP together (DeepSpeed's 3D grid with AutoTP) are not built here"
 PP_ELASTIC = "a pipeline's stages are not repartitioned to fewer nodes (elastic)"
 PP_SWEEP = "the sweep counts every rank as a data replica; with PP it would not be one"
 PP_PRECISION = ("the pipeline engine's bf16 optimizer (DeepSpeed's BF16_Optimizer) does not "
                 "resume its own checkpoint here, and fp16 needs CUDA")
-PP_FORWARD = "the pipeline engine has no whole-model forward, which it calls"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -265,12 +263,10 @@ def _micro_batch(pick: _Option, sequences: int, seq_len: int, n_layers: int, d_m
 
 def check_layout(layout: LayoutConfig, *, n_heads: int, n_kv_heads: int, n_layers: int,
                  nodes: int, procs_per_node: int, node_counts: list[int], zero_stage: int,
-                 grad_accum: int, sweep: bool = False, precision: str = "fp32",
-                 teacher: bool = False) -> None:
+                 grad_accum: int, sweep: bool = False, precision: str = "fp32") -> None:
     """BadConfig, naming the `train.layout` field and the fix, for a layout that cannot run
     on this model and world; last, what the trainer does not do yet: tp above 1 with ZeRO
-    3, elastic nodes or a sweep; pp above 1 with tp, elastic nodes, a sweep, bf16/fp16,
-    or a teacher."""
+    3, elastic nodes or a sweep; pp above 1 with tp, elastic nodes, a sweep or bf16/fp16."""
     tp, pp, world = layout.tp, layout.pp, nodes * procs_per_node
     f = "train.layout"
     _require(layout.zero == zero_stage, f"{f}.zero", f"ZeRO {layout.zero} differs from "
@@ -299,7 +295,7 @@ def check_layout(layout: LayoutConfig, *, n_heads: int, n_kv_heads: int, n_layer
              f"for {pp} stages: 1F1B needs at least as many micro-batches as stages",
              f"set grad_accum >= {pp}")
     if pp > 1:
-        _check_pp(pp, tp, node_counts, sweep, precision, teacher)
+        _check_pp(pp, tp, node_counts, sweep, precision)
     if tp == 1:
         return
     _require(zero_stage <= 2, f"{f}.zero", f"TP {tp} with ZeRO {zero_stage}: {TP_ZERO}",
@@ -310,8 +306,7 @@ def check_layout(layout: LayoutConfig, *, n_heads: int, n_kv_heads: int, n_layer
              "sweep with layout \"dp\" and train the winner with tp, or set enabled=false")
 
 
-def _check_pp(pp: int, tp: int, node_counts: list[int], sweep: bool, precision: str,
-              teacher: bool) -> None:
+def _check_pp(pp: int, tp: int, node_counts: list[int], sweep: bool, precision: str) -> None:
     """What pp above 1 does not run with yet, each naming its field and the fix."""
     _require(tp == 1, "train.layout", f"TP {tp} x PP {pp}: {PP_TP}",
              "use tp or pp, not both: tp inside a node, or pp with tp 1")
@@ -321,8 +316,6 @@ def _check_pp(pp: int, tp: int, node_counts: list[int], sweep: bool, precision: 
              "sweep with layout \"dp\" and train the winner with pp, or set enabled=false")
     _require(precision == "fp32", "train.precision", f"PP {pp} in {precision}: {PP_PRECISION}",
              "use precision fp32 with pp above 1")
-    _require(not teacher, "distill.teacher", f"PP {pp} with a teacher: {PP_FORWARD} to "
-             "score the student's logits", "distill with layout \"dp\" or tp")
 
 
 def _listing(options: list[int], cap: int) -> str:

@@ -87,7 +87,7 @@ class TrainConfig:
     # explicit degrees, checked against the model and world by RunSpec; "auto", the
     # planner's choice (spec/layout.py plan_layout). TP above 1 trains (ZeRO 0-2, not
     # elastic, no sweep); PP above 1 trains alone (tp 1, ZeRO 0-1, fp32, not elastic, no
-    # sweep or teacher: trainer/pipeline.py); "auto" is
+    # sweep: trainer/pipeline.py); "auto" is
     # refused until runs report their accelerators to the planner.
     layout: str | LayoutConfig = "dp"
 

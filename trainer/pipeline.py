@@ -239,10 +239,13 @@ def defer_update(engine) -> None:
     engine.step = step
 
 
-def step_batches(batches, state, step: int, micro_batches: int) -> Iterator[tuple]:
+def step_batches(batches, state, step: int, micro_batches: int,
+                 teacher: Any = None) -> Iterator[tuple]:
     """The step's micro-batches in DeepSpeed's pipe format, `(inputs, targets)` with inputs
     x or (x, position_ids, doc_ids). The cursors are taken here, past skipped ranges, so
-    every stage advances `state.data_cursor` alike (the middle stages read nothing)."""
+    every stage advances `state.data_cursor` alike (the middle stages read nothing). With
+    a teacher the targets are (y, x, *packed): the last stage's loss runs the teacher on
+    the same rows (`teach`)."""
     from trainer.data import skip_past
 
     cursors = []
@@ -252,16 +255,28 @@ def step_batches(batches, state, step: int, micro_batches: int) -> Iterator[tupl
         state.data_cursor += 1
     for cursor in cursors:
         x, y, *packed = batches.get(cursor, step)
-        yield (_join(x, tuple(packed)), y)
+        yield (_join(x, tuple(packed)), y if teacher is None else (y, x, *packed))
 
 
-def pipeline_forward_backward(engine, batches, state, step: int,
-                              micro_batches: int) -> torch.Tensor:
+def teach(engine, teacher) -> None:
+    """The last stage's loss becomes the distillation loss against `teacher`
+    (trainer/teacher.py) on the rows `step_batches` hands it with the targets: the student's
+    logits are there, and every rank has loaded the teacher. The other stages' teacher is
+    never run (the `teacher_cost` event, rank 0's, is the first stage's)."""
+    def distilled(logits: torch.Tensor, targets: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        y, x, *packed = targets
+        return teacher.loss(logits, x, y, **dict(zip(("position_ids", "doc_ids"), packed)))
+
+    engine.module.loss_fn = distilled
+
+
+def pipeline_forward_backward(engine, batches, state, step: int, micro_batches: int,
+                              teacher: Any = None) -> torch.Tensor:
     """forward_backward's contract (trainer/loop.py) for a pipeline: every micro-batch of
     `step` forward and backward through the stages, the gradients reduced, no update;
     returns the sum of the micro-batches' losses as the DP loop's sum would be, from
     DeepSpeed's mean over the micro-batches and data replicas, which every stage holds."""
-    data = step_batches(batches, state, step, micro_batches)
+    data = step_batches(batches, state, step, micro_batches, teacher)
     if engine.is_first_stage() or engine.is_last_stage():
         mean = engine.train_batch(data)
     else:  # a middle stage reads no batch; the cursors still advance with the step's

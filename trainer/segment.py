@@ -74,7 +74,7 @@ from trainer.loop import Trainer
 from trainer.model import GPT
 from trainer.online_eval import OnlineEval
 from trainer.oscillation_watch import recorded_lr_windows
-from trainer.pipeline import pp_ranks
+from trainer.pipeline import pp_ranks, teach
 from trainer.replicas import ReplicaCheck
 from trainer.schedule import LRSchedule
 from trainer.start import finished_manifest, start_state
@@ -168,6 +168,8 @@ def run_segment(args: SegmentArgs, rank: int, world: int) -> None:
         engine = build_engine(spec, model, args.micro_split, tp, pp)
         teacher = load_teacher(spec, manifest.vocab_size, torch.device(engine.device),
                                args.workdir, rank) if spec.distill.teacher else None
+        if teacher is not None and pp > 1:  # the last stage's loss is the teacher's
+            teach(engine, teacher)
     # a TP group's ranks, a pipeline's stages, read one data replica's batches
     at = pp_ranks(rank, world, pp) if pp > 1 else tp_ranks(rank, world, tp)
     source = make_batches(spec, args.dataset, at.dp_rank, at.dp_world, args.cache("dataset"))

@@ -180,7 +180,6 @@ ALONE = {"train.nodes": 2, "train.grad_accum": 2, "sweep.enabled": False, "fault
      "not repartitioned to fewer nodes"),
     ({"sweep.enabled": True}, "sweep.enabled", "with PP it would not be one"),
     ({"train.precision": "bf16"}, "train.precision", "does not resume its own checkpoint"),
-    ({"distill.teacher": "base-run"}, "distill.teacher", "no whole-model forward"),
     ({"train.zero_stage": 2, "layout.zero": 2}, "train.layout.pp", "refuses ZeRO 2 and 3"),
     ({"train.grad_accum": 1}, "train.grad_accum", "1F1B needs at least as many"),
 ])
@@ -289,6 +288,37 @@ def test_pp2_training_follows_the_one_rank_trajectory_for_20_steps_within_1e4(tm
 @pytest.mark.soak
 def test_pp2_at_zero_1_follows_the_one_rank_trajectory_for_50_steps_within_1e4(tmp_path):
     _assert_same_trajectory(*_trajectory(tmp_path, 50, zero=1), 50)
+
+
+@pytest.mark.soak
+def test_a_pp2_student_follows_the_one_rank_students_trajectory_within_1e4(tmp_path):
+    """distill.teacher at PP 2: the last stage's loss is the distillation loss, the teacher
+    reading the rows the targets carry (trainer/pipeline.py `teach`); against one rank
+    training the same student on the same batches, 10 steps. A loss that ignored the
+    teacher would be the plain cross-entropy, not the one-rank student's."""
+    from storage.checkpoints import CheckpointStore
+    from storage.runs import claim_run
+
+    dataset = make_dataset(tmp_path / "d")
+    teacher = tiny_spec(tmp_path / "store")
+    claim_run(str(tmp_path / "store"), "t", teacher.spec_hash(), teacher.to_dict())
+    proc = run_segment(write_spec(teacher, tmp_path / "t.json"), dataset, 8, tmp_path / "wt")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    CheckpointStore(str(tmp_path / "store"), "t").promote(8)
+    student = {"model.d_model": 16, "model.n_heads": 2, "model.n_kv_heads": 2,
+               "distill.teacher": "t@8", "distill.alpha": 0.5, "distill.temperature": 2.0,
+               "train.grad_accum": 2, "train.total_steps": 10, "train.segment_steps": 10,
+               "train.checkpoint_every": 10}
+    losses = []
+    for name, world, over in (("s1", 1, {}), ("s2", 2, PP2)):
+        spec = tiny_spec(tmp_path / "store", **{**student, **over, "run_id": name})
+        proc = run_segment(write_spec(spec, tmp_path / f"{name}.json"), dataset, 10,
+                           tmp_path / f"w{name}", world=world)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        losses.append(np.array([s["loss"] for s in _progress(tmp_path / f"w{name}")]))
+    one, piped = losses
+    assert len(one) == len(piped) == 10
+    assert np.max(np.abs(one - piped) / np.abs(one)) < 1e-4
 
 
 @pytest.mark.soak
