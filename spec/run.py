@@ -34,6 +34,7 @@ from spec.sweep import (
     SweepConfig,
     accumulation_tokens,
     point_overrides,
+    sized_trial_steps,
     sweep_budget,
     sweep_ends,
     trial_overrides,
@@ -68,6 +69,9 @@ class RunSpec:
                  f"{self.run_id[:80]!r} is not a valid run id",
                  "use lowercase letters, digits and '-', starting with a letter or digit, "
                  "at most 63 characters")
+        if self.sweep.trial_steps == "auto":  # the run's spec holds the number it comes to
+            object.__setattr__(self, "sweep", dataclasses.replace(
+                self.sweep, trial_steps=sized_trial_steps(self.sweep, self.train)))
         t, m = self.train, self.model
         _require(t.micro_batch_tokens % m.seq_len == 0, "train.micro_batch_tokens",
                  f"{t.micro_batch_tokens} is not a multiple of model.seq_len={m.seq_len}",

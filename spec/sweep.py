@@ -93,7 +93,9 @@ class SweepConfig:
         default_factory=lambda: {"lr": SearchDim(low=1e-3, high=1e-2, log=True)})
     trials: int = num(2, 1, 1000)  # trial run ids end in -trial-<index>: 3 digits at most
     parallel: int = num(1, 1, 256)
-    trial_steps: int = num(30, 1, STEPS)
+    # "auto": the longest trials `budget_fraction` allows at `trials` (sized_trial_steps; the
+    # run's spec holds the number it came to)
+    trial_steps: int | str = num(30, 1, STEPS, words=("auto",))
     # the suggest activity's optuna sampler (activities/suggest.py): "tpe" (TPESampler,
     # multivariate, constant liar) or "gp" (GPSampler, log expected improvement)
     sampler: str = "tpe"
@@ -109,7 +111,15 @@ class SweepConfig:
     pruning: PruningConfig = field(default_factory=PruningConfig)
 
     def __post_init__(self) -> None:
-        _positive(self, "trials", "parallel", "trial_steps")
+        _positive(self, "trials", "parallel")
+        if self.trial_steps == "auto":  # sized against the run (RunSpec: sized_trial_steps)
+            _require(self.budget_fraction > 0, "trial_steps",
+                     '"auto" sizes the trials from budget_fraction, which is 0 (no budget)',
+                     "set sweep.budget_fraction (e.g. 0.1), or give trial_steps in steps")
+            return
+        _require(isinstance(self.trial_steps, int) and self.trial_steps > 0, "trial_steps",
+                 f'must be > 0 or "auto", got {self.trial_steps!r}',
+                 'set trial_steps to a positive number of steps, or "auto" with a budget')
         _require(self.sampler in SAMPLERS, "sampler", f"unknown sampler {self.sampler!r}",
                  f"use one of {', '.join(SAMPLERS)}")
         _require(set(self.space) <= set(SWEPT), "space",
@@ -247,10 +257,29 @@ class Budget:
 
 def sweep_budget(sweep: SweepConfig, train: TrainConfig) -> Budget:
     """Pure: the sweep's planned tokens against the main run's. A trial steps with the
-    run's global batch, or with the top of the batch_tokens range when that is swept."""
+    run's global batch, or with the top of the batch_tokens range when that is swept
+    (trial_steps "auto", not sized yet, plans none)."""
     main = tokens_per_step(train)
     batch = sweep.space.get("batch_tokens")
     trial = int(sweep_ends("batch_tokens", batch)[1][1]) if batch else main
-    return Budget(trials=sweep.trials, trial_steps=sweep.trial_steps,
+    steps = sweep.trial_steps if isinstance(sweep.trial_steps, int) else 0
+    return Budget(trials=sweep.trials, trial_steps=steps,
                   trial_tokens_per_step=trial, main_steps=train.total_steps,
                   main_tokens_per_step=main, fraction=sweep.budget_fraction)
+
+
+def sized_trial_steps(sweep: SweepConfig, train: TrainConfig) -> int:
+    """Pure: what `trial_steps: "auto"` comes to: the longest trials whose `trials` fit
+    `budget_fraction` of the main run's tokens (each at the largest batch a trial may use),
+    refused when that is too short to train (or, pruned, to reach its first rung)."""
+    budget = sweep_budget(sweep, train)
+    steps = budget.max_trial_steps
+    need = sweep.pruning.reduction_factor ** (sweep.pruning.rungs - 1)
+    _require(steps >= need, "sweep.trial_steps",
+             f'"auto" comes to {steps} steps a trial: budget_fraction {sweep.budget_fraction:g} '
+             f"of the main run's {budget.main_tokens:,} tokens is {int(budget.allowed_tokens):,}"
+             f", over {sweep.trials} trials of {budget.trial_tokens_per_step:,} tokens a step"
+             + (f" (the pruning rungs need >= {need})" if need > 1 else ""),
+             "raise sweep.budget_fraction or train.total_steps, or lower sweep.trials"
+             + (" or sweep.pruning.rungs" if need > 1 else ""))
+    return steps

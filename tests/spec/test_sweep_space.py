@@ -106,3 +106,38 @@ def test_integer_parameters_end_in_whole_numbers():
         ("low", 1024), ("high", 4096))
     assert sweep_ends("beta2", SearchDim(low=0.9, high=0.99, log=False)) == (
         ("low", 0.9), ("high", 0.99))
+
+
+def test_auto_trial_steps_are_the_longest_trials_the_budget_allows():
+    # 160 steps of 1,024 tokens: 0.2 allows 32,768 tokens, over 2 trials of 1,024 a step
+    auto = pinned(**{"sweep.trial_steps": "auto", "sweep.budget_fraction": 0.2})
+    assert auto.sweep.trial_steps == 16
+    # the run's spec holds the number: it is the spec written with it, hash and all
+    written = pinned(**{"sweep.trial_steps": 16, "sweep.budget_fraction": 0.2})
+    assert auto == written and auto.spec_hash() == written.spec_hash()
+    assert RunSpec.from_dict(auto.to_dict()) == auto
+    assert not sweep_budget(auto.sweep, auto.train).over
+    # four trials share it; a swept batch is sized at the top of its range (4,096 tokens)
+    assert pinned(**{"sweep.trial_steps": "auto", "sweep.budget_fraction": 0.2,
+                     "sweep.trials": 4}).sweep.trial_steps == 8
+    assert pinned(**{"sweep.trial_steps": "auto", "sweep.budget_fraction": 0.2,
+                     "sweep.space": {"batch_tokens": {"low": 1024, "high": 4096}}}
+                  ).sweep.trial_steps == 4
+
+
+def test_auto_trial_steps_without_a_budget_or_too_short_to_train_are_refused():
+    err = refused(demo(**{"sweep.trial_steps": "auto"}))
+    assert err.field == "sweep.trial_steps" and "budget_fraction" in err.problem
+    assert "set sweep.budget_fraction" in err.fix
+    err = refused(demo(**{"sweep.trial_steps": "auto", "sweep.budget_fraction": 0.005}))
+    assert err.field == "sweep.trial_steps"
+    assert '"auto" comes to 0 steps a trial' in err.problem and "allows" not in err.problem
+    assert "163,840 tokens is 819, over 2 trials of 1,024 tokens a step" in err.problem
+    assert "raise sweep.budget_fraction" in err.fix
+    # pruned trials must reach their first rung: 3 rungs at factor 3 need 9 steps
+    err = refused(demo(**{"sweep.trial_steps": "auto", "sweep.budget_fraction": 0.1,
+                          "sweep.pruning": {"rungs": 3, "reduction_factor": 3}}))
+    assert "comes to 8 steps" in err.problem and "rungs need >= 9" in err.problem
+    assert "sweep.pruning.rungs" in err.fix
+    for bad in ("often", 0, 2.5):
+        assert refused(demo(**{"sweep.trial_steps": bad})).field == "sweep.trial_steps"
