@@ -262,12 +262,23 @@ def teach(engine, teacher) -> None:
     """The last stage's loss becomes the distillation loss against `teacher`
     (trainer/teacher.py) on the rows `step_batches` hands it with the targets: the student's
     logits are there, and every rank has loaded the teacher. The other stages' teacher is
-    never run (the `teacher_cost` event, rank 0's, is the first stage's)."""
+    never run: its cost is the last stage's (`last_stages`)."""
     def distilled(logits: torch.Tensor, targets: tuple[torch.Tensor, ...]) -> torch.Tensor:
         y, x, *packed = targets
         return teacher.loss(logits, x, y, **dict(zip(("position_ids", "doc_ids"), packed)))
 
     engine.module.loss_fn = distilled
+
+
+def last_stages(engine, value: Any) -> Any:
+    """`value` as the last stage of this rank's pipeline holds it (what only that stage
+    measures: the teacher's cost). Collective: every stage of the pipeline."""
+    import torch.distributed as dist
+
+    box = [value]
+    dist.broadcast_object_list(box, src=engine.grid.stage_to_global(engine.num_stages - 1),
+                               group=engine.grid.get_pipe_parallel_group())
+    return box[0]
 
 
 def pipeline_forward_backward(engine, batches, state, step: int, micro_batches: int,

@@ -74,7 +74,7 @@ from trainer.loop import Trainer
 from trainer.model import GPT
 from trainer.online_eval import OnlineEval
 from trainer.oscillation_watch import recorded_lr_windows
-from trainer.pipeline import pp_ranks, teach
+from trainer.pipeline import last_stages, pp_ranks, teach
 from trainer.replicas import ReplicaCheck
 from trainer.schedule import LRSchedule
 from trainer.start import finished_manifest, start_state
@@ -201,9 +201,12 @@ def run_segment(args: SegmentArgs, rank: int, world: int) -> None:
                             meter=meter, checkpoints=checkpoints, outcome=outcome,
                             teacher=teacher)
     state = trainer.train(state)
-    if teacher is not None and rank == 0 and ctx.events is not None:  # what it cost
-        ctx.events.emit("teacher_cost", teacher.cost(state.step - first), step=state.step,
-                        event_id=f"teacher_cost/{first}-{state.step}/{args.attempt}")
+    if teacher is not None:  # what it cost: a pipeline's last stage alone runs it
+        cost = teacher.cost(state.step - first)
+        cost = last_stages(engine, cost) if pp > 1 else cost  # collective (pipe group)
+        if rank == 0 and ctx.events is not None:
+            ctx.events.emit("teacher_cost", cost, step=state.step,
+                            event_id=f"teacher_cost/{first}-{state.step}/{args.attempt}")
     ctx.windows.close()
     checkpoints.finish()  # every checkpoint durable before the segment reports success
     if ctx.events is not None:

@@ -319,6 +319,10 @@ def test_a_pp2_student_follows_the_one_rank_students_trajectory_within_1e4(tmp_p
     one, piped = losses
     assert len(one) == len(piped) == 10
     assert np.max(np.abs(one - piped) / np.abs(one)) < 1e-4
+    from storage.events import read_events
+    (cost,) = [e["payload"] for e in read_events(str(tmp_path / "store"), "s2")
+               if e["kind"] == "teacher_cost"]  # rank 0's event, the last stage's figure
+    assert cost["steps"] == 10 and cost["forward_s_per_step"] > 0
 
 
 @pytest.mark.soak
