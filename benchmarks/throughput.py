@@ -2,6 +2,11 @@
 
     python benchmarks/throughput.py [--size tiny|small|350m|1b] [--steps N] [--peak-tflops X]
                                     [--rows packed|causal] [--compile]
+    python benchmarks/throughput.py --layout dp2|tp2|pp2|all [--steps N]
+
+`--layout`: real training segments on two ranks at data, tensor or pipeline parallelism
+(`benchmarks/layouts.py`): tokens/s, the exposed communication fraction and the pipeline
+bubble per layout, one JSON line {"figure": "throughput_by_layout", "layouts": [...]}.
 
 One process, the model from `trainer.model`, AdamW (fused on CUDA), bf16 autocast on CUDA
 and fp32 on CPU. `--rows packed` (the default, what training runs): several documents per
@@ -103,7 +108,15 @@ def main() -> None:
     p.add_argument("--compile", action="store_true",
                    help="compile each transformer block first, as model.compile does in training "
                         "(compile time is not in the timed steps)")
+    p.add_argument("--layout", choices=("dp2", "tp2", "pp2", "all"), default=None,
+                   help="real segments on two ranks at this layout (benchmarks/layouts.py)")
     args = p.parse_args()
+    if args.layout:
+        from benchmarks.layouts import LAYOUTS, run_layouts
+
+        names = list(LAYOUTS) if args.layout == "all" else [args.layout]
+        print(json.dumps(run_layouts(names, args.steps or 40)))
+        return
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
     size = args.size or ("1b" if cuda else "tiny")
