@@ -14,7 +14,9 @@
 #      and with each block compiled (model.compile);
 #   5. the checkpoint stall ratio with a 4 GiB state on the GPU (the trainer's hand-over: a
 #      save to local disk, then the writer process hashes and commits to the durable tier);
-#   6. if the time budget still allows: the stall with the in-memory hand-over, and the
+#   6. TP 2 over NCCL against one rank holding the whole model, per-step losses (two GPUs:
+#      NCCL runs one rank per device; skipped, saying so, on one);
+#   7. if the time budget still allows: the stall with the in-memory hand-over, and the
 #      causal 1B run compiled.
 # Prints one JSON line per figure on stdout (progress on stderr). A failed check prints a
 # line with "failed" and the next check still runs (one device run yields every figure it
@@ -99,7 +101,10 @@ part "5. checkpoint stall, state on the device, saved to local disk as the train
 check checkpoint_stall_ratio "$PY" benchmarks/checkpoint_stall.py "${STALL[@]}" --snapshot disk \
   --durable "file://$DURABLE/disk"
 
-part "6. optional, by the budget left ($BUDGET s in all)"
+part "6. tensor parallelism: TP 2 over NCCL against one rank (skipped with one GPU)"
+check gpu_tp2 "$PY" benchmarks/gpu/parts.py tp2
+
+part "7. optional, by the budget left ($BUDGET s in all)"
 if left 60; then
   check checkpoint_stall_ratio "$PY" benchmarks/checkpoint_stall.py "${STALL[@]}" \
     --snapshot memory --durable "file://$DURABLE/memory"

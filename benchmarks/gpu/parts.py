@@ -3,6 +3,7 @@
     python benchmarks/gpu/parts.py attention     # packed attention exact per document
     python benchmarks/gpu/parts.py sdpa          # which SDPA kernels the 1B shapes get, timed
     python benchmarks/gpu/parts.py kill-resume   # a bf16 NCCL segment SIGKILLed and resumed
+    python benchmarks/gpu/parts.py tp2           # TP 2 over NCCL against one rank, per step
 
 On CUDA they run the GPU path (bf16, NCCL); without CUDA they run the same code on CPU at
 tiny sizes (fp32, gloo), which is the script's dry run.
@@ -154,11 +155,11 @@ def sdpa() -> None:
 
 
 def _segment(spec: str, dataset: str, to_step: int, workdir: Path, attempt: int = 1,
-             wait: bool = True):
+             wait: bool = True, ranks: int = 1):
     # The environment as it is: PYTHONPATH holds the repository and, on a device image,
     # the carried wheels (gpu_check.sh); DS_ACCELERATOR only where the dry run set it.
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-           "1", "-m", "trainer.segment", "--spec", spec, "--dataset", dataset, "--to-step",
+           str(ranks), "-m", "trainer.segment", "--spec", spec, "--dataset", dataset, "--to-step",
            str(to_step), "--workdir", str(workdir), "--attempt", str(attempt)]
     if wait:
         return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=150)
@@ -249,7 +250,53 @@ def kill_resume() -> None:
     assert line["verdict"] != "FAILED", line
 
 
-PARTS = {"attention": attention, "sdpa": sdpa, "kill-resume": kill_resume}
+def step_losses(progress: Path) -> dict[int, float]:
+    """Step -> training loss, from a segment's progress lines of type step."""
+    lines = (json.loads(ln) for ln in progress.read_text().splitlines() if ln.endswith("}"))
+    return {ln["step"]: ln["loss"] for ln in lines if ln.get("type") == "step"}
+
+
+TP_STEPS = 8
+# bf16 matmuls split across two devices sum in another order than on one: the losses
+# agree to this (relative); fp32 on CPU (the dry run) to the 1e-4 of the CPU trajectory test
+TP_RTOL = {True: 2e-2, False: 1e-4}
+
+
+def tp2() -> None:
+    """Tensor parallelism over NCCL: a TP 2 segment on two GPUs (one rank per device, as
+    NCCL requires) against one rank holding the whole model, same batches, TP_STEPS steps;
+    the largest relative loss difference per step against TP_RTOL. On a machine with one
+    GPU it says so and is skipped (two ranks cannot share a device under NCCL)."""
+    from tests.trainer.helpers import make_dataset, tiny_spec, write_spec
+
+    if CUDA and torch.cuda.device_count() < 2:
+        emit({"figure": "gpu_tp2", "skipped": f"{torch.cuda.device_count()} GPU: NCCL runs one "
+              "rank per device, TP 2 needs two"})
+        return
+    root = Path(tempfile.mkdtemp(prefix="gpu_check_tp_"))
+    ds = make_dataset(root / "data")
+    over = {"train.precision": "bf16" if CUDA else "fp32", "model.d_model": 256,
+            "model.n_heads": 8, "model.n_kv_heads": 4, "model.seq_len": 128,
+            "train.micro_batch_tokens": 1024, "train.total_steps": TP_STEPS,
+            "train.segment_steps": TP_STEPS, "train.checkpoint_every": TP_STEPS}
+    runs = {"tp2": (2, {"train.procs_per_node": 2,
+                        "train.layout": {"tp": 2, "pp": 1, "zero": 0}}), "one": (1, {})}
+    losses = {}
+    for name, (ranks, extra) in runs.items():
+        spec = write_spec(tiny_spec(root / name, **over, **extra), root / f"{name}.json")
+        p = _segment(spec, ds, TP_STEPS, root / f"w{name}", ranks=ranks)
+        assert p.returncode == 0, p.stderr[-4000:]
+        losses[name] = step_losses(root / f"w{name}" / "progress.jsonl")
+    worst = max(abs(losses["tp2"][s] - losses["one"][s]) / abs(losses["one"][s])
+                for s in losses["one"])
+    line = {"figure": "gpu_tp2", "value": worst, "tolerance": TP_RTOL[CUDA],
+            "steps": TP_STEPS, "losses_tp2": losses["tp2"], "losses_one_rank": losses["one"],
+            "precision": over["train.precision"], "backend": "nccl" if CUDA else "gloo"}
+    emit(line)
+    assert worst <= TP_RTOL[CUDA], line
+
+
+PARTS = {"attention": attention, "sdpa": sdpa, "kill-resume": kill_resume, "tp2": tp2}
 
 if __name__ == "__main__":
     # Log lines to stderr: stdout carries the JSON lines alone.

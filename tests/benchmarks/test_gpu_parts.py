@@ -44,3 +44,13 @@ def test_commits_reads_the_commit_lines_a_real_segment_writes(tmp_path):
     p = run_segment(spec, ds, 4, tmp_path / "w")
     assert p.returncode == 0, p.stderr[-3000:]
     assert commits(tmp_path / "w" / "progress.jsonl") == [0, 2, 4]
+
+
+def test_step_losses_are_read_from_progress_lines_of_type_step(tmp_path):
+    from benchmarks.gpu.parts import step_losses
+
+    progress = tmp_path / "progress.jsonl"
+    progress.write_text('{"type": "start"}\n{"type": "step", "step": 1, "loss": 6.5}\n'
+                        '{"type": "commit", "step": 1}\n{"type": "step", "step": 2, "loss": 6.1}\n'
+                        '{"type": "step", "step": 3, "lo')  # a torn last line
+    assert step_losses(progress) == {1: 6.5, 2: 6.1}
