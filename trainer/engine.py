@@ -40,15 +40,10 @@ def micro_batch_size(spec: RunSpec) -> int:
 
 def check_micro_split(spec: RunSpec, split: int) -> None:
     """An OOM-adapted run (workflows/adapt.py) runs each micro-batch as `split` equal
-    chunks, one forward/backward each: `split` must divide the micro-batch. Not with
-    pipelines: DeepSpeed's pipe engine runs whole micro-batches through its stages, and
-    the chunks' loss weights (trainer/loop.py chunk_weights) have no way into its loss."""
+    chunks, one forward/backward each: `split` must divide the micro-batch (with
+    pipelines too: each chunk is one of the pipe engine's micro-batches, its weight carried
+    to the last stage's loss, trainer/pipeline.py)."""
     mbs = micro_batch_size(spec)
-    if split > 1 and pp_degree(spec.train.layout) > 1:
-        raise BadConfig("--micro-split", f"{split} chunks per micro-batch with PP "
-                        f"{pp_degree(spec.train.layout)}: the pipeline engine runs whole "
-                        "micro-batches", "lower train.micro_batch_tokens (and raise "
-                        "train.grad_accum to keep the global batch) instead of splitting")
     if split < 1 or mbs % split:
         raise BadConfig("--micro-split", f"{split} does not divide the micro-batch of {mbs} "
                         f"sequences", "pass a power of two that divides it")

@@ -224,11 +224,12 @@ def forward_backward(engine, batches: BatchSource, state: TrainState, step: int,
     train_step calls itself once it has judged the loss. `noise`: a gradient noise sample
     reads the gradients after each micro-batch (trainer/oscillation_watch.py). `teacher`:
     the loss is the distillation loss against it on the same rows (trainer/teacher.py).
-    A pipeline engine runs the micro-batches through its stages itself, 1F1B, the teacher's
-    loss on its last stage (trainer/pipeline.py; no split or noise sample there: the
-    segment's micro-split check and oscillation_watch.unmeasured see to it)."""
+    A pipeline engine runs the micro-batches (chunks) through its stages itself, 1F1B, the
+    loss (the teacher's, the chunk weights) on its last stage (trainer/pipeline.py; no
+    noise sample there: oscillation_watch.unmeasured says why)."""
     if is_pipeline(engine):
-        return pipeline_forward_backward(engine, batches, state, step, micro_batches, teacher)
+        return pipeline_forward_backward(engine, batches, state, step, micro_batches, split,
+                                         teacher)
     loss_sum = torch.zeros((), dtype=torch.float32, device=engine.device)
     passes = 0
     for index in range(micro_batches):

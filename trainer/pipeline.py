@@ -168,6 +168,25 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
                            ignore_index=IGNORE)
 
 
+def stage_loss(teacher: Any = None):
+    """The last stage's `loss_fn`. Targets y alone: `lm_loss`. Targets (y, weight, x,
+    *packed) — a split micro-batch's chunk, or a student's rows (`step_batches`): the
+    cross-entropy, or with a teacher its distillation loss on the same rows
+    (trainer/teacher.py), times the chunk's weight as trainer/loop.py forward_backward
+    weighs it (a weight of 1 for a whole micro-batch)."""
+    def loss(logits: torch.Tensor, targets) -> torch.Tensor:
+        if isinstance(targets, torch.Tensor):
+            return lm_loss(logits, targets)
+        y, weight, x, *packed = targets
+        if teacher is None:
+            value = lm_loss(logits, y)
+        else:
+            value = teacher.loss(logits, x, y, **dict(zip(("position_ids", "doc_ids"), packed)))
+        return torch.where(weight > 0, value * weight, torch.zeros_like(value))
+
+    return loss
+
+
 def pipeline_layers(gpt: GPT) -> list[Any]:
     """The GPT's own modules (its weights as built, or as init_from loaded them) in order:
     embedding, blocks, norm, head. Tied embeddings: the first and last entries are one
@@ -193,7 +212,7 @@ def pipeline_module(gpt: GPT, pp: int):
     from deepspeed.pipe import PipelineModule
 
     with contextlib.redirect_stdout(io.StringIO()), torch.no_grad():
-        return PipelineModule(layers=pipeline_layers(gpt), num_stages=pp, loss_fn=lm_loss,
+        return PipelineModule(layers=pipeline_layers(gpt), num_stages=pp, loss_fn=stage_loss(),
                               partition_method=f"type:{PipeBlock.__name__}")
 
 
@@ -239,14 +258,17 @@ def defer_update(engine) -> None:
     engine.step = step
 
 
-def step_batches(batches, state, step: int, micro_batches: int,
+def step_batches(batches, state, step: int, micro_batches: int, split: int = 1,
                  teacher: Any = None) -> Iterator[tuple]:
     """The step's micro-batches in DeepSpeed's pipe format, `(inputs, targets)` with inputs
-    x or (x, position_ids, doc_ids). The cursors are taken here, past skipped ranges, so
-    every stage advances `state.data_cursor` alike (the middle stages read nothing). With
-    a teacher the targets are (y, x, *packed): the last stage's loss runs the teacher on
-    the same rows (`teach`)."""
+    x or (x, position_ids, doc_ids), each as `split` equal chunks (an OOM-adapted run, as
+    trainer/loop.py forward_backward splits them). The cursors are taken here, past skipped
+    ranges, so every stage advances `state.data_cursor` alike (the middle stages read
+    nothing). Split, or with a teacher, the targets are (y, weight, x, *packed): the
+    chunk's weight (trainer/loop.py chunk_weights; 1 unsplit) and the rows the teacher
+    reads on the last stage (`stage_loss`)."""
     from trainer.data import skip_past
+    from trainer.loop import chunk_weights  # here: trainer/loop.py imports this module
 
     cursors = []
     for _ in range(micro_batches):
@@ -254,8 +276,15 @@ def step_batches(batches, state, step: int, micro_batches: int,
         cursors.append(state.data_cursor)
         state.data_cursor += 1
     for cursor in cursors:
-        x, y, *packed = batches.get(cursor, step)
-        yield (_join(x, tuple(packed)), y if teacher is None else (y, x, *packed))
+        tensors = batches.get(cursor, step)
+        chunks = [tensors] if split == 1 else list(zip(*(t.chunk(split) for t in tensors)))
+        weights = chunk_weights([c[1] for c in chunks])
+        for (x, y, *packed), weight in zip(chunks, weights):
+            if weight is None and teacher is None:
+                yield (_join(x, tuple(packed)), y)
+                continue
+            weight = torch.ones(()) if weight is None else weight
+            yield (_join(x, tuple(packed)), (y, weight, x, *packed))
 
 
 def teach(engine, teacher) -> None:
@@ -263,11 +292,7 @@ def teach(engine, teacher) -> None:
     (trainer/teacher.py) on the rows `step_batches` hands it with the targets: the student's
     logits are there, and every rank has loaded the teacher. The other stages' teacher is
     never run: its cost is the last stage's (`last_stages`)."""
-    def distilled(logits: torch.Tensor, targets: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        y, x, *packed = targets
-        return teacher.loss(logits, x, y, **dict(zip(("position_ids", "doc_ids"), packed)))
-
-    engine.module.loss_fn = distilled
+    engine.module.loss_fn = stage_loss(teacher)
 
 
 def last_stages(engine, value: Any) -> Any:
@@ -282,19 +307,19 @@ def last_stages(engine, value: Any) -> Any:
 
 
 def pipeline_forward_backward(engine, batches, state, step: int, micro_batches: int,
-                              teacher: Any = None) -> torch.Tensor:
+                              split: int = 1, teacher: Any = None) -> torch.Tensor:
     """forward_backward's contract (trainer/loop.py) for a pipeline: every micro-batch of
-    `step` forward and backward through the stages, the gradients reduced, no update;
-    returns the sum of the micro-batches' losses as the DP loop's sum would be, from
-    DeepSpeed's mean over the micro-batches and data replicas, which every stage holds."""
-    data = step_batches(batches, state, step, micro_batches, teacher)
+    `step` (each as `split` chunks) forward and backward through the stages, the gradients
+    reduced, no update; returns the sum of the passes' losses as the DP loop's sum would
+    be, from DeepSpeed's mean over the passes and data replicas, which every stage holds."""
+    data = step_batches(batches, state, step, micro_batches, split, teacher)
     if engine.is_first_stage() or engine.is_last_stage():
         mean = engine.train_batch(data)
     else:  # a middle stage reads no batch; the cursors still advance with the step's
         for _ in data:
             pass
         mean = engine.train_batch(iter(()))
-    return mean.detach().float().reshape(()) * micro_batches
+    return mean.detach().float().reshape(()) * (micro_batches * split)
 
 
 def evaluate_pipeline(engine, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> float:

@@ -133,11 +133,35 @@ def test_the_deepspeed_config_and_the_token_count_are_a_pipelines_replicas():
     assert tokens_per_step(spec) == 128 * 2 * 2
 
 
-def test_a_split_micro_batch_is_refused_with_pipelines_naming_the_fix():
-    check_micro_split(tiny_spec(REPO), 2)  # without PP: fine
-    with pytest.raises(BadConfig, match="pipeline engine runs whole") as exc:
-        check_micro_split(tiny_spec(REPO, **PP2), 2)
-    assert exc.value.field == "--micro-split" and "grad_accum" in exc.value.fix
+def test_a_split_micro_batch_reaches_the_last_stage_as_chunks_weighted_as_without_pipelines():
+    """An OOM-adapted run's chunks: each its own pipe micro-batch, its targets carrying
+    the chunk's weight (its share of the scored targets x the chunks), so the weighted
+    chunk losses average to the micro-batch's loss, as trainer/loop.py weighs them."""
+    from trainer.loop import chunk_weights
+    from trainer.pipeline import stage_loss
+
+    check_micro_split(tiny_spec(REPO, **PP2), 2)  # accepted with PP
+    spec = tiny_spec(REPO)
+    x, y, pos, doc = _packed(spec, rows=4)
+    y[0, :] = -100  # the first chunk scores fewer targets than the second
+
+    class Packed:
+        def get(self, cursor: int, step: int):
+            return x, y, pos, doc
+
+    data = list(step_batches(Packed(), TrainState(), step=1, micro_batches=1, split=2))
+    assert len(data) == 2
+    (inputs, targets), _ = data
+    assert inputs[0].shape == (2, spec.model.seq_len) and torch.equal(inputs[0], x[:2])
+    weights = [t[1] for _, t in data]
+    assert torch.equal(torch.stack(weights), torch.stack(chunk_weights([y[:2], y[2:]])))
+    gpt = GPT(spec.model, VOCAB, seed=3)
+    _, whole = gpt(x, y, position_ids=pos, doc_ids=doc)
+    chunked = [stage_loss()(_run_layers(gpt, inputs), targets) for inputs, targets in data]
+    assert torch.allclose(sum(chunked) / 2, whole, rtol=1e-6)
+    # unsplit and without a teacher the targets stay plain
+    ((_, plain),) = step_batches(Packed(), TrainState(), step=1, micro_batches=1)
+    assert plain is y
 
 
 class _Source:
@@ -288,6 +312,24 @@ def test_pp2_training_follows_the_one_rank_trajectory_for_20_steps_within_1e4(tm
 @pytest.mark.soak
 def test_pp2_at_zero_1_follows_the_one_rank_trajectory_for_50_steps_within_1e4(tmp_path):
     _assert_same_trajectory(*_trajectory(tmp_path, 50, zero=1), 50)
+
+
+@pytest.mark.soak
+def test_a_pp2_segment_split_after_an_oom_follows_the_unsplit_one_within_1e4(tmp_path):
+    """`--micro-split 2` (workflows/adapt.py after an OOM) at PP 2: twice the pipe
+    micro-batches of half the rows, the same global batch, the same trajectory."""
+    dataset = make_dataset(tmp_path / "d")
+    out = []
+    for name, extra in (("whole", ()), ("split", ("--micro-split", "2"))):
+        spec = tiny_spec(tmp_path / name, **{**PP2, "train.total_steps": 10,
+                                             "train.checkpoint_every": 10})
+        proc = run_segment(write_spec(spec, tmp_path / f"{name}.json"), dataset, 10,
+                           tmp_path / f"w{name}", world=2, extra=extra)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        out.append(np.array([(s["loss"], s["grad_norm"]) for s in _progress(tmp_path / f"w{name}")]))
+    whole, split = out
+    assert whole.shape == split.shape == (10, 2)
+    assert np.max(np.abs(whole - split) / np.abs(whole)) < 1e-4
 
 
 @pytest.mark.soak
