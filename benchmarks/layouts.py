@@ -26,6 +26,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.resume_exact import skewed_dataset
+from ops.plan import bubble_fraction
 from tests.trainer.helpers import run_segment, tiny_spec, write_spec
 
 # name: (train.layout, data replicas) on WORLD ranks
@@ -37,11 +38,6 @@ MODEL = {"model.d_model": 128, "model.n_layers": 4, "model.n_heads": 4, "model.n
          "model.seq_len": 64, "train.micro_batch_tokens": 512}
 PROFILE_EVERY = 5
 WARMUP = 5  # steps left out of the step time: the first ones share the cores with start-up
-
-
-def bubble_fraction(stages: int, micro_batches: int) -> float:
-    """Pure: 1F1B's idle share of a step, (p - 1) / (m + p - 1); 0 without a pipeline."""
-    return (stages - 1) / (micro_batches + stages - 1)
 
 
 def figures(lines: list[dict], tokens_per_step: int) -> dict:

@@ -250,32 +250,56 @@ def comm_seconds(lay: Layout, inputs: PlanInputs, acc: facts.Accelerator, per_no
             "exposed_s": (1.0 - overlap) * dp_s + tp_s + pp_s}
 
 
+def bubble_fraction(pp: int, micro_batches: float) -> float:
+    """Pure: 1F1B's idle share of a pipeline's step, (p - 1) / (m + p - 1) for p stages and
+    m micro-batches (Narayanan et al. 2021, arXiv 2104.04473, §2.2.1); 0 without one."""
+    return (pp - 1) / (micro_batches + pp - 1) if pp > 1 else 0.0
+
+
+def pipeline_micro_batches(batch_tokens: float, seq_len: int, dp: int) -> float:
+    """A pipeline's micro-batches a step: its share of the batch in micro-batches of one
+    sequence (Megatron-LM's at scale), at least one."""
+    return max(1.0, batch_tokens / (max(dp, 1) * seq_len))
+
+
 def device_mfu(mfu: float, step_flops: float, peak: float, mfu_at: int,
-               exposed_at: float) -> float:
+               exposed_at: float, bubble_at: float = 0.0) -> float:
     """The compute-only MFU behind an end-to-end MFU measured on `mfu_at` accelerators:
-    that step took step_flops/(G₀·peak·mfu), of which `exposed_at` was communication."""
+    that step took step_flops/(G₀·peak·mfu), of which `exposed_at` was communication and a
+    `bubble_at` share of the rest its pipeline's stages idle."""
     step_s = step_flops / (mfu_at * peak * mfu)
-    compute_s = step_s - exposed_at
+    compute_s = (step_s - exposed_at) * (1.0 - bubble_at)
     return min(1.0, step_flops / (mfu_at * peak * compute_s)) if compute_s > 0 else 1.0
 
 
 def scaling(inputs: PlanInputs, acc: facts.Accelerator, lay: Layout, per_node: int,
             layers: int, d_model: int, fpt: float, batch_tokens: float, overlap: float,
-            peak: float, mfu: float, mfu_at: int) -> dict[str, float]:
-    """Step time at G from the compute-only MFU and the exposed communication; the speed-up
-    from one accelerator (no communication) to G and its ratio to linear."""
+            peak: float, mfu: float, mfu_at: int, seq_len: int = facts.SEQ_LEN
+            ) -> dict[str, float]:
+    """Step time at G from the compute-only MFU, the pipeline's bubble and the exposed
+    communication; the speed-up from one accelerator (no communication, no pipeline) to G
+    and its ratio to linear. An MFU measured at the layout (G₀ holds a whole pipeline)
+    already paid that layout's bubble: it is taken out before G's is put back."""
     step_flops = fpt * batch_tokens
     args = (lay, inputs, acc, per_node, layers, d_model, batch_tokens, overlap)
-    at = comm_seconds(*args, accelerators=mfu_at)
-    dev_mfu = device_mfu(mfu, step_flops, peak, mfu_at, at["exposed_s"])
     g = inputs.accelerators
+
+    def bubble(accelerators: int) -> float:
+        whole = accelerators >= lay.tp * lay.pp  # else the measurement ran the model whole
+        dp = accelerators // (lay.tp * lay.pp)
+        return bubble_fraction(lay.pp, pipeline_micro_batches(batch_tokens, seq_len, dp)) \
+            if whole else 0.0
+
+    at = comm_seconds(*args, accelerators=mfu_at)
+    dev_mfu = device_mfu(mfu, step_flops, peak, mfu_at, at["exposed_s"], bubble(mfu_at))
     comm = comm_seconds(*args, accelerators=g)
-    compute_s = step_flops / (g * peak * dev_mfu)
+    idle = bubble(g)
+    compute_s = step_flops / (g * peak * dev_mfu) / (1.0 - idle)
     step_s = compute_s + comm["exposed_s"]
     one_s = step_flops / (peak * dev_mfu)
-    return {"device_mfu": dev_mfu, "compute_s": compute_s, **comm, "step_s": step_s,
-            "mfu": step_flops / (g * peak * step_s), "speedup": one_s / step_s,
-            "linear_ratio": one_s / step_s / g}
+    return {"device_mfu": dev_mfu, "compute_s": compute_s, "bubble_fraction": idle,
+            **comm, "step_s": step_s, "mfu": step_flops / (g * peak * step_s),
+            "speedup": one_s / step_s, "linear_ratio": one_s / step_s / g}
 
 
 def goodput_model(inputs: PlanInputs, mtbf_hours: float, checkpoint_s: float,
@@ -339,7 +363,7 @@ def plan(inputs: PlanInputs) -> dict:
     fpt = flops_per_token(inputs.params, layers, d_model, seq)
     lay = choose_layout(inputs, acc, per_node)
     scale_args = (inputs, acc, lay, per_node, layers, d_model, fpt, batch, overlap, peak)
-    mid, slow, fast = (scaling(*scale_args, m, mfu_at) for m in (mfu, lo, hi))
+    mid, slow, fast = (scaling(*scale_args, m, mfu_at, seq) for m in (mfu, lo, hi))
     good = goodput_model(inputs, mtbf, ckpt, restart)
     total = fpt * inputs.tokens
 

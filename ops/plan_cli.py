@@ -132,7 +132,9 @@ def render(p: dict) -> str:
         f"peak, MFU     {c['peak_tflops']:g} TFLOP/s; MFU {c['mfu']:.3f} (range "
         f"{c['mfu_range'][0]:.3f}-{c['mfu_range'][1]:.3f}) measured on {c['mfu_at']}",
         f"layout        {lay['name']} TP {lay['tp']} x PP {lay['pp']} x DP {lay['dp']} ({lay['why']})",
-        f"step          {s['step_s']:.3g} s: compute {s['compute_s']:.3g} s + exposed "
+        f"step          {s['step_s']:.3g} s: compute {s['compute_s']:.3g} s"
+        + (f" (of it the pipeline's bubble {s['bubble_fraction']:.1%}, 1F1B)"
+           if s["bubble_fraction"] else "") + " + exposed "
         f"communication {s['exposed_s']:.3g} s (DP {s['dp_s']:.3g}, TP {s['tp_s']:.3g}, "
         f"PP {s['pp_s']:.3g} s)",
         f"scaling       speed-up {s['speedup']:.1f}x from 1 to {p['inputs']['accelerators']}; "

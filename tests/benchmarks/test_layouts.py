@@ -1,18 +1,11 @@
-"""benchmarks/layouts.py's arithmetic: 1F1B's bubble, and a segment's steady step time taken
-from its progress lines without the warm-up or the profiled steps."""
+"""benchmarks/layouts.py's arithmetic: a segment's steady step time taken from its progress
+lines without the warm-up or the profiled steps (the bubble is ops/plan.py's, tested there)."""
 
 from __future__ import annotations
 
 import pytest
 
-from benchmarks.layouts import WARMUP, bubble_fraction, figures
-
-
-def test_the_bubble_is_1f1bs_idle_share_of_a_step():
-    assert bubble_fraction(1, 4) == 0.0  # no pipeline, no bubble
-    assert bubble_fraction(2, 4) == pytest.approx(1 / 5)
-    assert bubble_fraction(4, 8) == pytest.approx(3 / 11)  # Narayanan et al.: (p-1)/(m+p-1)
-    assert bubble_fraction(4, 4) > bubble_fraction(4, 16)  # more micro-batches, less idle
+from benchmarks.layouts import WARMUP, figures
 
 
 def test_the_step_time_leaves_out_the_warm_up_and_the_profiled_steps():

@@ -16,12 +16,14 @@ from ops.plan import (
     PlanInputs,
     available_interval,
     badput,
+    bubble_fraction,
     chinchilla_tokens,
     cpu_share,
     dp_speedup,
     flops_per_token,
     goodput_model,
     grad_sync_bytes,
+    pipeline_micro_batches,
     plan,
     pp_bytes,
     ring_allreduce_bytes,
@@ -367,3 +369,33 @@ def test_mfu_from_run_beside_mfu_or_of_a_run_not_there_is_exit_2(capsys):
     assert "bad config: --mfu-from-run" in capsys.readouterr().err
     assert cli([*base, "--mfu-from-run", "no-such-run"]) == 2
     assert "bad config: --mfu-from-run" in capsys.readouterr().err
+
+
+def test_the_pipeline_bubble_is_1f1bs_idle_share_worked_by_hand():
+    assert bubble_fraction(1, 8) == 0.0
+    assert bubble_fraction(4, 8) == pytest.approx(3 / 11)  # (p-1)/(m+p-1)
+    assert bubble_fraction(8, 64) == pytest.approx(7 / 71)
+    # 4M tokens of 4,096-token sequences over 8 data-parallel pipelines: 122 each
+    assert pipeline_micro_batches(4e6, 4096, 8) == pytest.approx(4e6 / 4096 / 8)
+    assert pipeline_micro_batches(4096, 4096, 8) == 1.0  # at least one
+
+
+def test_a_pipelines_bubble_stretches_the_compute_of_g_not_of_one_accelerator():
+    # 70B over 64 H100s at TP 8 x PP 4 (dp 2), 4M-token steps of 4,096-token sequences:
+    # each pipeline runs 2M tokens = 488 micro-batches of one sequence, bubble 3/491
+    base = dict(params=7e10, tokens=1e12, accelerators=64, accelerator="h100", hour_price=2.0,
+                layout="zero1", tp=8, pp=4, mfu=0.5, mfu_at=1, layers=80, d_model=8192,
+                seq_len=4096, batch_tokens=4e6, goodput=1.0)
+    s = plan(PlanInputs(**base))["scaling"]
+    m = 4e6 / 4096 / 2
+    assert s["bubble_fraction"] == pytest.approx(3 / (m + 3))
+    step_flops = flops_per_token(7e10, 80, 8192, 4096) * 4e6
+    assert s["compute_s"] == pytest.approx(step_flops / (64 * 989e12 * 0.5) / (1 - 3 / (m + 3)))
+    # smaller steps, fewer micro-batches: a larger bubble, a slower step
+    small = plan(PlanInputs(**{**base, "batch_tokens": 65536}))["scaling"]
+    assert small["bubble_fraction"] == pytest.approx(3 / (8 + 3))  # 16 sequences, 8 each
+    # an MFU measured at the layout already paid its bubble: taken out, then put back, the
+    # step's compute is what that MFU says
+    at_g = plan(PlanInputs(**{**base, "batch_tokens": 65536, "mfu_at": 64}))["scaling"]
+    assert at_g["compute_s"] + at_g["exposed_s"] == pytest.approx(
+        flops_per_token(7e10, 80, 8192, 4096) * 65536 / (64 * 989e12 * 0.5))
