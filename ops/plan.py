@@ -134,6 +134,7 @@ class PlanInputs:
     mfu_low: float | None = None
     mfu_high: float | None = None
     mfu_source: str | None = None
+    mfu_from: str = "--mfu-from-run"  # the flag that measured it
     peak_tflops: float | None = None
     layout: str = "auto"
     tp: int = 1
@@ -334,7 +335,7 @@ def plan(inputs: PlanInputs) -> dict:
     peak = pick("--peak-tflops", inputs.peak_tflops, acc.peak_tflops, acc.peak_source) * 1e12
     mfu = pick("--mfu", inputs.mfu, acc.mfu, acc.mfu_source)
     if inputs.mfu_source:  # measured, not a default, but it prints with its source like one
-        defaults.append({"input": "--mfu-from-run", "value": mfu, "source": inputs.mfu_source})
+        defaults.append({"input": inputs.mfu_from, "value": mfu, "source": inputs.mfu_source})
     # An MFU measured on one accelerator is compute only: the layout's communication at G is
     # added to it. One published at scale is end to end already (a different model's, at a
     # different G): it is taken as the planned run's, as is --mfu unless --mfu-at says where.

@@ -4,6 +4,7 @@ fix), and the plan as text or one JSON object (ops/plan.py computes it)."""
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 
@@ -68,21 +69,61 @@ def inputs_from(args: argparse.Namespace) -> PlanInputs:
                       **fractions, **measured)
 
 
-def measured_mfu(args: argparse.Namespace, fractions: dict, ints: dict, real: dict) -> dict:
-    """--mfu-from-run: the recorded run's MFU, its range and source, measured on the run's
-    accelerators (unless --mfu-at says otherwise), against the run's configured peak
-    (unless --peak-tflops does). Sets those in `fractions`, `ints` and `real`."""
-    if not getattr(args, "mfu_from_run", None):
-        return {}
-    if fractions["mfu"] is not None:
-        raise BadConfig("--mfu-from-run", "given with --mfu", "give one of the two")
-    from ops.plan_run import mfu_from_run
+def throughput_mfu(path: str) -> dict:
+    """--mfu-from-throughput: the MFU `benchmarks/throughput.py` measured (its JSON line,
+    the last `throughput` figure in the file: a gpu_check.jsonl holds several), on one
+    accelerator, against the peak it used; the file's MFU spread is its step times'."""
+    flag = "--mfu-from-throughput"
+    try:
+        text = open(path, encoding="utf-8").read()
+    except OSError as exc:
+        raise BadConfig(flag, f"cannot read {path}: {exc.strerror}",
+                        "give the file benchmarks/throughput.py's JSON line was saved to") from None
+    lines = []
+    for raw in text.splitlines():
+        try:
+            line = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(line, dict) and line.get("figure") == "throughput" and line.get("mfu"):
+            lines.append(line)
+    if not lines:
+        raise BadConfig(flag, f"{path} holds no throughput figure with an MFU",
+                        "run benchmarks/throughput.py and save its JSON line to the file")
+    got = lines[-1]
+    fastest, slowest = got.get("step_time_spread") or [got["step_time_s"]] * 2
+    scale = got["step_time_s"]
+    return {"mfu": got["mfu"], "at": 1, "peak_tflops": got["peak_tflops"],
+            "low": got["mfu"] * scale / slowest, "high": got["mfu"] * scale / fastest,
+            "source": f"benchmarks/throughput.py on {got.get('device', '?')} (model "
+                      f"{got.get('model', '?')}, {got.get('rows', '?')} rows, against "
+                      f"{got.get('peak_source', '?')})"}
 
-    got = mfu_from_run(args.store, args.mfu_from_run)
+
+def measured_mfu(args: argparse.Namespace, fractions: dict, ints: dict, real: dict) -> dict:
+    """--mfu-from-run / --mfu-from-throughput: a measured MFU, its range and source,
+    measured on the run's accelerators (the benchmark's one) unless --mfu-at says
+    otherwise, against the peak it was measured against unless --peak-tflops says
+    otherwise. Sets those in `fractions`, `ints` and `real`."""
+    run, bench = getattr(args, "mfu_from_run", None), getattr(args, "mfu_from_throughput", None)
+    if not (run or bench):
+        return {}
+    flag = "--mfu-from-run" if run else "--mfu-from-throughput"
+    if run and bench:
+        raise BadConfig(flag, "given with --mfu-from-throughput", "give one of the two")
+    if fractions["mfu"] is not None:
+        raise BadConfig(flag, "given with --mfu", "give one of the two")
+    if run:
+        from ops.plan_run import mfu_from_run
+
+        got = mfu_from_run(args.store, run)
+    else:
+        got = throughput_mfu(bench)
     fractions["mfu"] = got["mfu"]
     ints["mfu_at"] = ints["mfu_at"] or got["at"]
     real["peak_tflops"] = real["peak_tflops"] or got["peak_tflops"]
-    return {"mfu_low": got["low"], "mfu_high": got["high"], "mfu_source": got["source"]}
+    return {"mfu_low": got["low"], "mfu_high": got["high"], "mfu_source": got["source"],
+            "mfu_from": flag}
 
 
 def fraction(flag: str, text: str | None) -> float | None:
@@ -177,6 +218,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--mfu-from-run", metavar="RUN",
                    help="take the MFU a recorded run measured (its train_metrics windows; "
                         "its accelerators and configured peak) from --store")
+    p.add_argument("--mfu-from-throughput", metavar="FILE",
+                   help="take the MFU benchmarks/throughput.py measured on one accelerator "
+                        "(its JSON line saved to FILE; a gpu_check.jsonl works)")
     p.add_argument("--peak-tflops", help="dense bf16 peak per accelerator")
     p.add_argument("--layout", default="auto", choices=LAYOUTS)
     p.add_argument("--tp", help="tensor-parallel degree")

@@ -399,3 +399,34 @@ def test_a_pipelines_bubble_stretches_the_compute_of_g_not_of_one_accelerator():
     at_g = plan(PlanInputs(**{**base, "batch_tokens": 65536, "mfu_at": 64}))["scaling"]
     assert at_g["compute_s"] + at_g["exposed_s"] == pytest.approx(
         flops_per_token(7e10, 80, 8192, 4096) * 65536 / (64 * 989e12 * 0.5))
+
+
+def test_plan_takes_its_mfu_from_the_throughput_benchmarks_line(tmp_path, capsys):
+    # what benchmarks/throughput.py prints (a gpu_check.jsonl holds other figures around it)
+    line = {"figure": "throughput", "value": 3000.0, "step_time_s": 0.5, "mfu": 0.4,
+            "peak_tflops": 0.2, "peak_source": "measured:matmul_probe", "device": "cpu",
+            "model": "tiny", "rows": "packed", "step_time_spread": [0.4, 1.0]}
+    saved = tmp_path / "gpu_check.jsonl"
+    saved.write_text('{"figure": "packed_attention_exact", "ok": true}\nnot json\n'
+                     + json.dumps(line) + "\n")
+    base = ["plan", "--params", "1B", "--tokens", "20B", "--accelerators", "8",
+            "--accelerator", "cpu", "--hour-price", "1"]
+    assert cli([*base, "--mfu-from-throughput", str(saved), "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["compute"]["mfu"] == 0.4 and got["compute"]["mfu_at"] == 1
+    assert got["compute"]["peak_tflops"] == 0.2
+    # the spread of its step times: 0.5 s median, 0.4 fastest, 1.0 slowest
+    assert got["compute"]["mfu_range"] == [pytest.approx(0.2), pytest.approx(0.5)]
+    [source] = [d for d in got["defaults"] if d["input"] == "--mfu-from-throughput"]
+    assert "benchmarks/throughput.py on cpu" in source["source"]
+    # beside --mfu or --mfu-from-run, an unreadable file, a file with no figure: exit 2
+    for extra, words in ((["--mfu", "0.3"], "given with --mfu"),
+                         (["--mfu-from-run", "map-run", "--store", STORE], "given with"),
+                         ([], None)):
+        target = str(saved) if words else str(tmp_path / "missing.jsonl")
+        assert cli([*base, "--mfu-from-throughput", target, *extra]) == 2
+        err = capsys.readouterr().err
+        assert "--mfu-from" in err and (words or "cannot read") in err
+    (tmp_path / "other.jsonl").write_text('{"figure": "resume_exact", "value": 0.0}\n')
+    assert cli([*base, "--mfu-from-throughput", str(tmp_path / "other.jsonl")]) == 2
+    assert "no throughput figure" in capsys.readouterr().err
