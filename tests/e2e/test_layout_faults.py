@@ -1,12 +1,13 @@
 """The faulted run under tensor and under pipeline parallelism, through the real workflow: a
 rank SIGKILLed mid-segment is restarted in place from the last commit (the layout's every
-rank file resumed: TP shards, PP layer files), then a window of corrupted batches is a
-sustained spike rolled back past, and the run ends with no commit lost. Real Temporal dev
+rank file resumed: TP shards, PP layer files), then a rank SIGSTOPped is found hung and
+restarted the same way, then a window of corrupted batches is a sustained spike rolled back
+past, and the run ends with no commit lost. Real Temporal dev
 server, real workers, DeepSpeed children on gloo, two ranks: TP 2 (one replica of two
 shards) and PP 2 (one pipeline of two stages).
 
-What each fault does under data parallelism is test_lost_rank.py's and
-test_spike_escalation.py's (default suite); these are their layouts' versions, about a
+What each fault does under data parallelism is test_lost_rank.py's, test_hung_rank.py's
+and test_spike_escalation.py's (default suite); these are their layouts' versions, about a
 minute each: soak."""
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from tests.e2e.test_hung_rank import HUNG, MID_SEGMENT
 pytestmark = [pytest.mark.e2e, pytest.mark.soak]
 
 LAYOUTS = {"tp2": {"tp": 2, "pp": 1, "zero": 0}, "pp2": {"tp": 1, "pp": 2, "zero": 0}}
-CORRUPT_AT = 45  # after the strike window (22-32) and its recovery
+HANG_AT = (38, 46)  # after the kill's window (22-32) and its recovery from step 20 or 30
+CORRUPT_AT = 52  # after the hang's recovery
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
@@ -40,19 +42,25 @@ def test_a_killed_rank_and_a_spike_are_recovered_under_the_layout(
                                     "steps": 4}]})
     chaos = chaos_for(fleet_factory(), spec)
     runner, box = run_in_background(temporal_server.address, spec, 400)
-    killed = strike(chaos, spec, "kill_rank", *MID_SEGMENT)
-    fault = first_fault(spec, "rank_lost")
-    committed_at_fault = chaos.durable.list_committed()
-    resume_from = newest_commit_at_or_before(spec, fault["payload"]["last_step"])
+    struck, committed_at_fault = {}, set()
+    for kind, window, seen in (("kill_rank", MID_SEGMENT[1], "rank_lost"),
+                               ("hang", HANG_AT, "hang")):
+        done = strike(chaos, spec, kind, MID_SEGMENT[0], window)
+        fault = first_fault(spec, seen)
+        committed_at_fault |= set(chaos.durable.list_committed())
+        struck[seen] = (done, fault, newest_commit_at_or_before(
+            spec, fault["payload"]["last_step"]))
     runner.join(400)
     assert box.get("result", {}).get("status") == "completed", box
-    assert fault["payload"]["rank"] == killed["rank"]
     events = read_events(spec.storage.durable, spec.run_id)
-    [recovered] = [e["payload"] for e in events if e["kind"] == "recovered"
-                   and e["payload"]["fault_event_id"] == fault["event_id"]]
-    assert recovered["resumed_step"] == resume_from, recovered
+    for seen, (done, fault, resume_from) in struck.items():
+        assert fault["payload"]["rank"] == done["rank"], (seen, fault["payload"])
+        [recovered] = [e["payload"] for e in events if e["kind"] == "recovered"
+                       and e["payload"]["fault_event_id"] == fault["event_id"]]
+        assert recovered["resumed_step"] == resume_from, (seen, recovered)
+        assert recovered["in_place"], (seen, recovered)  # no Temporal retry, no cold start
     final = chaos.durable.list_committed()  # no commit lost, every one the run should have
-    assert set(committed_at_fault) <= set(final)
+    assert committed_at_fault <= set(final)
     assert final == list(range(0, spec.train.total_steps + 1, spec.train.checkpoint_every))
     # the corrupted window: a sustained spike, rolled back to a commit before its onset
     rollbacks = [e["payload"] for e in events if e["kind"] == "rollback"]
