@@ -8,6 +8,8 @@ state, train state; with TP every rank's shard file, with PP every layer's file)
     dp      world size 1 / ZeRO 0 and world size 2 / ZeRO 2 (the default)
     tp2     TP 2 on two ranks (one data replica, train.layout {tp: 2}) at ZeRO 0 and ZeRO 2
     tp2dp2  TP 2 x DP 2 on four ranks of one host (two replicas of two shards), ZeRO 2
+    tp2dp2-hosts  the same as two torchrun nodes of two ranks in two network namespaces
+            (TP inside a host, DP across; benchmarks/resume_hosts.py; needs root)
     pp2     PP 2 on two ranks (one pipeline, train.layout {pp: 2}, 2 micro-batches a step)
             at ZeRO 0 and ZeRO 1
 
@@ -23,6 +25,7 @@ import json
 import sys
 import tempfile
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +44,9 @@ VOCAB = 512
 # --layout: (world size, ZeRO stage, TP degree[, PP degree]) of each configuration measured
 LAYOUTS = {"dp": ((1, 0, 1), (2, 2, 1)), "tp2": ((2, 0, 2), (2, 2, 2)),
            "tp2dp2": ((4, 2, 2),), "pp2": ((2, 0, 1, 2), (2, 1, 1, 2))}
+# (world, ZeRO, TP, PP, nodes): world // nodes ranks on each of `nodes` torchrun nodes, one
+# per network namespace host (benchmarks/resume_hosts.py)
+LAYOUTS["tp2dp2-hosts"] = ((4, 2, 2, 1, 2),)
 LAYER_FILE = "layer_"  # a pipeline's weights: one file per layer (trainer/pipeline.py)
 
 
@@ -70,23 +76,36 @@ def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
                 for k in a if a[k].is_floating_point()), default=0.0)
 
 
-def compare(root: Path, dataset: str, world: int, zero: int, tp: int = 1, pp: int = 1) -> dict:
+def compare(root: Path, dataset: str, world: int, zero: int, tp: int = 1, pp: int = 1,
+            nodes: int = 1) -> dict:
     root.mkdir(parents=True, exist_ok=True)
-    over = {"train.procs_per_node": world, "train.zero_stage": zero, "train.packing": True}
+    over = {"train.procs_per_node": world // nodes, "train.zero_stage": zero,
+            "train.packing": True}
+    if nodes > 1:
+        over["train.nodes"] = nodes
     if tp > 1 or pp > 1:
         over["train.layout"] = {"tp": tp, "pp": pp, "zero": zero}
     if pp > 1:  # 1F1B needs at least as many micro-batches as stages
         over["train.grad_accum"] = pp
-    runs = {}
-    for name in ("straight", "resumed"):
-        spec = write_spec(tiny_spec(root / name, **over), root / f"{name}.json")
-        plan = [(STEPS, 1)] if name == "straight" else [(STEPS // 2, 1), (STEPS, 2)]
-        for to_step, attempt in plan:
-            proc = run_segment(spec, dataset, to_step, root / f"w-{name}-{to_step}", world=world,
-                               attempt=attempt)
-            if proc.returncode != 0:
-                raise SystemExit(proc.stderr[-4000:])
-        runs[name] = root / name / "runs" / "t" / "checkpoints" / f"step-{STEPS:09d}"
+    runs, hosts = {}, {}
+    with launcher(nodes) as launch:
+        for name in ("straight", "resumed"):
+            spec = write_spec(tiny_spec(root / name, **over), root / f"{name}.json")
+            plan = [(STEPS, 1)] if name == "straight" else [(STEPS // 2, 1), (STEPS, 2)]
+            for to_step, attempt in plan:
+                proc = launch(spec, dataset, to_step, root / f"w-{name}-{to_step}",
+                              world=world, attempt=attempt)
+                if proc.returncode != 0:
+                    raise SystemExit(proc.stderr[-4000:])
+                if nodes > 1:  # every node restored the half-way commit (a resume, not a rerun)
+                    starts = json.loads(proc.stdout)["resumed_from"]
+                    hosts.setdefault("resumed_from", {})[f"{name}-{to_step}"] = starts
+                    if starts != [None if to_step == plan[0][0] else STEPS // 2] * nodes:
+                        raise SystemExit(f"{name} to step {to_step} started from {starts}")
+            runs[name] = root / name / "runs" / "t" / "checkpoints" / f"step-{STEPS:09d}"
+            if nodes > 1:  # which node wrote which rank's files: TP inside a host, DP across
+                from benchmarks.resume_hosts import check_tp_inside_hosts
+                hosts[name] = check_tp_inside_hosts(runs[name], tp, world // nodes, nodes)
     weights, other, n_weights, n_all = 0.0, 0.0, 0, 0
     load = lambda p: flat_tensors(safe_torch_load(p, map_location="cpu"))  # noqa: E731
     files = sorted(p.name for p in runs["straight"].glob("*.pt"))
@@ -108,7 +127,15 @@ def compare(root: Path, dataset: str, world: int, zero: int, tp: int = 1, pp: in
     return {"world_size": world, "zero_stage": zero, "tp": tp, "pp": pp, "files": files,
             "max_abs_weight_diff": weights,
             "max_abs_state_diff": other, "weight_tensors": n_weights, "tensors": n_all,
-            "control_weight_change_resume_to_end": moved}
+            "control_weight_change_resume_to_end": moved, **({"hosts": hosts} if hosts else {})}
+
+
+def launcher(nodes: int):
+    """run_segment on this host, or (nodes > 1) a context of `nodes` namespace hosts."""
+    if nodes == 1:
+        return nullcontext(run_segment)
+    from benchmarks.resume_hosts import namespace_hosts
+    return namespace_hosts(nodes)
 
 
 def main() -> None:
@@ -120,8 +147,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         dataset = skewed_dataset(root)
-        configs = [compare(root / f"w{w}z{z}t{t}p{p}", dataset, w, z, t, p)
-                   for w, z, t, p in (c + (1,) * (4 - len(c)) for c in LAYOUTS[layout])]
+        configs = [compare(root / f"w{w}z{z}t{t}p{p}", dataset, w, z, t, p, n)
+                   for w, z, t, p, n in (c + (1,) * (5 - len(c)) for c in LAYOUTS[layout])]
     # value: weights (mp_rank_00_model_states.pt "module", a pipeline's layer files);
     # max_abs_state_diff also covers
     # the optimizer files and train_state (RNGs, cursor).
