@@ -35,6 +35,7 @@ from ops.report_map import (
     accelerators,
     dataset_stats,
     hour_price,
+    layout_of,
     priced,
     training_map,
     trials_of,
@@ -404,7 +405,7 @@ def training_map_of(durable_url: str, run_id: str, events: list[dict], spans: li
     count, count_from = accelerators(spec, spans)
     return training_map(events, from_record(events, spans), stats=stats, stats_source=source,
                         trials=trials_of(events, curves), accelerators=count,
-                        accelerators_from=count_from, price=price)
+                        accelerators_from=count_from, price=price, layout=layout_of(spec))
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -217,7 +217,27 @@ def fault_lines(faults: list[dict]) -> list[str]:
             + (f" @ step {e['step']}" if e["step"] is not None else "") for e in faults]
 
 
-def train_box(events: list[dict], rec: dict, faults: list[dict]) -> tuple[list[str], dict]:
+def layout_of(spec: dict | None) -> dict | None:
+    """Pure: how the run's spec laid the model across its ranks, and why, for the training
+    box: {tp, pp, dp, zero, ranks, why}; None without a stored spec."""
+    train = (spec or {}).get("train")
+    if not train:
+        return None
+    ranks = int(train.get("nodes", 1)) * int(train.get("procs_per_node", 1))
+    zero, layout = int(train.get("zero_stage", 0)), train.get("layout", "dp")
+    tp, pp = (int(layout.get("tp", 1)), int(layout.get("pp", 1))) \
+        if isinstance(layout, dict) else (1, 1)
+    dp = ranks // (tp * pp)
+    why = ["TP shards inside a node"] if tp > 1 else []
+    why += ["PP stages, 1F1B"] if pp > 1 else []
+    why += [f"{dp} replica{'s' if dp != 1 else ''}, ZeRO {zero}"]
+    return {"tp": tp, "pp": pp, "dp": dp, "zero": zero, "ranks": ranks,
+            "why": " · ".join(why) + (' (train.layout "dp")' if layout == "dp"
+                                      else " (train.layout)")}
+
+
+def train_box(events: list[dict], rec: dict, faults: list[dict],
+              layout: dict | None = None) -> tuple[list[str], dict]:
     p = stage_payload(events, "train")
     starts = of_kind(events, "segment_started")
     injected = [e for e in faults if e["payload"].get("injected")]
@@ -240,8 +260,12 @@ def train_box(events: list[dict], rec: dict, faults: list[dict]) -> tuple[list[s
            "holds": sum(map(holds, of_kind(events, "paused", "needs_attention"))),
            "checkpoints": len(of_kind(events, "checkpoint_committed")),
            "steps_replayed": rec["steps"]["replayed"], "goodput": rec["train"]["goodput"]}
-    lines = [f"steps 0 → {fig['final_step']}",
-             f"segments: {fig['segments']} ({fig['launches']} launches)",
+    lines = [f"steps 0 → {fig['final_step']}"]
+    if layout:
+        fig["layout"] = layout
+        lines += [f"layout: TP {layout['tp']} × PP {layout['pp']} × DP {layout['dp']} on "
+                  f"{layout['ranks']} ranks", f"   {layout['why']}"]
+    lines += [f"segments: {fig['segments']} ({fig['launches']} launches)",
              f"faults: {fig['faults']} ({fig['faults_injected']} injected, "
              f"{fig['faults_detected']} detected)"]
     lines += fault_lines(faults)
@@ -350,14 +374,14 @@ def trials_of(events: list[dict], curves: dict[str, list[tuple[int, float]]]) ->
 
 def training_map(events: list[dict], rec: dict, *, stats: dict, stats_source: str,
                  trials: list[Trial], accelerators: int, accelerators_from: str,
-                 price: float) -> TrainingMap:
+                 price: float, layout: dict | None = None) -> TrainingMap:
     """The boxes, trials and cost of a run from its records (ops/report.build_report)."""
     windows = stage_windows(events, rec["end_ts"])
     faults = {stage: [e for e in of_kind(events, "fault")
                       if stage_of(e["ts"], windows) == stage] for stage in STAGES}
     made = {"prepare_data": data_box(stats, stats_source, events),
             "warmup_sweep": sweep_box(events, trials),
-            "train": train_box(events, rec, faults["train"]),
+            "train": train_box(events, rec, faults["train"], layout),
             "evaluate": eval_box(events), "promote": promote_box(events)}
     lines, teacher = teacher_lines(events)  # a student run: its teacher's cost
     if teacher:

@@ -19,7 +19,7 @@ import pytest
 from common.errors import BadConfig
 from ops.goodput import BADPUT_CAUSES, from_record
 from ops.report import build_report, loss_series, training_map_of
-from ops.report_map import COST_GROUPS, OTHER, hour_price
+from ops.report_map import COST_GROUPS, OTHER, hour_price, layout_of
 from spec import RunSpec
 from storage.dataset import load_manifest, manifest_url
 from storage.events import read_events
@@ -119,6 +119,24 @@ def test_training_box_fault_rollback_and_skip_counts_equal_the_event_log(record)
     assert f"rollbacks: {len(rollbacks)} ({fig['rollback_lost_steps']} steps lost)" in lines
     for e in faults:
         assert f"   {e['payload']['kind']} @ step {e['step']}" in lines
+
+
+def test_the_training_box_shows_the_runs_layout_from_its_stored_spec(record):
+    # the recorded run: two data-parallel ranks, ZeRO 0
+    train = box(tmap_of(record), "train")
+    assert train.figures["layout"] == {"tp": 1, "pp": 1, "dp": 2, "zero": 0, "ranks": 2,
+                                       "why": '2 replicas, ZeRO 0 (train.layout "dp")'}
+    assert "layout: TP 1 × PP 1 × DP 2 on 2 ranks" in train.lines
+
+
+def test_a_layout_says_how_the_ranks_split_and_why():
+    tp_dp = layout_of({"train": {"nodes": 2, "procs_per_node": 2, "zero_stage": 2,
+                                 "layout": {"tp": 2, "pp": 1, "zero": 2}}})
+    assert (tp_dp["tp"], tp_dp["pp"], tp_dp["dp"], tp_dp["ranks"]) == (2, 1, 2, 4)
+    assert tp_dp["why"] == "TP shards inside a node · 2 replicas, ZeRO 2 (train.layout)"
+    pp = layout_of({"train": {"procs_per_node": 2, "layout": {"tp": 1, "pp": 2, "zero": 0}}})
+    assert pp["why"] == "PP stages, 1F1B · 1 replica, ZeRO 0 (train.layout)"
+    assert layout_of(None) is None and layout_of({"run_id": "x"}) is None
 
 
 def test_sweep_box_and_plot_carry_every_trial_the_lowest_loss_best(record):
