@@ -32,6 +32,22 @@ WORKER_PID_ENV = "MAINSPRING_WORKER_PID"
 RANK_NAME = "ms-rank-{}"
 # The node a trainer worker is (`mainspring worker --node`), for its children.
 NODE_ENV = "MAINSPRING_NODE"
+# How many jobs the trainer worker runs at once (`mainspring worker --trainer-slots`), for
+# its children: they share the machine's cores (`torch_threads`).
+SLOTS_ENV = "MAINSPRING_TRAINER_SLOTS"
+
+
+def torch_threads(environ: Mapping[str, str], cores: int, ranks: int) -> int:
+    """Pure: a child's torch threads: OMP_NUM_THREADS where the operator set it, else its
+    share of the cores among its `ranks` and the trainer worker's concurrent jobs (each a
+    core at least). More threads than cores make OpenMP's workers spin against each other:
+    two 2-thread trials on 2 cores ran their steps ~10x slower than one thread each."""
+    given = environ.get("OMP_NUM_THREADS", "").strip()
+    if given.isdigit() and int(given) > 0:
+        return int(given)
+    slots = environ.get(SLOTS_ENV, "").strip()
+    jobs = int(slots) if slots.isdigit() and int(slots) > 0 else 1
+    return max(1, cores // (max(1, ranks) * jobs))
 
 
 def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:

@@ -29,6 +29,7 @@ from activities.contracts import (
 from activities.supervise import child_env
 from common import telemetry
 from common.metrics import serve_metrics, serve_temporal_metrics
+from common.procs import SLOTS_ENV
 from ops.client import connect
 from storage.spans import DurableSpanExporter
 
@@ -145,6 +146,8 @@ async def run_workers(roles: set[str], address: str = "", namespace: str = "",
     server_watch.configure(client.service_client.config)  # its segments probe this server
     nodes.configure(node, fast_root)
     workers = build_workers(client, roles, trainer_slots, drain_timeout_s, node)
+    if roles & {"trainer", "all"}:  # its children share the cores among its slots
+        os.environ[SLOTS_ENV] = str(trainer_slots)
     if standby_launcher and roles & {"trainer", "all"}:
         standby.warm(child_env)  # a trainer launcher ready before a segment comes
     stop = asyncio.Event()

@@ -34,6 +34,7 @@ import structlog
 import torch
 
 from common.errors import BadConfig, BadData
+from common.procs import torch_threads
 from storage.checkpoints import CheckpointStore, CorruptCheckpoint, emit_corrupt, step_dir
 from storage.dataset import load_manifest, read_split
 from storage.events import EventLog
@@ -240,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     error_path = os.path.join(args.workdir, "error.json")
     if os.path.exists(error_path):
         os.unlink(error_path)
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 0) or (os.cpu_count() or 1))
+    torch.set_num_threads(torch_threads(os.environ, os.cpu_count() or 1, ranks=1))
     return run_classified("evaluate", args.workdir,
                           lambda: write_json(args.out, run_evaluate(args)))
 

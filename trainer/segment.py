@@ -22,7 +22,7 @@ import signal
 import sys
 
 from common.parentage import parent_of
-from common.procs import WORKER_PID_ENV, set_parent_death_signal
+from common.procs import WORKER_PID_ENV, set_parent_death_signal, torch_threads
 
 
 def die_with_parent() -> None:
@@ -153,8 +153,7 @@ def run_segment(args: SegmentArgs, rank: int, world: int) -> None:
         return
 
     ctx.prefetch_events(STARTUP_EVENTS)
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 0)
-                          or max(1, (os.cpu_count() or 1) // world))
+    torch.set_num_threads(torch_threads(os.environ, os.cpu_count() or 1, world))
     import deepspeed
 
     deepspeed.utils.logger.setLevel("WARNING")
