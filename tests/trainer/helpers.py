@@ -84,3 +84,17 @@ def run_rank_module(module: str, *args: str) -> dict:
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(lines[-1][len("RESULT "):])
+
+
+def resumed_at_another_layout_error(tmp_path: Path, written: dict, resumed: dict) -> str:
+    """A 2-rank segment at the `written` overrides to step 4, then the same run resumed at
+    the `resumed` ones (one rank) to step 8: that launch's error.json, as text (it must
+    fail: a checkpoint resumes only at the layout it was written at)."""
+    dataset = make_dataset(tmp_path / "data")
+    proc = run_segment(write_spec(tiny_spec(tmp_path / "store", **written), tmp_path / "w.json"),
+                       dataset, 4, tmp_path / "w1", world=2)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    proc = run_segment(write_spec(tiny_spec(tmp_path / "store", **resumed), tmp_path / "r.json"),
+                       dataset, 8, tmp_path / "w2", attempt=2)
+    assert proc.returncode != 0
+    return json.dumps(json.loads((tmp_path / "w2" / "error.json").read_text()))

@@ -20,6 +20,7 @@ from tests.trainer.helpers import (
     REPO,
     VOCAB,
     make_dataset,
+    resumed_at_another_layout_error,
     run_segment,
     tiny_spec,
     write_spec,
@@ -395,15 +396,8 @@ def test_a_pp2_segment_resumes_bitwise_at_zero_0_and_1(tmp_path):
 
 @pytest.mark.soak
 def test_a_pp2_checkpoint_resumed_without_pp_is_refused_naming_the_layout(tmp_path):
-    dataset = make_dataset(tmp_path / "data")
-    proc = run_segment(write_spec(tiny_spec(tmp_path / "store", **PP2), tmp_path / "pp.json"),
-                       dataset, 4, tmp_path / "w1", world=2)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    dp_spec = tiny_spec(tmp_path / "store", **{"train.grad_accum": 2})  # the same run, no PP
-    proc = run_segment(write_spec(dp_spec, tmp_path / "dp.json"), dataset, 8,
-                       tmp_path / "w2", attempt=2)
-    assert proc.returncode != 0
-    error = json.dumps(json.loads((tmp_path / "w2" / "error.json").read_text()))
+    # the same run, no PP (BadConfig: not retried)
+    error = resumed_at_another_layout_error(tmp_path, PP2, {"train.grad_accum": 2})
     assert "train.layout.pp" in error and "written at PP 2" in error
 
 

@@ -21,6 +21,7 @@ from tests.trainer.helpers import (
     REPO,
     VOCAB,
     make_dataset,
+    resumed_at_another_layout_error,
     run_rank_module,
     run_segment,
     tiny_spec,
@@ -184,17 +185,9 @@ def test_a_tp2_segment_resumes_bitwise_at_zero_0(tmp_path):
 
 @pytest.mark.soak
 def test_a_tp2_checkpoint_resumed_without_tp_is_refused_naming_the_layout(tmp_path):
-    dataset = make_dataset(tmp_path / "data")
-    tp_spec = tiny_spec(tmp_path / "store", **TP2)
-    proc = run_segment(write_spec(tp_spec, tmp_path / "tp.json"), dataset, 4,
-                       tmp_path / "w1", world=2)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    dp_spec = tiny_spec(tmp_path / "store")  # the same run, one rank, no TP
-    proc = run_segment(write_spec(dp_spec, tmp_path / "dp.json"), dataset, 8,
-                       tmp_path / "w2", attempt=2)
-    assert proc.returncode != 0
-    error = json.loads((tmp_path / "w2" / "error.json").read_text())  # BadConfig: not retried
-    assert "train.layout.tp" in json.dumps(error) and "written at TP 2" in json.dumps(error)
+    # the same run, one rank, no TP (BadConfig: not retried)
+    error = resumed_at_another_layout_error(tmp_path, TP2, {})
+    assert "train.layout.tp" in error and "written at TP 2" in error
 
 
 @pytest.mark.soak

@@ -77,15 +77,16 @@ class ScriptedStubs(Stubs):
         return EvaluateResult([EvalPoint(s, losses[s], 0.0) for s in inp.steps])
 
 
-def test_losing_trials_stop_at_their_rung_and_the_winner_ran_whole(temporal_server):
-    spec = spec_for(f"stub-pruned-{uuid.uuid4().hex[:6]}", **{
+def run_sweep(address: str, stubs: ScriptedStubs, name: str):
+    """The scripted six-trial sweep in three rungs on the stubs: (its result, its history,
+    the history's replay on today's code)."""
+    spec = spec_for(f"{name}-{uuid.uuid4().hex[:6]}", **{
         "sweep.enabled": True, "sweep.trials": 6, "sweep.parallel": 1, "sweep.trial_steps": 9,
         "sweep.space": {"lr": {"low": 1e-3, "high": 3e-2}},
         "sweep.pruning": {"rungs": 3, "reduction_factor": 3}})
-    stubs = ScriptedStubs()
 
     async def go():
-        client = await Client.connect(temporal_server.address)
+        client = await Client.connect(address)
         async with Harness(client, stubs) as h:
             handle = await h.client.start_workflow(
                 SWEEP_WORKFLOW_TYPE, SweepInput(spec.to_dict(), "file:///stub/data"),
@@ -93,9 +94,14 @@ def test_losing_trials_stop_at_their_rung_and_the_winner_ran_whole(temporal_serv
             result = await handle.result()
             history = await handle.fetch_history()
         replayed = await Replayer(workflows=[TrainingRun, Sweep]).replay_workflow(history)
-        return result, history, replayed
+        return spec, result, history, replayed
 
-    result, history, replayed = asyncio.run(asyncio.wait_for(go(), 60))
+    return asyncio.run(asyncio.wait_for(go(), 60))
+
+
+def test_losing_trials_stop_at_their_rung_and_the_winner_ran_whole(temporal_server):
+    stubs = ScriptedStubs()
+    _, result, history, replayed = run_sweep(temporal_server.address, stubs, "stub-pruned")
 
     # each trial trained its rungs in order, from one boundary to the next, and stopped
     segments: dict[int, list[tuple[int, int]]] = {}
@@ -164,21 +170,8 @@ class SelfScoringStubs(ScriptedStubs):
 
 def test_a_trial_is_scored_by_its_own_segments_evaluation_and_the_sweep_ends_the_same(
         temporal_server):
-    spec = spec_for(f"stub-scored-{uuid.uuid4().hex[:6]}", **{
-        "sweep.enabled": True, "sweep.trials": 6, "sweep.parallel": 1, "sweep.trial_steps": 9,
-        "sweep.space": {"lr": {"low": 1e-3, "high": 3e-2}},
-        "sweep.pruning": {"rungs": 3, "reduction_factor": 3}})
     stubs = SelfScoringStubs()
-
-    async def go():
-        client = await Client.connect(temporal_server.address)
-        async with Harness(client, stubs) as h:
-            handle = await h.client.start_workflow(
-                SWEEP_WORKFLOW_TYPE, SweepInput(spec.to_dict(), "file:///stub/data"),
-                id=f"{spec.run_id}-sweep", task_queue=h.queue)
-            return await handle.result(), await handle.fetch_history()
-
-    result, history = asyncio.run(asyncio.wait_for(go(), 60))
+    spec, result, _, replayed = run_sweep(temporal_server.address, stubs, "stub-scored")
     # every boundary (steps 1, 3, 9) is a multiple of the trials' eval_every
     assert {s.spec["train"]["eval_every"] for s in stubs.trial_segments} == {1}
     # only the trial whose segment gave no score was evaluated by the activity (it was
@@ -189,5 +182,4 @@ def test_a_trial_is_scored_by_its_own_segments_evaluation_and_the_sweep_ends_the
     assert [t["status"] for t in result["trials"]] == [
         "complete", "pruned", "complete", "pruned", "pruned", "pruned"]
     assert [t["val_loss"] for t in result["trials"]] == [4.9, 5.3, 4.8, 4.7, 5.5, 5.1]
-    replayed = asyncio.run(Replayer(workflows=[TrainingRun, Sweep]).replay_workflow(history))
     assert replayed.replay_failure is None
