@@ -5,8 +5,9 @@ boundary and never train a later rung, are recorded `pruned` with their rung los
 told to the sampler as PRUNED, the winner is a trial that ran whole, and the history
 replays on today's code.
 
-With MAINSPRING_RECORD_HISTORIES=<label> the history is written to
-tests/workflows/histories/<label>/pruned.sweep.json, which test_replay.py replays too.
+With MAINSPRING_RECORD_HISTORIES=<label> the histories are written to
+tests/workflows/histories/<label>/pruned.sweep.json and scored.sweep.json (trials scored by
+their own segments), which test_replay.py replays too.
 """
 
 from __future__ import annotations
@@ -171,7 +172,7 @@ class SelfScoringStubs(ScriptedStubs):
 def test_a_trial_is_scored_by_its_own_segments_evaluation_and_the_sweep_ends_the_same(
         temporal_server):
     stubs = SelfScoringStubs()
-    spec, result, _, replayed = run_sweep(temporal_server.address, stubs, "stub-scored")
+    spec, result, history, replayed = run_sweep(temporal_server.address, stubs, "stub-scored")
     # every boundary (steps 1, 3, 9) is a multiple of the trials' eval_every
     assert {s.spec["train"]["eval_every"] for s in stubs.trial_segments} == {1}
     # only the trial whose segment gave no score was evaluated by the activity (it was
@@ -183,3 +184,7 @@ def test_a_trial_is_scored_by_its_own_segments_evaluation_and_the_sweep_ends_the
         "complete", "pruned", "complete", "pruned", "pruned", "pruned"]
     assert [t["val_loss"] for t in result["trials"]] == [4.9, 5.3, 4.8, 4.7, 5.5, 5.1]
     assert replayed.replay_failure is None
+    if RECORD:
+        out = HISTORIES / RECORD
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "scored.sweep.json").write_text(history.to_json())
