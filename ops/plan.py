@@ -140,6 +140,7 @@ class PlanInputs:
     tp: int = 1
     pp: int = 1
     per_node: int | None = None
+    cores: int | None = None  # a CPU host's cores (accelerator "cpu"): ranks beyond share them
     layers: int | None = None
     d_model: int | None = None
     seq_len: int | None = None
@@ -164,6 +165,7 @@ class PlanInputs:
                     "--restart-s": self.restart_s, "--checkpoint-s": self.checkpoint_s,
                     "--mfu-at": self.mfu_at, "--peak-tflops": self.peak_tflops,
                     "--tp": self.tp, "--pp": self.pp, "--nodes-of": self.per_node,
+                    "--cores": self.cores,
                     "--layers": self.layers, "--d-model": self.d_model,
                     "--seq-len": self.seq_len, "--batch-tokens": self.batch_tokens,
                     "--api-price-in": self.api_price_in, "--api-price-out": self.api_price_out,
@@ -193,6 +195,9 @@ class PlanInputs:
                             f"TP {self.tp} x PP {self.pp} groups",
                             "give --accelerators a multiple of tp x pp")
         api = (self.api_price_in, self.api_price_out, self.api_tokens_per_month)
+        if self.cores is not None and self.accelerator != "cpu":
+            raise BadConfig("--cores", f"is a CPU host's, not a {self.accelerator}'s",
+                            "drop --cores: an accelerator's ranks own their devices")
         if any(v is not None for v in api) and self.api_tokens_per_month is None:
             raise BadConfig("--api-tokens-per-month", "an API price without a monthly volume",
                             "give the tokens the API would serve a month, e.g. 5e9")
@@ -264,23 +269,33 @@ def pipeline_micro_batches(batch_tokens: float, seq_len: int, dp: int) -> float:
 
 
 def device_mfu(mfu: float, step_flops: float, peak: float, mfu_at: int,
-               exposed_at: float, bubble_at: float = 0.0) -> float:
+               exposed_at: float, bubble_at: float = 0.0, share_at: float = 1.0) -> float:
     """The compute-only MFU behind an end-to-end MFU measured on `mfu_at` accelerators:
-    that step took step_flops/(G₀·peak·mfu), of which `exposed_at` was communication and a
-    `bubble_at` share of the rest its pipeline's stages idle."""
+    that step took step_flops/(G₀·peak·mfu), of which `exposed_at` was communication, a
+    `bubble_at` share of the rest its pipeline's stages idle, and the compute ran on a
+    `share_at` of a core (a CPU host's ranks sharing its cores)."""
     step_s = step_flops / (mfu_at * peak * mfu)
-    compute_s = (step_s - exposed_at) * (1.0 - bubble_at)
+    compute_s = (step_s - exposed_at) * (1.0 - bubble_at) * share_at
     return min(1.0, step_flops / (mfu_at * peak * compute_s)) if compute_s > 0 else 1.0
+
+
+def host_share(accelerators: int, per_node: int, cores: int | None) -> float:
+    """Pure: the share of a core each rank of a CPU host gets (`cpu_share`) when a node runs
+    min(G, per_node) single-threaded ranks on `cores` cores; 1 for accelerators, which own
+    their devices (`cores` None)."""
+    return cpu_share(min(accelerators, per_node), cores) if cores else 1.0
 
 
 def scaling(inputs: PlanInputs, acc: facts.Accelerator, lay: Layout, per_node: int,
             layers: int, d_model: int, fpt: float, batch_tokens: float, overlap: float,
             peak: float, mfu: float, mfu_at: int, seq_len: int = facts.SEQ_LEN
             ) -> dict[str, float]:
-    """Step time at G from the compute-only MFU, the pipeline's bubble and the exposed
-    communication; the speed-up from one accelerator (no communication, no pipeline) to G
-    and its ratio to linear. An MFU measured at the layout (G₀ holds a whole pipeline)
-    already paid that layout's bubble: it is taken out before G's is put back."""
+    """Step time at G from the compute-only MFU, the pipeline's bubble, the cores a CPU
+    host's ranks share and the exposed communication; the speed-up from one accelerator (no
+    communication, no pipeline, a core of its own) to G and its ratio to linear. An MFU
+    measured at the layout (G₀ holds a whole pipeline) already paid that layout's bubble,
+    and one measured on G₀ ranks of a host their share of its cores: both are taken out
+    before G's are put back."""
     step_flops = fpt * batch_tokens
     args = (lay, inputs, acc, per_node, layers, d_model, batch_tokens, overlap)
     g = inputs.accelerators
@@ -292,13 +307,15 @@ def scaling(inputs: PlanInputs, acc: facts.Accelerator, lay: Layout, per_node: i
             if whole else 0.0
 
     at = comm_seconds(*args, accelerators=mfu_at)
-    dev_mfu = device_mfu(mfu, step_flops, peak, mfu_at, at["exposed_s"], bubble(mfu_at))
+    dev_mfu = device_mfu(mfu, step_flops, peak, mfu_at, at["exposed_s"], bubble(mfu_at),
+                         host_share(mfu_at, per_node, inputs.cores))
     comm = comm_seconds(*args, accelerators=g)
-    idle = bubble(g)
-    compute_s = step_flops / (g * peak * dev_mfu) / (1.0 - idle)
+    idle, share = bubble(g), host_share(g, per_node, inputs.cores)
+    compute_s = step_flops / (g * peak * dev_mfu) / (1.0 - idle) / share
     step_s = compute_s + comm["exposed_s"]
     one_s = step_flops / (peak * dev_mfu)
     return {"device_mfu": dev_mfu, "compute_s": compute_s, "bubble_fraction": idle,
+            "core_share": share,
             **comm, "step_s": step_s, "mfu": step_flops / (g * peak * step_s),
             "speedup": one_s / step_s, "linear_ratio": one_s / step_s / g}
 

@@ -54,7 +54,7 @@ def inputs_from(args: argparse.Namespace) -> PlanInputs:
     low, high = price_range(args.hour_price)
     whole = {k: number(f"--{k.replace('_', '-')}", getattr(args, k), whole=True)
              for k in ("accelerators", "tp", "pp", "layers", "d_model", "seq_len", "mfu_at",
-                       "nodes_of")}
+                       "nodes_of", "cores")}
     ints = {k: int(v) if v is not None else None for k, v in whole.items()}
     real = {k: number(f"--{k.replace('_', '-')}", getattr(args, k))
             for k in ("mtbf_hours", "checkpoint_s", "restart_s", "peak_tflops", "batch_tokens",
@@ -175,7 +175,9 @@ def render(p: dict) -> str:
         f"layout        {lay['name']} TP {lay['tp']} x PP {lay['pp']} x DP {lay['dp']} ({lay['why']})",
         f"step          {s['step_s']:.3g} s: compute {s['compute_s']:.3g} s"
         + (f" (of it the pipeline's bubble {s['bubble_fraction']:.1%}, 1F1B)"
-           if s["bubble_fraction"] else "") + " + exposed "
+           if s["bubble_fraction"] else "")
+        + (f" (each rank on {s['core_share']:.2f} of a core)" if s["core_share"] < 1 else "")
+        + " + exposed "
         f"communication {s['exposed_s']:.3g} s (DP {s['dp_s']:.3g}, TP {s['tp_s']:.3g}, "
         f"PP {s['pp_s']:.3g} s)",
         f"scaling       speed-up {s['speedup']:.1f}x from 1 to {p['inputs']['accelerators']}; "
@@ -226,6 +228,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tp", help="tensor-parallel degree")
     p.add_argument("--pp", help="pipeline-parallel degree")
     p.add_argument("--nodes-of", help="accelerators per node")
+    p.add_argument("--cores", help="a CPU host's cores (--accelerator cpu): its ranks beyond "
+                                   "them share them")
     p.add_argument("--layers", help="transformer layers (for the attention FLOPs)")
     p.add_argument("--d-model", help="model width")
     p.add_argument("--seq-len", help="tokens per sequence")

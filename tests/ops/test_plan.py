@@ -430,3 +430,23 @@ def test_plan_takes_its_mfu_from_the_throughput_benchmarks_line(tmp_path, capsys
     (tmp_path / "other.jsonl").write_text('{"figure": "resume_exact", "value": 0.0}\n')
     assert cli([*base, "--mfu-from-throughput", str(tmp_path / "other.jsonl")]) == 2
     assert "no throughput figure" in capsys.readouterr().err
+
+
+def test_a_cpu_hosts_ranks_beyond_its_cores_share_them_in_the_plan():
+    # 4 single-threaded ranks on a 2-core host, an MFU measured on one rank with a core of
+    # its own: each rank computes at half speed, so 1 -> 4 ranks is a 2x speed-up, not 4x
+    base = dict(params=2e6, tokens=1e9, accelerators=4, accelerator="cpu", hour_price=0.1,
+                layout="dp", per_node=4, mfu=0.2, mfu_at=1, layers=2, d_model=64,
+                seq_len=64, batch_tokens=4096, overlap=1.0, goodput=1.0)
+    owned = plan(PlanInputs(**{**base, "cores": 4}))["scaling"]
+    shared = plan(PlanInputs(**{**base, "cores": 2}))["scaling"]
+    assert owned["core_share"] == 1.0 and shared["core_share"] == 0.5
+    assert shared["compute_s"] == pytest.approx(2 * owned["compute_s"])
+    assert shared["speedup"] == pytest.approx(owned["speedup"] / 2, rel=1e-3)
+    assert shared["mfu"] == pytest.approx(0.2 / 2, rel=1e-3)
+    # an MFU measured on those 4 ranks already paid the sharing: the plan gives it back
+    at_g = plan(PlanInputs(**{**base, "cores": 2, "mfu_at": 4}))["scaling"]
+    assert at_g["mfu"] == pytest.approx(0.2, rel=1e-6)
+    # the rule is a CPU host's: an accelerator's ranks own their devices
+    with pytest.raises(BadConfig, match="--cores"):
+        PlanInputs(**{**base, "accelerator": "h100", "cores": 2})
