@@ -41,11 +41,11 @@ import structlog
 
 from common.errors import Diverged
 from common.protocol import SegmentOutcome
-from spec.layout import pp_degree, tp_degree
 from trainer import tracing
 from trainer.checkpoint_manager import CheckpointManager
 from trainer.context import SegmentContext
 from trainer.diagnosis import Diagnosis, Replayer
+from trainer.engine import replica_ranks
 from trainer.oscillation_watch import OscillationWatch
 from trainer.replicas import ReplicaCheck, odd_ones_out
 from trainer.replicas import evidence as replica_evidence
@@ -103,9 +103,8 @@ class SpikeGuard:
         rows = ctx.spec.train.micro_batch_tokens // ctx.spec.model.seq_len  # per micro-batch
         self.batch_tokens = rows * ctx.spec.model.seq_len  # one micro-batch's token slots
         # sequences one cursor names on all data replicas together (a TP group's ranks, a
-        # pipeline's stages, read one batch: spec/layout.py tp_degree, pp_degree)
-        layout = ctx.spec.train.layout
-        self.rows = rows * (ctx.world // (tp_degree(layout) * pp_degree(layout)))
+        # pipeline's stages, read one batch: trainer/engine.py replica_ranks)
+        self.rows = rows * (ctx.world // replica_ranks(ctx.spec))
 
     # ---- per step ------------------------------------------------------------------
     def judge(self, state: TrainState, step: int, loss: float, cursor: int) -> Verdict:
