@@ -409,15 +409,9 @@ def test_a_pp2_segment_skips_a_nan_step_and_rolls_back_a_sustained_spike_through
     engine's update waits for the verdict), the rollback restores both stages' layers
     before the onset and skips the window (undiagnosed: the replay runs the whole model's
     forward), online evaluation on, and the run trains on to its end."""
-    from tests.trainer.test_spike_handling import CORRUPT_AT, CORRUPT_STEPS, NAN_AT, SPIKY
+    from tests.trainer.test_spike_handling import CORRUPT_AT, NAN_AT, spiky_segment
 
-    spec = tiny_spec(tmp_path / "store", **SPIKY, **PP2, faults=[
-        {"kind": "corrupt_batches", "at_step": CORRUPT_AT, "steps": CORRUPT_STEPS},
-        {"kind": "nan_loss", "at_step": NAN_AT}])
-    proc = run_segment(write_spec(spec, tmp_path / "spec.json"), make_dataset(tmp_path / "d"),
-                       100, tmp_path / "work", world=2)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    result = json.loads((tmp_path / "work" / "result.json").read_text())
+    _, result = spiky_segment(tmp_path, make_dataset(tmp_path / "d"), world=2, **PP2)
     (rb,) = result["outcome"]["rollbacks"]
     assert rb["onset"] == CORRUPT_AT and rb["to_step"] < CORRUPT_AT
     assert rb["skipped"] == "window" and rb["verdict"] is None

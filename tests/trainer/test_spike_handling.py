@@ -26,16 +26,22 @@ def steps_of(workdir) -> list[dict]:
     return [p for p in lines if p["type"] == "step"]
 
 
-@pytest.fixture(scope="module")
-def spiky(tmp_path_factory, dataset_uri):
-    """One 100-step segment with corrupted batches at steps 76-79 and a NaN loss at 22."""
-    root = tmp_path_factory.mktemp("spiky")
-    spec = tiny_spec(root / "store", **SPIKY, faults=[
+def spiky_segment(root, dataset_uri: str, world: int = 1, **layout) -> tuple:
+    """One 100-step segment with corrupted batches at steps 76-79 and a NaN loss at 22, on
+    `world` ranks with `layout`'s overrides (TP, PP): (spec, its result.json)."""
+    spec = tiny_spec(root / "store", **SPIKY, **layout, faults=[
         {"kind": "corrupt_batches", "at_step": CORRUPT_AT, "steps": CORRUPT_STEPS},
         {"kind": "nan_loss", "at_step": NAN_AT}])
-    proc = run_segment(write_spec(spec, root / "spec.json"), dataset_uri, 100, root / "work")
+    proc = run_segment(write_spec(spec, root / "spec.json"), dataset_uri, 100, root / "work",
+                       world=world)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    result = json.loads((root / "work" / "result.json").read_text())
+    return spec, json.loads((root / "work" / "result.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def spiky(tmp_path_factory, dataset_uri):
+    root = tmp_path_factory.mktemp("spiky")
+    spec, result = spiky_segment(root, dataset_uri)
     return spec, root, result
 
 

@@ -197,15 +197,14 @@ def test_a_tp2_segment_skips_a_nan_step_and_rolls_back_a_sustained_spike_diagnos
     verdicts, the rollback's restore of both ranks' shards and the diagnosis's replay on
     them (its two replays agree, the corrupted batches accused)."""
     from storage.events import read_events
-    from tests.trainer.test_spike_handling import CORRUPT_AT, CORRUPT_STEPS, NAN_AT, SPIKY
+    from tests.trainer.test_spike_handling import (
+        CORRUPT_AT,
+        CORRUPT_STEPS,
+        NAN_AT,
+        spiky_segment,
+    )
 
-    spec = tiny_spec(tmp_path / "store", **SPIKY, **TP2, faults=[
-        {"kind": "corrupt_batches", "at_step": CORRUPT_AT, "steps": CORRUPT_STEPS},
-        {"kind": "nan_loss", "at_step": NAN_AT}])
-    proc = run_segment(write_spec(spec, tmp_path / "spec.json"), make_dataset(tmp_path / "d"),
-                       100, tmp_path / "work", world=2)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    result = json.loads((tmp_path / "work" / "result.json").read_text())
+    spec, result = spiky_segment(tmp_path, make_dataset(tmp_path / "d"), world=2, **TP2)
     (rb,) = result["outcome"]["rollbacks"]
     assert rb["onset"] == CORRUPT_AT and rb["to_step"] < CORRUPT_AT and rb["verdict"] == "data"
     assert NAN_AT in result["outcome"]["skipped_steps"]
