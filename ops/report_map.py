@@ -219,7 +219,8 @@ def fault_lines(faults: list[dict]) -> list[str]:
 
 def layout_of(spec: dict | None) -> dict | None:
     """Pure: how the run's spec laid the model across its ranks, and why, for the training
-    box: {tp, pp, dp, zero, ranks, why}; None without a stored spec."""
+    box: {tp, pp, dp, zero, ranks, why}, with the planner's reasons where "auto" chose it
+    (spec/layout.py planned_layout); None without a stored spec."""
     train = (spec or {}).get("train")
     if not train:
         return None
@@ -231,9 +232,11 @@ def layout_of(spec: dict | None) -> dict | None:
     why = ["TP shards inside a node"] if tp > 1 else []
     why += ["PP stages, 1F1B"] if pp > 1 else []
     why += [f"{dp} replica{'s' if dp != 1 else ''}, ZeRO {zero}"]
+    planned = list(layout.get("why") or []) if isinstance(layout, dict) else []
+    source = ' (train.layout "dp")' if layout == "dp" else \
+        ' (train.layout "auto": ' + "; ".join(planned) + ")" if planned else " (train.layout)"
     return {"tp": tp, "pp": pp, "dp": dp, "zero": zero, "ranks": ranks,
-            "why": " · ".join(why) + (' (train.layout "dp")' if layout == "dp"
-                                      else " (train.layout)")}
+            "why": " · ".join(why) + source}
 
 
 def train_box(events: list[dict], rec: dict, faults: list[dict],

@@ -1,6 +1,6 @@
 """How the model is laid across accelerators: tensor (TP), pipeline (PP) and data (DP)
-parallel degrees and the ZeRO stage — the planner `plan_layout` and the checks on
-`train.layout` (`check_layout`). Pure and stdlib only: the workflow sandbox imports spec.
+parallel degrees and the ZeRO stage — the planner `plan_layout`, a run's `"auto"` through it
+(`planned_layout`, for `train.cluster`) and the checks on `train.layout` (`check_layout`). Pure and stdlib only: the workflow sandbox imports spec.
 
 The planner follows Megatron-LM's rule of thumb (Narayanan et al. 2021, arXiv 2104.04473,
 takeaway 1): tensor parallelism up to the accelerators of one server, whose links are fast
@@ -25,9 +25,15 @@ takes the rest. Its memory model, per accelerator:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from spec.codec import num
 from spec.codec import require as _require
+from spec.hardware import ACCELERATORS
+
+if TYPE_CHECKING:
+    from spec.model import ModelConfig
+    from spec.train import TrainConfig
 
 STATE_BYTES = 16  # bytes per parameter, Adam in mixed precision (arXiv 1910.02054, 3.1)
 WEIGHT_BYTES = 2  # bf16 weights; also bf16 gradients
@@ -60,11 +66,13 @@ PP_PRECISION = ("the pipeline engine's bf16 optimizer (DeepSpeed's BF16_Optimize
 
 @dataclass(frozen=True, kw_only=True)
 class LayoutConfig:
-    """An explicit `train.layout`: tensor and pipeline degrees and the ZeRO stage."""
+    """An explicit `train.layout`: tensor and pipeline degrees and the ZeRO stage; and where
+    the planner chose them (`"auto"`, `planned`), its reasons, so the run's record says why."""
 
     tp: int = num(1, 1, 1024)  # tensor-parallel degree, inside a node
     pp: int = num(1, 1, 1024)  # pipeline stages, across nodes
     zero: int = num(0, 0, 3)  # ZeRO stage; must equal train.zero_stage (the trainer reads it)
+    why: tuple[str, ...] = ()  # the planner's sentences; empty for a layout written out
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp"):
@@ -72,6 +80,44 @@ class LayoutConfig:
                      f"set {name} to 1 (no {name.upper()}) or more")
         _require(self.zero in (0, 1, 2, 3), "zero", f"must be 0..3, got {self.zero}",
                  "use a ZeRO stage between 0 and 3")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterConfig:
+    """The cluster `train.layout: "auto"` plans for (`train.cluster`): an accelerator class of
+    spec/hardware.py and, where this cluster's own figures differ, its memory and links;
+    0 takes the class's figure (each with its source there). Nodes and accelerators per
+    node are `train.nodes` and `train.procs_per_node`."""
+
+    accelerator: str = "cpu"
+    memory_gb: float = num(0.0, 0, 1e6)  # per accelerator
+    intra_node_gbps: float = num(0.0, 0, 1e6)  # GB/s per accelerator, one direction
+    inter_node_gbps: float = num(0.0, 0, 1e6)
+
+    def __post_init__(self) -> None:
+        _require(self.accelerator in ACCELERATORS, "accelerator",
+                 f"unknown accelerator {self.accelerator!r}",
+                 f"use one of {', '.join(ACCELERATORS)}, and memory_gb and the link speeds "
+                 "for one that differs")
+
+    def figures(self) -> tuple[float, float, float]:
+        """(memory GB, intra-node GB/s, inter-node GB/s): the cluster's, else its class's."""
+        acc = ACCELERATORS[self.accelerator]
+        return (self.memory_gb or acc.memory_gb, self.intra_node_gbps or acc.intra_gbs,
+                self.inter_node_gbps or acc.inter_gbs)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Trains:
+    """What the trainer can run, as bounds on the planner's choice (`trains_today`); the
+    defaults bound nothing (a plan for any framework, as the published recipes)."""
+
+    max_tp: int = 1 << 20
+    max_pp: int = 1 << 20
+    tp_with_pp: bool = True
+    tp_max_zero: int = 3
+    min_zero: int = 0
+    why: str = ""  # the sentence naming what set a bound, for the planner's reasons
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,13 +134,13 @@ class Layout:
 
 
 def tp_degree(layout: str | LayoutConfig) -> int:
-    """The tensor-parallel degree a `train.layout` asks for: 1 for "dp" (and "auto", which
-    a run refuses until the planner is wired to it)."""
+    """The tensor-parallel degree a `train.layout` asks for: 1 for "dp" ("auto" is a
+    LayoutConfig once the spec is read: `planned_layout`)."""
     return layout.tp if isinstance(layout, LayoutConfig) else 1
 
 
 def pp_degree(layout: str | LayoutConfig) -> int:
-    """The pipeline stages a `train.layout` asks for: 1 for "dp" (and "auto")."""
+    """The pipeline stages a `train.layout` asks for: 1 for "dp"."""
     return layout.pp if isinstance(layout, LayoutConfig) else 1
 
 
@@ -123,14 +169,19 @@ def activation_gb(n_layers: int, d_model: int, tokens: int, tp: int, recompute: 
 
 
 def tensor_degree(params: float, n_heads: int, n_kv_heads: int, per_node: int,
-                  memory_gb: float) -> tuple[int, str]:
+                  memory_gb: float, trains: Trains = Trains()) -> tuple[int, str]:
     """1 while the bf16 weights fit in half an accelerator; else every accelerator of a
-    node that divides the heads and the kv heads (arXiv 2104.04473, takeaway 1)."""
+    node that divides the heads and the kv heads (arXiv 2104.04473, takeaway 1), up to
+    what the trainer runs (`trains.max_tp`)."""
     weights_gb = WEIGHT_BYTES * params / GB
     if weights_gb <= STATE_SHARE * memory_gb:
         return 1, (f"TP 1: the bf16 weights ({weights_gb:.1f} GB) fit in half an "
                    f"accelerator ({memory_gb:g} GB)")
-    tp = max(t for t in divisors(per_node) if n_heads % t == 0 and n_kv_heads % t == 0)
+    tp = max(t for t in divisors(per_node) if n_heads % t == 0 and n_kv_heads % t == 0
+             and t <= trains.max_tp)
+    if tp == 1:
+        return 1, (f"TP 1: the bf16 weights ({weights_gb:.1f} GB) do not fit in half an "
+                   f"accelerator ({memory_gb:g} GB), but {trains.why or 'no TP degree fits'}")
     return tp, (f"TP {tp}: the bf16 weights ({weights_gb:.1f} GB) do not fit in half an "
                 f"accelerator, so the matrices are split over the node's fast links "
                 f"({per_node} accelerators; {tp} divides {n_heads} heads and "
@@ -158,14 +209,18 @@ def dp_bytes_per_param(zero: int, dp: int) -> float:
 
 
 def _options(params: float, n_layers: int, tp: int, nodes: int, world: int, sequences: int,
-             memory_gb: float, max_zero: int, inter_gbps: float, compute_s: float
-             ) -> list[_Option]:
+             memory_gb: float, max_zero: int, inter_gbps: float, compute_s: float,
+             trains: Trains = Trains()) -> list[_Option]:
     out = []
+    max_pp = trains.max_pp if tp == 1 or trains.tp_with_pp else 1
+    if tp > 1:
+        max_zero = min(max_zero, trains.tp_max_zero)
     for pp in divisors(n_layers):
-        if pp > nodes or world % (tp * pp) or sequences < world // (tp * pp) * pp:
+        if pp > nodes or world % (tp * pp) or sequences < world // (tp * pp) * pp \
+                or pp > max_pp:
             continue  # stages across nodes; a whole world; >= pp micro-batches per DP rank
         dp = world // (tp * pp)
-        for zero in range(min(max_zero, 1 if pp > 1 else 3) + 1):
+        for zero in range(trains.min_zero, min(max_zero, 1 if pp > 1 else 3) + 1):
             shard = params / (tp * pp)
             state = state_bytes_per_param(zero, dp) * shard / GB
             sync_s = dp_bytes_per_param(zero, dp) * shard / (inter_gbps * GB) if nodes > 1 else 0
@@ -179,13 +234,13 @@ def plan_layout(*, params: float, n_layers: int, n_heads: int, n_kv_heads: int, 
                 nodes: int, accelerators_per_node: int, accelerator_memory_gb: float,
                 intra_node_gbps: float, inter_node_gbps: float, seq_len: int,
                 global_batch_tokens: int, accelerator_tflops: float, mfu: float = 0.4,
-                max_zero: int = 3) -> Layout:
+                max_zero: int = 3, trains: Trains = Trains()) -> Layout:
     """Pure: (tp, pp, dp, ZeRO stage, micro-batch, recompute) for a model on a cluster, with
     the sentences that chose them. Bandwidths are GB/s per accelerator, one direction;
     `mfu` turns the peak into the compute time the data-parallel traffic must hide behind
     (0.4: Llama 3's 400 TFLOP/s per H100, arXiv 2407.21783 table 4); `max_zero`: the
     highest ZeRO stage the framework offers (0 for Megatron-LM before its distributed
-    optimizer).
+    optimizer); `trains`: what the trainer runs (`trains_today`), for a run's "auto".
 
     TP from `tensor_degree` (the intra-node link is where TP goes; its bandwidth is
     reported, not compared). Then the fewest pipeline stages (a divisor of n_layers, at
@@ -197,12 +252,12 @@ def plan_layout(*, params: float, n_layers: int, n_heads: int, n_kv_heads: int, 
     world = nodes * accelerators_per_node
     sequences = global_batch_tokens // seq_len
     tp, tp_why = tensor_degree(params, n_heads, n_kv_heads, accelerators_per_node,
-                               accelerator_memory_gb)
+                               accelerator_memory_gb, trains)
     reasons = [f"{tp_why}, {intra_node_gbps:g} GB/s each" if tp > 1 else tp_why]
     flops = (6 * params + 12 * n_layers * d_model * seq_len) * global_batch_tokens  # PaLM app. B
     compute_s = flops / (world * accelerator_tflops * 1e12 * mfu)
     options = _options(params, n_layers, tp, nodes, world, sequences, accelerator_memory_gb,
-                       max_zero, inter_node_gbps, compute_s)
+                       max_zero, inter_node_gbps, compute_s, trains)
     _require(bool(options), "layout", f"no pipeline degree of {n_layers} layers splits "
              f"{world} accelerators with TP {tp} and {sequences} sequences per step",
              "change the node count or the global batch")
@@ -316,6 +371,64 @@ def _check_pp(pp: int, tp: int, node_counts: list[int], sweep: bool, precision: 
              "sweep with layout \"dp\" and train the winner with pp, or set enabled=false")
     _require(precision == "fp32", "train.precision", f"PP {pp} in {precision}: {PP_PRECISION}",
              "use precision fp32 with pp above 1")
+
+
+def trains_today(train: TrainConfig, sweep: bool) -> Trains:
+    """What the trainer runs (TRAINED_TODAY) as bounds on the planner, for `"auto"`: TP and
+    PP only on a fixed node count and without a sweep, PP only in fp32 with at least as
+    many micro-batches (`grad_accum`) as stages, not TP and PP together, ZeRO at most 2
+    under TP; and never below the run's own `zero_stage`."""
+    elastic = len(train.node_counts()) > 1
+    why = ("a run with elastic nodes (train.min_nodes) trains data parallel only" if elastic
+           else "a sweep trains data parallel only (sweep.enabled)" if sweep else "")
+    if why:
+        return Trains(max_tp=1, max_pp=1, min_zero=train.zero_stage, why=why)
+    pp = train.grad_accum if train.precision == "fp32" else 1
+    return Trains(max_tp=1 << 20, max_pp=pp, tp_with_pp=False, tp_max_zero=2,
+                  min_zero=train.zero_stage, why="")
+
+
+def planned_layout(train: TrainConfig, model: ModelConfig, vocab_size: int,
+                   sweep: bool) -> LayoutConfig:
+    """`train.layout: "auto"`: the planner's layout for this model on `train.cluster`'s
+    accelerators (`train.nodes` x `train.procs_per_node`), bounded by what the trainer
+    runs, with its reasons. BadConfig, before any process starts, when no layout's model
+    states fit half an accelerator, or the run's own micro-batch does not fit beside them.
+
+    The batch is the run's: `micro_batch_tokens` x `grad_accum` per data replica (the
+    planner's compute time is taken at the whole world as replicas). The planner's own
+    micro-batch is advice; the run keeps `micro_batch_tokens`, checked here instead."""
+    from spec.model import param_count
+
+    memory, intra, inter = train.cluster.figures()
+    acc = ACCELERATORS[train.cluster.accelerator]
+    params = param_count(model, vocab_size)
+    lay = plan_layout(
+        params=params, n_layers=model.n_layers, n_heads=model.n_heads,
+        n_kv_heads=model.n_kv_heads, d_model=model.d_model, nodes=train.nodes,
+        accelerators_per_node=train.procs_per_node, accelerator_memory_gb=memory,
+        intra_node_gbps=intra, inter_node_gbps=inter, seq_len=model.seq_len,
+        global_batch_tokens=train.micro_batch_tokens * train.grad_accum * train.world_size,
+        accelerator_tflops=train.peak_tflops or acc.peak_tflops, mfu=acc.mfu,
+        trains=trains_today(train, sweep))
+    state = state_bytes_per_param(lay.zero_stage, lay.dp) * params / (lay.tp * lay.pp) / GB
+    _require(state <= STATE_SHARE * memory, "train.layout",
+             f'"auto" finds no layout the trainer runs whose model states fit half of '
+             f"{memory:g} GB per accelerator ({state:.1f} GB at best): "
+             + "; ".join(lay.reasons),
+             "give train.cluster the accelerators' real memory_gb, use more nodes, or a "
+             "smaller model")
+    act = activation_gb(model.n_layers, model.d_model, train.micro_batch_tokens, lay.tp,
+                        recompute=model.activation_checkpointing)
+    _require(state + act <= memory, "train.micro_batch_tokens",
+             f"{train.micro_batch_tokens} tokens' activations ({act:.1f} GB) do not fit "
+             f"beside the planned layout's {state:.1f} GB of states in {memory:g} GB",
+             "lower micro_batch_tokens (raise grad_accum to keep the batch), or set "
+             "model.activation_checkpointing")
+    why = tuple(r for r in lay.reasons if not r.startswith("micro-batch"))
+    return LayoutConfig(tp=lay.tp, pp=lay.pp, zero=lay.zero_stage,
+                        why=(f"planned for {train.nodes} x {train.procs_per_node} "
+                             f"{acc.name} ({params:,} parameters)", *why))
 
 
 def _listing(options: list[int], cap: int) -> str:

@@ -3,6 +3,7 @@ Stdlib only; re-exported by spec."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -45,3 +46,21 @@ class ModelConfig:
                  "head dimension must be even for RoPE", "make d_model / n_heads even")
         _require(self.attention in ("auto", "flash", "sdpa"), "attention",
                  f"unknown attention {self.attention!r}", "use auto, flash or sdpa")
+
+
+def ffn_hidden(cfg: ModelConfig) -> int:
+    """SwiGLU hidden size: ffn_mult * d_model * 2/3 rounded up to a multiple of 64 (Llama)."""
+    raw = cfg.ffn_mult * cfg.d_model * 2 / 3
+    return int(math.ceil(raw / 64) * 64)
+
+
+def param_count(cfg: ModelConfig, vocab_size: int) -> int:
+    """The parameters trainer/model.py's GPT holds for `cfg` and a vocabulary (its
+    `param_count`, without building it): per block the q/k/v/o projections (k and v at the
+    kv heads' width), SwiGLU's three matrices and two RMSNorm gains; the embedding, the
+    output head unless tied, and the final norm."""
+    d, head = cfg.d_model, cfg.d_model // cfg.n_heads
+    attention = 2 * d * d + 2 * d * cfg.n_kv_heads * head
+    block = attention + 3 * d * ffn_hidden(cfg) + 2 * d
+    embeddings = vocab_size * d * (1 if cfg.tie_embeddings else 2)
+    return cfg.n_layers * block + embeddings + d

@@ -25,7 +25,7 @@ from spec.codec import require as _require
 from spec.data import DataConfig
 from spec.distill import MAX_TEACHER_RUN_ID, DistillConfig, default_dict, student_spec
 from spec.faults import MAX_FAULTS, FaultSpec
-from spec.layout import TRAINED_TODAY, LayoutConfig, check_layout
+from spec.layout import LayoutConfig, check_layout, planned_layout
 from spec.model import ModelConfig
 from spec.ops import OpsConfig
 from spec.spikes import SpikeConfig
@@ -72,6 +72,11 @@ class RunSpec:
         if self.sweep.trial_steps == "auto":  # the run's spec holds the number it comes to
             object.__setattr__(self, "sweep", dataclasses.replace(
                 self.sweep, trial_steps=sized_trial_steps(self.sweep, self.train)))
+        if self.train.layout == "auto":  # the run's spec holds the layout it comes to
+            lay = planned_layout(self.train, self.model, self.data.tokenizer.vocab_size,
+                                 self.sweep.enabled)
+            object.__setattr__(self, "train", dataclasses.replace(
+                self.train, layout=lay, zero_stage=lay.zero))
         t, m = self.train, self.model
         _require(t.micro_batch_tokens % m.seq_len == 0, "train.micro_batch_tokens",
                  f"{t.micro_batch_tokens} is not a multiple of model.seq_len={m.seq_len}",
@@ -152,14 +157,8 @@ class RunSpec:
     def _check_layout(self) -> None:
         """`train.layout` against the model and the world, before any process starts."""
         t, m = self.train, self.model
-        if t.layout == "dp":
+        if not isinstance(t.layout, LayoutConfig):  # "dp" ("auto" became a LayoutConfig)
             return
-        _require(isinstance(t.layout, LayoutConfig), "train.layout",
-                 '"auto" needs the accelerators\' memory and links, which a run does not '
-                 "report to the planner yet",
-                 f'plan it with spec/layout.py plan_layout and write it out: {TRAINED_TODAY}; '
-                 'or "dp"')
-        assert isinstance(t.layout, LayoutConfig)
         check_layout(t.layout, n_heads=m.n_heads, n_kv_heads=m.n_kv_heads, n_layers=m.n_layers,
                      nodes=t.nodes, procs_per_node=t.procs_per_node,
                      node_counts=t.node_counts(), zero_stage=t.zero_stage,
@@ -213,6 +212,8 @@ class RunSpec:
                 d[f.name] = [without_added(FaultSpec, e) for e in d[f.name]]
             elif dataclasses.is_dataclass(value):
                 d[f.name] = without_added(type(value), d[f.name])
+        if isinstance(self.train.layout, LayoutConfig):  # the planner's reasons are the
+            d["train"]["layout"].pop("why")  # record's: the same degrees hash alike
         d = without_added(RunSpec, d)  # a section added later, at its default
         blob = json.dumps(d, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]

@@ -20,10 +20,15 @@ def static_summary(spec: RunSpec) -> str:
 
 
 def static_details(spec: RunSpec) -> str:
-    """Markdown: where the run's record is, how to follow and steer it, its spec hash."""
+    """Markdown: where the run's record is, how to follow and steer it, its spec hash, and
+    a layout other than "dp" with the planner's reasons where "auto" chose it."""
     rid = spec.run_id
+    lay = spec.train.layout
+    layout = [] if isinstance(lay, str) else [
+        f"layout: TP {lay.tp} × PP {lay.pp}, ZeRO {lay.zero}"
+        + (" — planned: " + "; ".join(lay.why[1:]) if lay.why else "")]
     return "\n\n".join([
-        f"**{rid}** · spec `{spec.spec_hash()}` · store `{spec.storage.durable}`",
+        f"**{rid}** · spec `{spec.spec_hash()}` · store `{spec.storage.durable}`", *layout,
         "live headline: the memo and Current Details (`temporal workflow metadata "
         f"--workflow-id {rid}`); status: `temporal workflow query --workflow-id {rid} "
         "--type status`",

@@ -6,13 +6,13 @@ the workflow (segments, continue-as-new). Stdlib only; re-exported by spec."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from spec.codec import STEPS, num
 from spec.codec import positive as _positive
 from spec.codec import require as _require
-from spec.layout import LayoutConfig
+from spec.layout import ClusterConfig, LayoutConfig
 
 LAYOUT_WORDS = ("dp", "auto")
 
@@ -24,7 +24,10 @@ class TrainConfig:
     # Added fields, with the default they came with: out of spec_hash at that default
     # (spec/run.py), so a run claimed before they existed keeps its hash.
     ADDED: ClassVar[dict[str, Any]] = {"min_nodes": 0, "checkpoint_every_min": 10,
-                                       "init_from": "", "layout": "dp"}
+                                       "init_from": "", "layout": "dp",
+                                       "cluster": {"accelerator": "cpu", "memory_gb": 0.0,
+                                                   "intra_node_gbps": 0.0,
+                                                   "inter_node_gbps": 0.0}}
 
     total_steps: int = num(200, 1, STEPS)
     segment_steps: int = num(100, 1, STEPS)  # steps per train_segment activity
@@ -87,9 +90,10 @@ class TrainConfig:
     # explicit degrees, checked against the model and world by RunSpec; "auto", the
     # planner's choice (spec/layout.py plan_layout). TP above 1 trains (ZeRO 0-2, not
     # elastic, no sweep); PP above 1 trains alone (tp 1, ZeRO 0-1, fp32, not elastic, no
-    # sweep: trainer/pipeline.py); "auto" is
-    # refused until runs report their accelerators to the planner.
+    # sweep: trainer/pipeline.py); "auto" is planned when the spec is read
+    # (spec/layout.py planned_layout, for `cluster`) and the spec holds what it came to.
     layout: str | LayoutConfig = "dp"
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)  # what "auto" plans for
 
     def __post_init__(self) -> None:
         _positive(self, "total_steps", "segment_steps", "segments_per_run", "micro_batch_tokens",

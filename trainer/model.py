@@ -22,6 +22,7 @@ from torch.utils.checkpoint import checkpoint
 
 from common.errors import BadConfig
 from spec import ModelConfig
+from spec.model import ffn_hidden  # noqa: F401 — re-exported: trainer.export and tests read it here
 
 log = structlog.get_logger(__name__)
 
@@ -34,12 +35,6 @@ _LOGGED_CHOICE: set[str] = set()
 IGNORE = -100  # target id that carries no loss (F.cross_entropy's default ignore_index)
 HALF = (torch.float16, torch.bfloat16)
 PACKED_MODES = ("auto", "mask", "segments")
-
-
-def ffn_hidden(cfg: ModelConfig) -> int:
-    """SwiGLU hidden size: ffn_mult * d_model * 2/3 rounded up to a multiple of 64 (Llama)."""
-    raw = cfg.ffn_mult * cfg.d_model * 2 / 3
-    return int(math.ceil(raw / 64) * 64)
 
 
 def packed_mode(kernel: str, dtype: torch.dtype, device: torch.device, requested: str) -> str:

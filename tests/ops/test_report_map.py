@@ -25,6 +25,7 @@ from storage.dataset import load_manifest, manifest_url
 from storage.events import read_events
 from storage.runs import stored_spec
 from storage.spans import read_spans
+from tests.spec.helpers import pinned
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STORE = os.path.join(ROOT, "tests", "fixtures", "report_run", "store")
@@ -137,6 +138,10 @@ def test_a_layout_says_how_the_ranks_split_and_why():
     pp = layout_of({"train": {"procs_per_node": 2, "layout": {"tp": 1, "pp": 2, "zero": 0}}})
     assert pp["why"] == "PP stages, 1F1B · 1 replica, ZeRO 0 (train.layout)"
     assert layout_of(None) is None and layout_of({"run_id": "x"}) is None
+    auto = layout_of(pinned(**{"train.layout": "auto"}).to_dict())
+    assert auto["why"].startswith('1 replica, ZeRO 0 (train.layout "auto": planned for 1 x 1 '
+                                  "CPU host (")
+    assert "TP 1: the bf16 weights" in auto["why"]
 
 
 def test_sweep_box_and_plot_carry_every_trial_the_lowest_loss_best(record):

@@ -4,7 +4,7 @@ Each recipe names its source. The model shapes of Llama 3 (32/80/126 layers, d_m
 4,096/8,192/16,384, 32/64/128 heads, 8 kv heads) are the Llama 3 paper's (arXiv 2407.21783,
 table 3). Hardware: 8 accelerators per node, 80 GB each; H100 989 dense bf16 TFLOP/s,
 NVLink 450 GB/s and one 400 Gb/s NIC (50 GB/s) per GPU; A100 312 TFLOP/s, 300 GB/s and
-one 200 Gb/s NIC (25 GB/s) per GPU (the datasheets ops/plan_facts.py cites). The torchtitan
+one 200 Gb/s NIC (25 GB/s) per GPU (the datasheets spec/hardware.py cites). The torchtitan
 presets' degrees and batch sizes were read from the files themselves (pytorch/torchtitan at
 01424cb for the 8B and 405B, 038d5fd for the 70B).
 """
@@ -232,13 +232,100 @@ def test_tp_where_the_trainer_does_not_support_it_yet_is_refused_naming_the_fiel
 
 
 @pytest.mark.parametrize(("layout", "problem"), [
-    ("auto", "a run does not report to the planner yet"),
     ("tp2", "unknown layout 'tp2'"),
     (2, "expected a word or an object"),
 ])
-def test_auto_and_what_is_not_a_layout_are_refused(layout, problem):
+def test_what_is_not_a_layout_is_refused(layout, problem):
     exc = _refused(layout)
     assert exc.field == "train.layout" and problem in exc.problem
+
+
+# ---- train.layout: "auto" ---------------------------------------------------------------
+
+# Llama 3 70B's shape (arXiv 2407.21783 table 3) as a run spec; its vocabulary (128,256)
+# makes the parameter count 70.55B with untied embeddings, the published 70.6B.
+LLAMA70 = {"model.d_model": 8192, "model.n_layers": 80, "model.n_heads": 64,
+           "model.n_kv_heads": 8, "model.ffn_mult": 4.0 * 28672 / (8192 * 8 / 3),
+           "model.seq_len": 8192, "model.tie_embeddings": False,
+           "data.tokenizer.vocab_size": 128256, "train.micro_batch_tokens": 8192,
+           "train.cluster": {"accelerator": "h100"}, "train.procs_per_node": 8,
+           "sweep.enabled": False, "model.activation_checkpointing": True}
+
+
+def test_auto_on_the_demo_model_plans_data_parallel_and_the_spec_holds_the_plan():
+    spec = _spec("auto")
+    lay = spec.train.layout
+    assert (lay.tp, lay.pp, lay.zero) == (1, 1, 0) and spec.train.zero_stage == 0
+    assert lay.why[0].startswith("planned for 1 x 1 CPU host (")
+    assert lay.why[1].startswith("TP 1: the bf16 weights") and "(64 GB)" in lay.why[1]
+    # the stored spec holds the plan, so the workflow and a resume read it, not "auto"
+    again = RunSpec.from_dict(spec.to_dict())
+    assert again == spec and again.spec_hash() == spec.spec_hash()
+    assert spec.to_dict()["train"]["layout"]["why"] == list(lay.why)
+    # the reasons are the record's, not the run's identity: the same degrees written out
+    # hash alike
+    written = _spec({"tp": 1, "pp": 1, "zero": 0})
+    assert written.spec_hash() == spec.spec_hash()
+
+
+def test_auto_never_plans_below_the_runs_own_zero_stage():
+    spec = _spec("auto", **{"train.zero_stage": 2})
+    assert spec.train.layout.zero == 2 == spec.train.zero_stage
+
+
+def test_auto_plans_tp_inside_a_node_for_a_70b_model_on_eight_h100_nodes():
+    spec = _spec("auto", **LLAMA70, **{"train.nodes": 8})
+    lay = spec.train.layout
+    # the bf16 weights (141 GB) do not fit half an H100, so TP over the node's 8; TP and PP
+    # are not trained together here, so ZeRO 2 over 8 replicas fits the states (33 GB)
+    assert (lay.tp, lay.pp, lay.zero) == (8, 1, 2), lay.why
+    assert "8 x 8 NVIDIA H100 SXM (70,553,706,496 parameters)" in lay.why[0]
+    assert lay.why[1].startswith("TP 8: the bf16 weights (141.1 GB) do not fit")
+
+
+def test_auto_refuses_a_70b_model_on_two_h100_nodes_naming_what_would_fit():
+    exc = _refused("auto", **LLAMA70, **{"train.nodes": 2})
+    assert exc.field == "train.layout"
+    assert "finds no layout the trainer runs whose model states fit half of 80 GB" \
+        in exc.problem and "TP 8" in exc.problem
+    assert "use more nodes" in exc.fix
+
+
+def test_auto_refuses_a_micro_batch_whose_activations_do_not_fit_beside_the_states():
+    over = {**LLAMA70, "train.nodes": 8, "model.activation_checkpointing": False,
+            "train.micro_batch_tokens": 8 * 8192}
+    exc = _refused("auto", **over)
+    assert exc.field == "train.micro_batch_tokens" and "do not fit beside" in exc.problem
+    assert "activation_checkpointing" in exc.fix
+
+
+def test_auto_keeps_tp_and_pp_at_one_with_a_sweep_or_elastic_nodes_and_says_why():
+    tiny = {"train.cluster": {"memory_gb": 0.002}, "train.procs_per_node": 2}
+    swept = _refused("auto", **tiny, **{"sweep.enabled": True})
+    assert "a sweep trains data parallel only (sweep.enabled)" in swept.problem
+    elastic = _refused("auto", **tiny, **{"sweep.enabled": False, "train.nodes": 2,
+                                          "train.min_nodes": 1})
+    assert "elastic nodes (train.min_nodes)" in elastic.problem
+
+
+def test_auto_plans_pipeline_stages_across_nodes_when_the_link_between_them_is_slow():
+    # two CPU nodes of one rank each, joined by a 1 kB/s link: the gradients' all-reduce
+    # would outrun the step, so the two layers go into two stages, one per node (ZeRO <= 1)
+    spec = _spec("auto", **{"train.nodes": 2, "train.grad_accum": 2, "sweep.enabled": False,
+                            "train.cluster": {"inter_node_gbps": 1e-6}})
+    lay = spec.train.layout
+    assert (lay.tp, lay.pp, lay.zero) == (1, 2, 0), lay.why
+    assert any("the slow link calls for pipelines" in r for r in lay.why)
+    # one micro-batch per step cannot fill two stages: 1F1B needs grad_accum >= pp
+    one = _spec("auto", **{"train.nodes": 2, "sweep.enabled": False,
+                           "train.cluster": {"inter_node_gbps": 1e-6}})
+    assert one.train.layout.pp == 1
+
+
+def test_an_unknown_accelerator_is_refused_naming_the_ones_known():
+    with pytest.raises(BadConfig) as exc:
+        _spec("auto", **{"train.cluster": {"accelerator": "tpu-v9"}})
+    assert exc.value.field == "train.cluster.accelerator" and "h100" in exc.value.fix
 
 
 def test_a_layout_object_takes_only_tp_pp_and_zero():

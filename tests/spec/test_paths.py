@@ -100,3 +100,6 @@ def test_the_static_summary_names_the_run_its_size_and_where_its_record_is():
     details = static_details(s)
     assert s.spec_hash() in details and "file:///srv/.mainspring/store" in details
     assert "temporal workflow query --workflow-id my-run --type status" in details
+    assert "layout:" not in details
+    planned = static_details(s.replace(**{"train.layout": "auto"}))
+    assert "layout: TP 1 × PP 1, ZeRO 0 — planned: TP 1: the bf16 weights" in planned
