@@ -6,7 +6,15 @@ import argparse
 
 import pytest
 
-from benchmarks.plan_from_run import QUICK_STEPS, adjusted, figures, report, run_lengths
+from benchmarks.plan_from_run import (
+    QUICK_STEPS,
+    SEGMENT_STEPS,
+    STEPS,
+    adjusted,
+    figures,
+    report,
+    run_lengths,
+)
 
 
 def recorded(run_id: str, steps: int, head_s: float, step_s: float, end_s: float) -> dict:
@@ -51,12 +59,19 @@ def test_the_bound_is_fifteen_percent_either_way():
 
 
 def test_quick_runs_keep_the_segment_counts_of_the_full_ones():
-    quick = run_lengths(argparse.Namespace(quick=True, steps=[400, 800, 1600],
-                                           segment_steps=400))
+    full = run_lengths(argparse.Namespace(quick=False, steps=list(STEPS),
+                                          segment_steps=SEGMENT_STEPS))
+    quick = run_lengths(argparse.Namespace(quick=True, steps=list(STEPS),
+                                           segment_steps=SEGMENT_STEPS))
     assert quick[0] == QUICK_STEPS
-    assert [-(-s // quick[1]) for s in quick[0]] == [1, 2, 4]
-    assert run_lengths(argparse.Namespace(quick=False, steps=[400, 800, 1600],
-                                          segment_steps=400)) == ((400, 800, 1600), 400)
+    assert [-(-s // quick[1]) for s in quick[0]] == [-(-s // full[1]) for s in full[0]]
+    assert full == (STEPS, SEGMENT_STEPS) == ((800, 1600, 3200), 400)
+
+
+def test_the_shortest_full_run_sees_past_a_segments_start_up_work():
+    # the segment's start-up work slows its first ~40-80 steps here: the prediction's 10 %
+    # of the shortest run must reach past them
+    assert min(STEPS) // 10 >= 80
 
 
 def test_the_load_adjusted_prediction_stretches_what_follows_the_prefix_by_the_cpu_share():
