@@ -18,8 +18,10 @@ from dataclasses import dataclass
 
 from common.errors import BadConfig
 from ops import plan_facts as facts
+from spec.layout import plan_layout
 
 LAYOUTS = ("auto", "dp", "zero1", "zero2", "zero3")
+ZERO_LAYOUTS = {0: "dp", 1: "zero1", 2: "zero2", 3: "zero3"}  # plan_layout's stage, named
 
 
 def flops_per_token(n_params: float, n_layers: int, d_model: int, seq_len: int) -> float:
@@ -212,27 +214,26 @@ class Layout:
     why: str
 
 
-def choose_layout(inputs: PlanInputs, acc: facts.Accelerator, per_node: int) -> Layout:
-    """The layout asked for; `auto`: ZeRO-1 when a replica's Adam state (16 bytes per
-    parameter) fits in half an accelerator, ZeRO-3 when it fits sharded across the data
-    parallel ranks, else TP over a node and the fewest pipeline stages that fit."""
+def choose_layout(inputs: PlanInputs, acc: facts.Accelerator, per_node: int, layers: int,
+                  d_model: int, seq_len: int, batch_tokens: float, peak: float,
+                  mfu: float) -> Layout:
+    """The layout asked for; `auto`: the run spec's planner (spec/layout.py `plan_layout`,
+    the one `train.layout: "auto"` runs), on G accelerators in nodes of `per_node`, with
+    this accelerator's memory and links. Its heads are an assumption the plan's shape
+    already makes: 128 dimensions each (Llama 3), as many kv heads (TP may split them)."""
     g, tp, pp = inputs.accelerators, inputs.tp, inputs.pp
     if inputs.layout != "auto":
         return Layout(name=inputs.layout, tp=tp, pp=pp, dp=g // (tp * pp), why="--layout")
-    budget = acc.memory_gb * 1e9 / 2
-    state = facts.STATE_BYTES_PER_PARAM * inputs.params
-    if state / (tp * pp) <= budget:
-        return Layout(name="zero1", tp=tp, pp=pp, dp=g // (tp * pp),
-                      why="auto: the Adam state fits on each accelerator")
-    if state / g <= budget:
-        return Layout(name="zero3", tp=tp, pp=pp, dp=g // (tp * pp),
-                      why="auto: the Adam state fits sharded over the data-parallel ranks")
-    tp = min(per_node, g)
-    pp = 1
-    while state / (tp * pp) > budget and g % (tp * pp * 2) == 0:
-        pp *= 2
-    return Layout(name="zero1", tp=tp, pp=pp, dp=g // (tp * pp),
-                  why="auto: TP across a node and the fewest pipeline stages that fit")
+    node = math.gcd(per_node, g)  # whole nodes of G (G below a node: one node of G)
+    heads = max(1, d_model // facts.HEAD_DIM)
+    lay = plan_layout(params=inputs.params, n_layers=layers, n_heads=heads, n_kv_heads=heads,
+                      d_model=d_model, nodes=g // node, accelerators_per_node=node,
+                      accelerator_memory_gb=acc.memory_gb, intra_node_gbps=acc.intra_gbs,
+                      inter_node_gbps=acc.inter_gbs, seq_len=seq_len,
+                      global_batch_tokens=int(batch_tokens), accelerator_tflops=peak / 1e12,
+                      mfu=mfu)
+    return Layout(name=ZERO_LAYOUTS[lay.zero_stage], tp=lay.tp, pp=lay.pp, dp=lay.dp,
+                  why="auto: " + "; ".join(lay.reasons))
 
 
 def comm_seconds(lay: Layout, inputs: PlanInputs, acc: facts.Accelerator, per_node: int,
@@ -379,7 +380,7 @@ def plan(inputs: PlanInputs) -> dict:
         defaults.append({"input": flag, "value": value, "source": source})
 
     fpt = flops_per_token(inputs.params, layers, d_model, seq)
-    lay = choose_layout(inputs, acc, per_node)
+    lay = choose_layout(inputs, acc, per_node, layers, d_model, seq, batch, peak, mfu)
     scale_args = (inputs, acc, lay, per_node, layers, d_model, fpt, batch, overlap, peak)
     mid, slow, fast = (scaling(*scale_args, m, mfu_at, seq) for m in (mfu, lo, hi))
     good = goodput_model(inputs, mtbf, ckpt, restart)

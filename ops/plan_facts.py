@@ -36,6 +36,9 @@ ASPECT, ASPECT_SOURCE = 128, ("assumption: d_model = 128 x layers and N = 12 L d
                               "405B: 16,384 / 126 = 130); pass --layers and --d-model")
 API_OUTPUT_SHARE, API_OUTPUT_SOURCE = 0.25, ("assumption: one output token per three input "
                                              "tokens; pass --api-output-share")
+# Llama 3's attention heads are 128 wide (arXiv 2407.21783 table 3: 4,096 / 32, 8,192 / 64,
+# 16,384 / 128): the plan's heads, for the layout planner's TP divisibility.
+HEAD_DIM = 128
 # bf16 gradients and activations on the wire (the trainer's bf16 runs; Llama 3 trains BF16).
 WIRE_BYTES = 2
 # Adam in mixed precision keeps 16 bytes per parameter (ZeRO, arXiv 1910.02054, section 3.1).
