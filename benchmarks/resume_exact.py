@@ -12,6 +12,8 @@ state, train state; with TP every rank's shard file, with PP every layer's file)
             (TP inside a host, DP across; benchmarks/resume_hosts.py; needs root)
     pp2     PP 2 on two ranks (one pipeline, train.layout {pp: 2}, 2 micro-batches a step)
             at ZeRO 0 and ZeRO 1
+    pp2-hosts  the same as two torchrun nodes of one rank each in two network namespaces:
+            a stage per host, activations and gradients across the hosts' link (root)
 
 Prints one JSON line: {"figure": "resume_exact", "value": <max abs weight difference over
 the configs>, ...}. The second process starts from the committed step-N/2 checkpoint only,
@@ -47,6 +49,7 @@ LAYOUTS = {"dp": ((1, 0, 1), (2, 2, 1)), "tp2": ((2, 0, 2), (2, 2, 2)),
 # (world, ZeRO, TP, PP, nodes): world // nodes ranks on each of `nodes` torchrun nodes, one
 # per network namespace host (benchmarks/resume_hosts.py)
 LAYOUTS["tp2dp2-hosts"] = ((4, 2, 2, 1, 2),)
+LAYOUTS["pp2-hosts"] = ((2, 0, 1, 2, 2), (2, 1, 1, 2, 2))  # a stage per host
 LAYER_FILE = "layer_"  # a pipeline's weights: one file per layer (trainer/pipeline.py)
 
 
@@ -103,9 +106,10 @@ def compare(root: Path, dataset: str, world: int, zero: int, tp: int = 1, pp: in
                     if starts != [None if to_step == plan[0][0] else STEPS // 2] * nodes:
                         raise SystemExit(f"{name} to step {to_step} started from {starts}")
             runs[name] = root / name / "runs" / "t" / "checkpoints" / f"step-{STEPS:09d}"
-            if nodes > 1:  # which node wrote which rank's files: TP inside a host, DP across
-                from benchmarks.resume_hosts import check_tp_inside_hosts
-                hosts[name] = check_tp_inside_hosts(runs[name], tp, world // nodes, nodes)
+            if nodes > 1:  # which node wrote which files: TP inside a host, DP or PP across
+                from benchmarks.resume_hosts import check_stages_across_hosts, check_tp_inside_hosts
+                hosts[name] = check_stages_across_hosts(runs[name], nodes) if pp > 1 else \
+                    check_tp_inside_hosts(runs[name], tp, world // nodes, nodes)
     weights, other, n_weights, n_all = 0.0, 0.0, 0, 0
     load = lambda p: flat_tensors(safe_torch_load(p, map_location="cpu"))  # noqa: E731
     files = sorted(p.name for p in runs["straight"].glob("*.pt"))

@@ -12,6 +12,8 @@ and a resume reads the durable tier (trainer/checkpoint_manager.py).
 `node_files` / `check_tp_inside_hosts`: which checkpoint files a node writes under
 DeepSpeed's (data, tensor) mesh, tensor fastest; the benchmark asserts node 1's part
 record holds exactly its ranks' files, so TP groups are inside a host and DP across.
+`check_stages_across_hosts` (`--layout pp2-hosts`): each host's part holds its stage's
+layer files, the stages in order across the hosts.
 Needs root and iproute2 (`netns_unavailable()` says why not).
 """
 
@@ -81,6 +83,26 @@ def check_tp_inside_hosts(step_dir: Path, tp: int, procs_per_node: int, nnodes: 
                 raise SystemExit(f"node {node} uploaded {written}, its ranks' files are {mine}")
         out[f"node{node}"] = {"data_replicas": sorted(replicas), "files": mine}
     return out
+
+
+LAYER = re.compile(r"^layer_(\d+)-model_states\.pt$")  # a pipeline stage's layer file
+
+
+def check_stages_across_hosts(step_dir: Path, nnodes: int) -> dict:
+    """Under PP with a stage per host: every node k > 0's part record of the committed step
+    at `step_dir` holds layer files, node 0 the rest, and the nodes' layers run in order
+    (node k's all before node k + 1's): the pipeline's stages laid across the hosts.
+    SystemExit saying what differs."""
+    layers = {int(m.group(1)) for p in step_dir.glob("*.pt") if (m := LAYER.match(p.name))}
+    held = {}
+    for node in range(1, nnodes):
+        part = json.loads((step_dir / "parts" / f"node-{node}.json").read_text())
+        held[node] = sorted(int(m.group(1)) for f in part["files"] if (m := LAYER.match(f)))
+    held[0] = sorted(layers - {i for node in held.values() for i in node})
+    order = [held[n] for n in range(nnodes)]
+    if not all(order) or any(a[-1] >= b[0] for a, b in zip(order, order[1:])):
+        raise SystemExit(f"the nodes' layer files are {order}: not one stage per host, in order")
+    return {f"node{n}": {"layers": held[n]} for n in range(nnodes)}
 
 
 def resumed_from(node_dir: Path) -> int | str | None:

@@ -1,6 +1,7 @@
 """benchmarks/resume_hosts.py: which node writes which checkpoint file under DeepSpeed's
-(data, tensor) mesh, and the check that TP groups sit inside a host and DP across; soak: the
-two-host exact resume itself (`resume_exact.py --layout tp2dp2-hosts`, ~35 s, root)."""
+(data, tensor) mesh, the check that TP groups sit inside a host and DP across, and that a
+pipeline's stages lie one per host; soak: the two-host exact resumes themselves
+(`resume_exact.py --layout tp2dp2-hosts` and `pp2-hosts`, ~35 s each, root)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.resume_hosts import check_tp_inside_hosts, node_files, rank_of_file
+from benchmarks.resume_hosts import (
+    check_stages_across_hosts,
+    check_tp_inside_hosts,
+    node_files,
+    rank_of_file,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 FILES = ["mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt",
@@ -65,18 +71,43 @@ def test_a_node_without_whole_tp_groups_is_refused(tmp_path):
         check_tp_inside_hosts(step_dir(tmp_path, []), tp=2, procs_per_node=1, nnodes=4)
 
 
+def pipeline_step(tmp_path: Path, part: list[int]) -> Path:
+    """A PP 2 step's files as the pipe engine writes them (layers 0-4: embedding, two blocks,
+    norm, head), node 1's part record holding the layer files `part`."""
+    layer = "layer_{:02d}-model_states.pt".format
+    for i in range(5):
+        (tmp_path / layer(i)).write_bytes(b"")
+    (tmp_path / "parts").mkdir()
+    (tmp_path / "parts" / "node-1.json").write_text(json.dumps(
+        {"step": 8, "node_rank": 1, "session": "s",
+         "files": {**{layer(i): {} for i in part}, "train_state-rank1.pt": {}}}))
+    return tmp_path
+
+
+def test_a_pipeline_with_its_second_stage_on_the_second_host_passes(tmp_path):
+    got = check_stages_across_hosts(pipeline_step(tmp_path, [2, 3, 4]), nnodes=2)
+    assert got == {"node0": {"layers": [0, 1]}, "node1": {"layers": [2, 3, 4]}}
+
+
+@pytest.mark.parametrize("part", [[], [0, 1, 2, 3, 4], [1, 3]])
+def test_stages_not_laid_one_per_host_in_order_are_refused(tmp_path, part):
+    with pytest.raises(SystemExit, match="not one stage per host"):
+        check_stages_across_hosts(pipeline_step(tmp_path, part), nnodes=2)
+
+
 @pytest.mark.soak
-def test_tp2_dp2_on_two_namespace_hosts_resumes_exactly():
+@pytest.mark.parametrize(("layout", "configs"), [("tp2dp2-hosts", 1), ("pp2-hosts", 2)])
+def test_a_layout_across_two_namespace_hosts_resumes_exactly(layout, configs):
     from tests.e2e.netns import netns_unavailable
 
     if reason := netns_unavailable():
         pytest.skip(reason)
-    proc = subprocess.run([sys.executable, "benchmarks/resume_exact.py", "--layout",
-                           "tp2dp2-hosts"], cwd=REPO, capture_output=True, text=True,
-                          timeout=900)
+    proc = subprocess.run([sys.executable, "benchmarks/resume_exact.py", "--layout", layout],
+                          cwd=REPO, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = json.loads([ln for ln in proc.stdout.splitlines() if '"figure"' in ln][-1])
-    config, = out["configs"]
+    assert len(out["configs"]) == configs
     assert out["value"] == 0.0 and out["max_abs_state_diff"] == 0.0, out
-    assert config["control_weight_change_resume_to_end"] > 0, config
-    assert config["hosts"]["resumed_from"]["resumed-8"] == [4, 4], config
+    for config in out["configs"]:
+        assert config["control_weight_change_resume_to_end"] > 0, config
+        assert config["hosts"]["resumed_from"]["resumed-8"] == [4, 4], config
