@@ -25,9 +25,10 @@ as a `spike_diagnosed` event with its evidence and cost, then acts on it (traine
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from statistics import median, pstdev
 from typing import Any
@@ -191,14 +192,40 @@ def explains(replays: Sequence[BatchReplay], spike_cursors: set[int], documents:
     return True
 
 
-def pooled(replays: list[BatchReplay]) -> list[BatchReplay]:
+def pooled(replays: list[BatchReplay], group: Any = None) -> list[BatchReplay]:
     """Every rank's replays of the same cursors, in rank order (the same list on every
-    rank: each rank reads its own samples at a cursor)."""
-    if not dist.is_initialized() or dist.get_world_size() == 1:
+    rank: each rank reads its own samples at a cursor). `group`: the ranks to pool over
+    (default: all), one per data replica (a pipeline's stages hold one replica's replays)."""
+    if not dist.is_initialized() or dist.get_world_size(group) == 1:
         return replays
-    gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, replays)
+    gathered: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, replays, group=group)
     return [b for rank in gathered for b in rank]
+
+
+def scored(cursor: int, logits: torch.Tensor, targets: torch.Tensor,
+           docs: torch.Tensor | None) -> BatchReplay:
+    """Micro-batch `cursor` replayed, from its logits: the mean cross-entropy over its scored
+    targets and, with its documents' numbers, `per_document` (one rule for every layout's
+    replay, so a pipeline's last stage scores exactly as the whole model does)."""
+    token_loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(),
+                                 ignore_index=IGNORE, reduction="none").view_as(targets)
+    scored_targets = int((targets != IGNORE).sum())
+    loss = float(token_loss.sum()) / max(scored_targets, 1)
+    return BatchReplay(cursor, loss, per_document(token_loss.cpu(), targets.cpu(), docs)
+                       if docs is not None else {})
+
+
+@contextlib.contextmanager
+def evaluating(module: torch.nn.Module) -> Iterator[None]:
+    """`module` in eval mode without gradients for a replay, its mode restored after."""
+    was_training = module.training
+    module.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        module.train(was_training)
 
 
 class Sources:
@@ -225,34 +252,28 @@ class Sources:
 
 
 class Replayer:
-    """Forward passes of given micro-batches on the engine's current weights, no update."""
+    """Forward passes of given micro-batches on the engine's current weights, no update.
+    A layout whose ranks do not each hold the whole model overrides `replay` (and `pool`,
+    where its ranks hold copies of one replica's replays): trainer/pipeline_replay.py."""
 
     def __init__(self, engine, batches, sources: Sources | None = None) -> None:
         self.engine, self.batches, self.sources = engine, batches, sources
 
     def replay(self, cursors: Sequence[int], step: int) -> list[BatchReplay]:
+        """This rank's micro-batches at `cursors`, each through the whole model."""
         module = self.engine.module
-        was_training = module.training
-        module.eval()
         out = []
-        try:
-            with torch.no_grad():
-                for cursor in cursors:
-                    x, y, *rest = (t.to(self.engine.device)
-                                   for t in self.batches.replay(cursor, step))
-                    pos, doc = (rest + [None, None])[:2]
-                    logits, _ = module(x, position_ids=pos, doc_ids=doc)
-                    token_loss = F.cross_entropy(
-                        logits.float().flatten(0, 1), y.flatten(), ignore_index=IGNORE,
-                        reduction="none").view_as(y)
-                    scored = int((y != IGNORE).sum())
-                    loss = float(token_loss.sum()) / max(scored, 1)
-                    docs = self.batches.documents(cursor)
-                    out.append(BatchReplay(cursor, loss, per_document(
-                        token_loss.cpu(), y.cpu(), docs) if docs is not None else {}))
-        finally:
-            module.train(was_training)
+        with evaluating(module):
+            for cursor in cursors:
+                x, y, *rest = (t.to(self.engine.device) for t in self.batches.replay(cursor, step))
+                pos, doc = (rest + [None, None])[:2]
+                logits, _ = module(x, position_ids=pos, doc_ids=doc)
+                out.append(scored(cursor, logits, y, self.batches.documents(cursor)))
         return out
+
+    def pool(self, replays: list[BatchReplay]) -> list[BatchReplay]:
+        """Every data replica's replays, the same list on every rank (collective)."""
+        return pooled(replays)
 
     def diagnose(self, cursors: Sequence[int], spike_cursors: Iterable[int], step: int,
                  threshold: float) -> tuple[Diagnosis, float]:
@@ -263,8 +284,8 @@ class Replayer:
         # collectives: every rank's replays pooled, so the verdict is the same on every rank.
         # The second replay is of the spike's own batches: the computation whose
         # determinism is in question; the window is the first's reference.
-        first = pooled(self.replay(cursors, step))
-        second = pooled(self.replay(spike, step))
+        first = self.pool(self.replay(cursors, step))
+        second = self.pool(self.replay(spike, step))
         found = diagnose(first, second, spike, threshold)
         if found.documents and self.sources is not None:  # the guilty documents' records
             found.evidence["sources"] = self.sources(found.documents)

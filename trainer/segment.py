@@ -75,6 +75,7 @@ from trainer.model import GPT
 from trainer.online_eval import OnlineEval
 from trainer.oscillation_watch import recorded_lr_windows
 from trainer.pipeline import last_stages, pp_ranks, teach
+from trainer.pipeline_replay import PipeReplayer
 from trainer.replicas import ReplicaCheck
 from trainer.schedule import LRSchedule
 from trainer.start import finished_manifest, start_state
@@ -237,16 +238,17 @@ def build_trainer(ctx: SegmentContext, engine, *, vocab_size: int, source, meter
     guard = SpikeGuard(ctx, engine, outcome, checkpoints)
     guard.source = source  # a `data` verdict's accused documents are skipped by it
     batches = faults.batches(source)
-    # a rollback's diagnosis replays these, and names the accused documents' sources
-    guard.replayer = Replayer(engine, batches, Sources(args.dataset, args.cache("dataset")))
+    # a rollback's diagnosis replays these, and names the accused documents' sources; a
+    # pipeline's replay runs stage by stage (trainer/pipeline_replay.py)
+    replayer = PipeReplayer if pp_degree(spec.train.layout) > 1 else Replayer
+    guard.replayer = replayer(engine, batches, Sources(args.dataset, args.cache("dataset")))
     # an abnormal loss asks whether the ranks' copies of the weights still agree
     guard.replicas = ReplicaCheck(engine.module, world=ctx.world, zero_stage=spec.train.zero_stage,
                                   rank=ctx.rank, node_rank=ctx.node_rank)
     if tp_degree(spec.train.layout) > 1:  # a TP group's ranks hold different shards, not
         guard.replicas.enabled = False  # copies: only the replay can judge numerics there
-    if pp_degree(spec.train.layout) > 1:  # stages hold different layers, and the replay
-        guard.replicas.enabled = False  # runs the whole model's forward, which a pipeline
-        guard.replayer = None  # engine has not: a rollback skips its window undiagnosed
+    if pp_degree(spec.train.layout) > 1:  # stages hold different layers, not copies: only
+        guard.replicas.enabled = False  # the replay can judge numerics there
     # the LR an oscillation lowered stays lowered for its steps (collective: a broadcast)
     guard.oscillation.windows = recorded_lr_windows(ctx)
     schedule = LRSchedule(spec.train, (*args.lr_windows, *guard.oscillation.windows),

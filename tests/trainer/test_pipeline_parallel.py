@@ -407,14 +407,15 @@ def test_a_pp2_segment_skips_a_nan_step_and_rolls_back_a_sustained_spike_through
     """tests/trainer/test_spike_handling.py's faulted segment at PP 2: the NaN loss (the
     last stage's loss_fn poisoned) skipped, the spiking steps' updates vetoed (the pipe
     engine's update waits for the verdict), the rollback restores both stages' layers
-    before the onset and skips the window (undiagnosed: the replay runs the whole model's
-    forward), online evaluation on, and the run trains on to its end."""
+    before the onset and skips the window (diagnosed first by the stage-by-stage replay:
+    the corrupted batches are `data`), online evaluation on, and the run trains on to its
+    end."""
     from tests.trainer.test_spike_handling import CORRUPT_AT, NAN_AT, spiky_segment
 
     _, result = spiky_segment(tmp_path, make_dataset(tmp_path / "d"), world=2, **PP2)
     (rb,) = result["outcome"]["rollbacks"]
     assert rb["onset"] == CORRUPT_AT and rb["to_step"] < CORRUPT_AT
-    assert rb["skipped"] == "window" and rb["verdict"] is None
+    assert rb["skipped"] == "window" and rb["verdict"] == "data"
     assert NAN_AT in result["outcome"]["skipped_steps"]
     assert CORRUPT_AT in result["outcome"]["skipped_steps"]
     assert result["final_step"] == 100 and result["train_loss"] < 4.0
