@@ -1,7 +1,8 @@
 """Data-parallel scaling on this machine: the trainer's tokens/s at 1, 2 and 4 ranks, the
 measured speed-up beside `mainspring plan`'s prediction for the same layout.
 
-    .venv/bin/python benchmarks/scaling.py [--ranks 1 2 4] [--steps 40] [--threads 1] [--quick]
+    .venv/bin/python benchmarks/scaling.py [--ranks 1 2 4] [--steps 40] [--threads 1]
+                                           [--hosts 1|2] [--quick]
 
 Each rank count is one torchrun launch of `python -m benchmarks.scaling --rank-loop`: the
 trainer's GPT (`trainer.model`) in DeepSpeed's engine as the trainer builds it
@@ -11,6 +12,17 @@ loss.item() per step, as benchmarks/overhead.py's bare loop. The rows are random
 one document each: every rank and every step does the same work, which packed rows of
 random cuts would not. One torch thread per rank (`--threads`), as overhead.py: at 4 ranks
 on 2 cores the ranks share the cores, which the plan models (`ops.plan.cpu_share`).
+
+The largest launch (4 ranks) runs on two hosts (`--hosts 2`, the default where network
+namespaces can be made, as root): two torchrun nodes of 2 ranks, one in each of two Linux
+network namespaces (tests/e2e/netns.py `NetnsCluster`), launched as
+benchmarks/resume_hosts.py launches a segment — the supervisor's command with a gang member,
+torchrun's static rendezvous on host 0's namespace address (so rank 0, which writes the
+figures, is on host 0), gloo on each namespace's own interface. Its all-reduce, and so its
+link probe, crosses the veth link, and the prediction uses the cross-host link it measured.
+Both namespaces run on this machine's cores, so cpu_share applies to all 4 ranks on them as
+before. Where namespaces cannot be made, it runs on one host and the JSON line says why
+(`hosts_note`); `hosts` says which launches crossed hosts.
 
 After its steps, each launch of 2 or more ranks measures the link: a torch.distributed
 all_reduce of PROBE_BYTES of fp32 on the same gloo group, timed over repeats; the bytes each
@@ -35,6 +47,7 @@ Prints one JSON line: {"figure": "scaling_speedup", "measured", "predicted", "er
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -52,6 +65,7 @@ REPO = Path(__file__).resolve().parents[1]
 # overhead.py's model: a step of ~0.1-0.2 s on one CPU core, ~1M parameters.
 MODEL = {"model.d_model": 128, "model.n_layers": 4, "model.n_heads": 4, "model.n_kv_heads": 4,
          "model.seq_len": 128, "train.micro_batch_tokens": 1024}
+MASTER_PORT = 29500  # host 0's rendezvous store, on its namespace's own address (+ ranks)
 PROBE_BYTES = 4 << 20  # 4 MiB of fp32: the size of this model's gradients
 GRAD_WIRE_BYTES = 4  # ZeRO-0 fp32 all-reduces fp32 gradients
 
@@ -186,26 +200,106 @@ def probe_link(dist, torch, world: int, repeats: int) -> float:
     return statistics.median(times)
 
 
-def launch(ranks: int, steps: int, warmup: int, probes: int, threads: int, scratch: Path,
-           extensions: str) -> dict:
-    """One torchrun launch of `ranks` ranks on this node; rank 0's figures."""
+def launch(ranks: int, rank_args: list[str], threads: int, scratch: Path,
+           extensions: str, cluster=None, nodes: int = 1) -> dict:
+    """One launch of `ranks` ranks: one torchrun on this node, or (`nodes` > 1) one torchrun
+    node per namespace host of `cluster`; rank 0's figures and the other jobs beside them."""
     from activities.supervise import child_env, trainer_command
 
     out = scratch / f"ranks-{ranks}.json"
-    cmd = trainer_command("benchmarks.scaling", ranks,
-                          ["--rank-loop", "--steps", str(steps), "--warmup", str(warmup),
-                           "--probes", str(probes), "--out", str(out)])
+    args = [*rank_args, "--out", str(out)]
     env = child_env({"OMP_NUM_THREADS": str(threads), "TORCH_EXTENSIONS_DIR": extensions})
     sampler = GroupSampler()
     try:
-        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
-                              check=False)
+        if nodes == 1:
+            proc = subprocess.run(trainer_command("benchmarks.scaling", ranks, args), cwd=REPO,
+                                  env=env, capture_output=True, text=True, check=False)
+            code, log = proc.returncode, proc.stderr
+        else:
+            launches = node_launches(ranks, cluster.hosts[:nodes], args, env,
+                                     port=MASTER_PORT + ranks)
+            code, log = run_nodes(launches, scratch / f"ranks-{ranks}")
     finally:
         sampler.stop()
-    if proc.returncode:
-        raise RuntimeError(f"{ranks}-rank loop failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    if code:
+        raise RuntimeError(f"{ranks}-rank loop on {nodes} host(s) failed ({code}): {log[-3000:]}")
     run = json.loads(out.read_text())
-    return {**run, "background": background(sampler.samples, run["loop_window"])}
+    return {**run, "background": background(sampler.samples, run["loop_window"]),
+            "hosts": nodes}
+
+
+def node_launches(ranks: int, hosts: list, rank_args: list[str], env: dict[str, str],
+                  port: int) -> list[tuple[list[str], dict[str, str]]]:
+    """Pure: (argv, environment) of each namespace host's torchrun node for one launch of
+    `ranks` ranks over `hosts`, as benchmarks/resume_hosts.py launches trainer.segment: the
+    supervisor's command with a gang member (static rendezvous, node ranks fixed, so rank 0
+    is on host 0), the store on host 0's namespace address, and gloo told the host's own
+    interface — without it, gloo advertises the address of the machine's hostname, which no
+    namespace can reach. `argv` already runs inside the host's namespace."""
+    from activities.contracts import GangMember
+    from activities.supervise import trainer_command
+
+    nnodes = len(hosts)
+    if ranks % nnodes:
+        raise ValueError(f"{ranks} ranks do not split evenly over {nnodes} hosts")
+    master = f"{hosts[0].address}:{port}"
+    session = f"scaling-{ranks}"
+    out = []
+    for i, host in enumerate(hosts):
+        gang = GangMember(node=f"h{i}", node_rank=i, nnodes=nnodes, master=master,
+                          session=session)
+        cmd = trainer_command("benchmarks.scaling", ranks // nnodes, rank_args, gang=gang)
+        out.append((host.argv(cmd), {**env, "GLOO_SOCKET_IFNAME": host.ifname}))
+    return out
+
+
+def run_nodes(launches: list[tuple[list[str], dict[str, str]]], logs: Path,
+              timeout: float = 900.0) -> tuple[int, str]:
+    """Start every node's torchrun, wait for all; when one fails the others get a grace
+    and are then killed (a node whose peer died waits on it until gloo's timeout). The
+    first non-zero exit and every node's log tail."""
+    procs, paths = [], []
+    for i, (argv, env) in enumerate(launches):
+        paths.append(logs.with_name(f"{logs.name}-node{i}.log"))
+        with open(paths[-1], "w") as log:  # a file: ranks outlive a killed torchrun
+            procs.append(subprocess.Popen(argv, cwd=REPO, env=env, stdout=log,
+                                          stderr=subprocess.STDOUT))
+    deadline, failed = time.monotonic() + timeout, None
+    while any(p.poll() is None for p in procs):
+        now = time.monotonic()
+        if failed is None and any(p.poll() for p in procs):
+            failed = now
+        if now > deadline or (failed is not None and now > failed + 30):
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+            break
+        time.sleep(0.2)
+    codes = [p.wait() for p in procs]
+    text = "".join(f"--- node {i} (exit {c}) ---\n{path.read_text()[-3000:]}"
+                   for i, (c, path) in enumerate(zip(codes, paths)))
+    return next((c for c in codes if c), 0), text
+
+
+def host_split(ranks: list[int], hosts: int) -> dict[int, int]:
+    """Pure: how many hosts each launch runs on. The largest launch spreads over `hosts`
+    (evenly: torchrun nodes have one size), so its all-reduce, and the link its probe
+    measures, crosses hosts; the smaller ones stay on one host, the base the speed-up is
+    taken against and the one-host step between."""
+    top = max(ranks)
+    # nodes of two or more ranks: a short --ranks list (1 2) keeps its launches on one host
+    split = hosts if hosts > 1 and top % hosts == 0 and top > hosts else 1
+    return {g: split if g == top else 1 for g in ranks}
+
+
+def choose_hosts(requested: int | None, unavailable: str | None) -> tuple[int, str | None]:
+    """Pure: the hosts to use and, where fewer than asked or defaulted, why. Two namespace
+    hosts by default; one where namespaces cannot be made here (`unavailable`, the reason
+    tests/e2e/netns.py gives), said in the JSON line rather than failing the benchmark."""
+    want = 2 if requested is None else requested
+    if want > 1 and unavailable:
+        return 1, f"one host: network namespaces unavailable ({unavailable})"
+    return want, None
 
 
 # ---- the figures (pure) ----------------------------------------------------------------------
@@ -237,7 +331,12 @@ def figures(runs: dict[int, dict], cores: int, threads: int = 1) -> dict:
                           for g, r in runs.items()},
             # what each rank got: its CPU seconds over the wall time (a check on cpu_share)
             "observed_share": {str(g): statistics.mean(r["cpu_s"]) / r["loop_s"]
-                               for g, r in runs.items()}}
+                               for g, r in runs.items()},
+            # what each rank spent: its CPU seconds per step over the lone rank's (a check on
+            # the plan's compute, which stays core_step_1_s at every rank count; the
+            # all-reduce's own CPU is in it too, as is co-running ranks' slower compute)
+            "core_step_ratio": {str(g): statistics.mean(r["cpu_s"]) / r["steps"] / core_1
+                                for g, r in runs.items()}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -247,6 +346,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--probes", type=int, default=20, help="timed all_reduce repeats")
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    p.add_argument("--hosts", type=int, choices=(1, 2), default=None,
+                   help="namespace hosts for the largest launch (default: 2 where network "
+                        "namespaces can be made, else 1, said in the JSON line)")
     p.add_argument("--quick", action="store_true", help="2 steps, 1 warm-up, 3 probes")
     p.add_argument("--rank-loop", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
@@ -257,23 +359,47 @@ def main(argv: list[str] | None = None) -> int:
         rank_loop(args.steps, args.warmup, args.probes, args.out)
         return 0
     from benchmarks.harness import private_extensions
+    from tests.e2e.netns import NetnsCluster, netns_unavailable
 
     extensions = private_extensions()  # DeepSpeed's CPU comm op built before any launch
     ranks = sorted({1, *args.ranks})
     cores = os.cpu_count() or 1
-    with tempfile.TemporaryDirectory(prefix="mainspring-scaling-") as scratch:
-        runs = {g: launch(g, args.steps, args.warmup, args.probes, args.threads,
-                          Path(scratch), extensions) for g in ranks}
+    hosts, note = choose_hosts(args.hosts, None)
+    if max(host_split(ranks, hosts).values()) > 1:  # a launch would span hosts: can it?
+        hosts, note = choose_hosts(args.hosts, netns_unavailable())
+    split = host_split(ranks, hosts)
+    rank_args = ["--rank-loop", "--steps", str(args.steps), "--warmup", str(args.warmup),
+                 "--probes", str(args.probes)]
+    with tempfile.TemporaryDirectory(prefix="mainspring-scaling-") as scratch, \
+            contextlib.ExitStack() as stack:
+        # the namespaces are made only for a launch that spans them, removed on exit
+        cluster = (stack.enter_context(NetnsCluster(n_hosts=max(split.values())))
+                   if max(split.values()) > 1 else None)
+        runs = {g: launch(g, rank_args, args.threads, Path(scratch), extensions, cluster,
+                          split[g]) for g in ranks}
     out = figures(runs, cores, args.threads)
     print(json.dumps({
         "figure": "scaling_speedup", **out, "target_error": 0.2,
-        "ranks": ranks, "cores": cores, "threads_per_rank": args.threads,
+        "ranks": ranks, "hosts": {str(g): n for g, n in split.items()}, "cores": cores,
+        "threads_per_rank": args.threads,
         "steps": args.steps, "warmup": args.warmup, "probe_bytes": PROBE_BYTES,
         "allreduce_s": {str(g): r["allreduce_s"] for g, r in runs.items() if g > 1},
         "params": runs[1]["params"], "tokens_per_step_per_rank": runs[1]["tokens_per_step"],
         "model": {k.split(".")[1]: v for k, v in MODEL.items() if k.startswith("model.")},
-        "layout": "dp (ZeRO-0, fp32, gloo), one host", "load_avg_1m": os.getloadavg()[0]}))
+        "layout": layout(split), **({"hosts_note": note} if note else {}),
+        "load_avg_1m": os.getloadavg()[0]}))
     return 0
+
+
+def layout(split: dict[int, int]) -> str:
+    """Pure: the JSON line's words for where each launch ran."""
+    many = {g: n for g, n in split.items() if n > 1}
+    one = " and ".join(str(g) for g in sorted(split) if g not in many)
+    where = "one host" if not many else "; ".join(
+        [f"{one} rank(s) on one host",
+         *(f"{g} as {n} torchrun nodes of {g // n} ranks in {n} network namespace hosts "
+           "(gloo over veth pairs and a bridge)" for g, n in sorted(many.items()))])
+    return f"dp (ZeRO-0, fp32, gloo), {where}; all on this machine's cores"
 
 
 if __name__ == "__main__":

@@ -13,10 +13,15 @@ from benchmarks.scaling import (
     PROBE_BYTES,
     autogroup,
     background,
+    choose_hosts,
     figures,
+    host_split,
+    layout,
     main,
+    node_launches,
     other_runnable_groups,
 )
+from tests.e2e.netns import NetnsHost
 
 
 def run(ranks: int, loop_s: float, allreduce_s: float | None, cpu_s: float) -> dict:
@@ -41,6 +46,14 @@ def test_speedups_are_tokens_per_second_over_one_rank_and_the_plan_uses_the_prob
     assert out["error"]["4"] == pytest.approx(out["predicted"]["4"] / out["measured"]["4"] - 1)
     assert out["cpu_share"] == {"1": 1.0, "2": 1.0, "4": 0.5}
     assert out["observed_share"] == pytest.approx({"1": 1.0, "2": 1 / 1.1, "4": 1 / 2.2})
+    assert out["core_step_ratio"] == pytest.approx({"1": 1.0, "2": 1.0, "4": 1.0})
+
+
+def test_the_ranks_cpu_per_step_is_set_beside_the_lone_ranks():
+    # 4 ranks that each spent 1.2 s of CPU on the 10 steps the lone rank did in 1.0 s
+    out = figures({1: run(1, 1.0, None, 1.0), 4: run(4, 2.6, 0.006, 1.2)}, cores=2)
+    assert out["core_step_ratio"] == pytest.approx({"1": 1.0, "4": 1.2})
+    assert out["core_step_1_s"] == pytest.approx(0.1)
 
 
 def test_background_is_the_mean_of_the_samples_inside_the_timed_steps():
@@ -63,6 +76,54 @@ def test_a_process_without_a_readable_autogroup_has_none_rather_than_failing_the
     assert autogroup(child.pid) is None
     mine = autogroup(os.getpid())
     assert mine is None or mine.startswith("/autogroup-")
+
+
+def test_only_the_largest_launch_spreads_over_the_hosts_in_nodes_of_two_or_more_ranks():
+    assert host_split([1, 2, 4], 2) == {1: 1, 2: 1, 4: 2}
+    assert host_split([1, 2, 4], 1) == {1: 1, 2: 1, 4: 1}
+    # a short list keeps its 2-rank launch whole rather than two nodes of one rank
+    assert host_split([1, 2], 2) == {1: 1, 2: 1}
+    # an uneven split is not made: torchrun's nodes have one size
+    assert host_split([1, 2, 6], 4) == {1: 1, 2: 1, 6: 1}
+    assert host_split([1, 8], 2) == {1: 1, 8: 2}
+
+
+def test_two_hosts_by_default_and_one_with_the_reason_where_namespaces_cannot_be_made():
+    assert choose_hosts(None, None) == (2, None)
+    hosts, note = choose_hosts(None, "network namespaces need root (euid 1000)")
+    assert hosts == 1 and "need root" in note and note.startswith("one host")
+    assert choose_hosts(2, "no `ip` binary")[0] == 1
+    assert choose_hosts(1, None) == (1, None)
+
+
+def test_the_layout_says_which_launch_crossed_hosts():
+    assert "one host" in layout({1: 1, 2: 1, 4: 1})
+    two = layout({1: 1, 2: 1, 4: 2})
+    assert "1 and 2 rank(s) on one host" in two
+    assert "4 as 2 torchrun nodes of 2 ranks in 2 network namespace hosts" in two
+
+
+def test_a_two_host_launch_is_two_torchrun_nodes_rendezvousing_on_host_0s_namespace():
+    hosts = [NetnsHost(name="ms-x-h0", address="10.9.8.2"),
+             NetnsHost(name="ms-x-h1", address="10.9.8.3", ifname="veth-b")]
+    args = ["--rank-loop", "--steps", "3", "--out", "/o.json"]
+    launches = node_launches(4, hosts, args, {"OMP_NUM_THREADS": "1"}, port=29504)
+    assert len(launches) == 2
+    for i, (argv, env) in enumerate(launches):
+        # inside host i's namespace
+        assert argv[:4] == ["ip", "netns", "exec", hosts[i].name]
+        torchrun = argv[4:]
+        assert torchrun[1:3] == ["-m", "torch.distributed.run"]
+        # a static rendezvous with node ranks fixed: node 0 (rank 0) on host 0
+        assert "--nnodes=2" in torchrun and f"--node-rank={i}" in torchrun
+        assert "--master-addr=10.9.8.2" in torchrun and "--master-port=29504" in torchrun
+        assert "--standalone" not in torchrun
+        assert "--nproc_per_node=2" in torchrun  # 4 ranks, 2 a node
+        assert torchrun[-len(args) - 2:] == ["-m", "benchmarks.scaling", *args]
+        # gloo on the host's own interface; the caller's environment kept
+        assert env == {"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": hosts[i].ifname}
+    with pytest.raises(ValueError, match="evenly"):
+        node_launches(3, hosts, args, {}, port=29503)
 
 
 # Soak: launches real ranks at 1 and 2 (15-20 s); the default suite checks the arithmetic
