@@ -40,7 +40,10 @@ gives the one-rank step the speed-up is taken against; communication is the ring
 of the real gradient bytes (parameters x 4, fp32) at the link speed measured at that rank
 count, none of it hidden (ZeRO-0 reduces after the backward pass). Measured speed-up:
 tokens/s at G over tokens/s at 1, each the tokens of the timed steps over their wall time on
-rank 0. `observed_share` (each rank's CPU seconds over the wall time) checks cpu_share.
+rank 0. `observed_share` (each rank's CPU seconds over the wall time) checks cpu_share;
+`core_step_ratio` (each rank's CPU seconds per step over the lone rank's) checks the plan's
+compute, which it keeps at the lone rank's for every rank count: co-running ranks on this
+machine spend more (the all-reduce path's own CPU, a few percent, is in it and in the probe).
 Prints one JSON line: {"figure": "scaling_speedup", "measured", "predicted", "error", ...}.
 """
 
