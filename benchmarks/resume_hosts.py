@@ -116,6 +116,35 @@ def resumed_from(node_dir: Path) -> int | str | None:
     return starts[-1].resumed_from if starts else "none"
 
 
+def run_nodes(launches: list[tuple[list[str], dict[str, str]]], paths: list[Path],
+              timeout: float = 900.0) -> tuple[int, str]:
+    """Start every node's torchrun (`launches`: its argv, already inside its namespace, and
+    its environment; its output to `paths`, a file: ranks outlive a killed torchrun), wait
+    for all; when one fails the others get a grace and are then killed (a node whose peer
+    died waits on it until gloo's timeout). The first non-zero exit and every node's log
+    tail."""
+    procs = []
+    for (argv, env), path in zip(launches, paths):
+        with open(path, "w") as log:
+            procs.append(subprocess.Popen(argv, cwd=REPO, env=env, stdout=log,
+                                          stderr=subprocess.STDOUT))
+    deadline, failed = time.monotonic() + timeout, None
+    while any(p.poll() is None for p in procs):
+        now = time.monotonic()
+        if failed is None and any(p.poll() for p in procs):
+            failed = now
+        if now > deadline or (failed is not None and now > failed + 30):
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+            break
+        time.sleep(0.2)
+    codes = [p.wait() for p in procs]
+    text = "".join(f"--- node {i} (exit {c}) ---\n{path.read_text()[-3000:]}"
+                   for i, (c, path) in enumerate(zip(codes, paths)))
+    return next((c for c in codes if c), 0), text
+
+
 @contextmanager
 def namespace_hosts(nnodes: int = 2, timeout: float = 900) -> Iterator[Callable[..., subprocess.CompletedProcess]]:
     """A launcher with resume_exact's `run_segment` signature that runs the segment as
@@ -131,7 +160,7 @@ def namespace_hosts(nnodes: int = 2, timeout: float = 900) -> Iterator[Callable[
                    attempt: int = 1) -> subprocess.CompletedProcess:
             session = f"bench-{secrets.token_hex(4)}"
             master = f"{cluster.hosts[0].address}:{next(ports)}"  # a fresh store per launch
-            procs, logs = [], []
+            launches, logs = [], []
             for i, host in enumerate(cluster.hosts):
                 node_dir = Path(f"{workdir}-h{i}")
                 node_dir.mkdir(parents=True, exist_ok=True)
@@ -145,28 +174,12 @@ def namespace_hosts(nnodes: int = 2, timeout: float = 900) -> Iterator[Callable[
                 env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1",
                        "PYTHONPATH": str(REPO), "GLOO_SOCKET_IFNAME": host.ifname}
                 logs.append(node_dir / "torchrun.log")
-                with open(logs[-1], "w") as log:  # a file: ranks outlive a killed torchrun
-                    procs.append(host.popen(trainer_command("trainer.segment", world // nnodes,
-                                                            args, gang=gang),
-                                            cwd=REPO, env=env, stdout=log,
-                                            stderr=subprocess.STDOUT))
-            deadline, failed = time.monotonic() + timeout, None
-            while any(p.poll() is None for p in procs):
-                now = time.monotonic()
-                if failed is None and any(p.poll() for p in procs):
-                    failed = now  # one node failed: the other gets a grace, then is killed
-                if now > deadline or (failed is not None and now > failed + 30):
-                    for p in procs:
-                        if p.poll() is None:
-                            p.kill()
-                    break
-                time.sleep(0.5)
-            codes = [p.wait() for p in procs]
-            text = "".join(f"--- node {i} (exit {c}) ---\n{p.read_text()[-3000:]}"
-                           for i, (c, p) in enumerate(zip(codes, logs)))
+                launches.append((host.argv(trainer_command("trainer.segment", world // nnodes,
+                                                           args, gang=gang)), env))
+            code, text = run_nodes(launches, logs, timeout)
             # stdout: where each node's ranks started from (its leader's progress start line)
             starts = [resumed_from(Path(f"{workdir}-h{i}")) for i in range(nnodes)]
-            return subprocess.CompletedProcess(procs[0].args, next((c for c in codes if c), 0),
+            return subprocess.CompletedProcess(launches[0][0], code,
                                                json.dumps({"resumed_from": starts}), text)
 
         yield launch

@@ -208,6 +208,7 @@ def launch(ranks: int, rank_args: list[str], threads: int, scratch: Path,
     """One launch of `ranks` ranks: one torchrun on this node, or (`nodes` > 1) one torchrun
     node per namespace host of `cluster`; rank 0's figures and the other jobs beside them."""
     from activities.supervise import child_env, trainer_command
+    from benchmarks.resume_hosts import run_nodes
 
     out = scratch / f"ranks-{ranks}.json"
     args = [*rank_args, "--out", str(out)]
@@ -221,7 +222,8 @@ def launch(ranks: int, rank_args: list[str], threads: int, scratch: Path,
         else:
             launches = node_launches(ranks, cluster.hosts[:nodes], args, env,
                                      port=MASTER_PORT + ranks)
-            code, log = run_nodes(launches, scratch / f"ranks-{ranks}")
+            code, log = run_nodes(launches, [scratch / f"ranks-{ranks}-node{i}.log"
+                                             for i in range(nodes)])
     finally:
         sampler.stop()
     if code:
@@ -254,34 +256,6 @@ def node_launches(ranks: int, hosts: list, rank_args: list[str], env: dict[str, 
         cmd = trainer_command("benchmarks.scaling", ranks // nnodes, rank_args, gang=gang)
         out.append((host.argv(cmd), {**env, "GLOO_SOCKET_IFNAME": host.ifname}))
     return out
-
-
-def run_nodes(launches: list[tuple[list[str], dict[str, str]]], logs: Path,
-              timeout: float = 900.0) -> tuple[int, str]:
-    """Start every node's torchrun, wait for all; when one fails the others get a grace
-    and are then killed (a node whose peer died waits on it until gloo's timeout). The
-    first non-zero exit and every node's log tail."""
-    procs, paths = [], []
-    for i, (argv, env) in enumerate(launches):
-        paths.append(logs.with_name(f"{logs.name}-node{i}.log"))
-        with open(paths[-1], "w") as log:  # a file: ranks outlive a killed torchrun
-            procs.append(subprocess.Popen(argv, cwd=REPO, env=env, stdout=log,
-                                          stderr=subprocess.STDOUT))
-    deadline, failed = time.monotonic() + timeout, None
-    while any(p.poll() is None for p in procs):
-        now = time.monotonic()
-        if failed is None and any(p.poll() for p in procs):
-            failed = now
-        if now > deadline or (failed is not None and now > failed + 30):
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-            break
-        time.sleep(0.2)
-    codes = [p.wait() for p in procs]
-    text = "".join(f"--- node {i} (exit {c}) ---\n{path.read_text()[-3000:]}"
-                   for i, (c, path) in enumerate(zip(codes, paths)))
-    return next((c for c in codes if c), 0), text
 
 
 def host_split(ranks: list[int], hosts: int) -> dict[int, int]:
