@@ -1,6 +1,7 @@
 """How the model is laid across accelerators: tensor (TP), pipeline (PP) and data (DP)
 parallel degrees and the ZeRO stage — the planner `plan_layout`, a run's `"auto"` through it
-(`planned_layout`, for `train.cluster`) and the checks on `train.layout` (`check_layout`). Pure and stdlib only: the workflow sandbox imports spec.
+(`planned_layout`, for `train.cluster`) and the checks on `train.layout` (`check_layout`).
+Pure and stdlib only: the workflow sandbox imports spec.
 
 The planner follows Megatron-LM's rule of thumb (Narayanan et al. 2021, arXiv 2104.04473,
 takeaway 1): tensor parallelism up to the accelerators of one server, whose links are fast
@@ -25,8 +26,9 @@ takes the rest. Its memory model, per accelerator:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from common.errors import BadConfig
 from spec.codec import num
 from spec.codec import require as _require
 from spec.hardware import ACCELERATORS
@@ -258,9 +260,14 @@ def plan_layout(*, params: float, n_layers: int, n_heads: int, n_kv_heads: int, 
     compute_s = flops / (world * accelerator_tflops * 1e12 * mfu)
     options = _options(params, n_layers, tp, nodes, world, sequences, accelerator_memory_gb,
                        max_zero, inter_node_gbps, compute_s, trains)
+    bounded = trains != Trains()
     _require(bool(options), "layout", f"no pipeline degree of {n_layers} layers splits "
-             f"{world} accelerators with TP {tp} and {sequences} sequences per step",
-             "change the node count or the global batch")
+             f"{world} accelerators with TP {tp} and {sequences} sequences per step"
+             + (f" at ZeRO {trains.min_zero} or above within what trains ({TRAINED_TODAY})"
+                if bounded else ""),
+             "change the node count or the global batch"
+             + (", or lower train.zero_stage (auto plans no stage below it)"
+                if bounded and trains.min_zero else ""))
     good = [o for o in options if o.fits and not o.slow]
     pick = good[0] if good else min(options, key=lambda o: (o.state_gb, o.slow))
     slow = next((o for o in options if o.fits and o.slow and o.pp < pick.pp), None)
@@ -403,7 +410,7 @@ def planned_layout(train: TrainConfig, model: ModelConfig, vocab_size: int,
     memory, intra, inter = train.cluster.figures()
     acc = ACCELERATORS[train.cluster.accelerator]
     params = param_count(model, vocab_size)
-    lay = plan_layout(
+    lay = _planned(
         params=params, n_layers=model.n_layers, n_heads=model.n_heads,
         n_kv_heads=model.n_kv_heads, d_model=model.d_model, nodes=train.nodes,
         accelerators_per_node=train.procs_per_node, accelerator_memory_gb=memory,
@@ -429,6 +436,14 @@ def planned_layout(train: TrainConfig, model: ModelConfig, vocab_size: int,
     return LayoutConfig(tp=lay.tp, pp=lay.pp, zero=lay.zero_stage,
                         why=(f"planned for {train.nodes} x {train.procs_per_node} "
                              f"{acc.name} ({params:,} parameters)", *why))
+
+
+def _planned(**inputs: Any) -> Layout:
+    """`plan_layout` for a run's "auto": its refusal names `train.layout`."""
+    try:
+        return plan_layout(**inputs)
+    except BadConfig as exc:
+        raise BadConfig("train.layout", f'"auto": {exc.problem}', exc.fix) from None
 
 
 def _listing(options: list[int], cap: int) -> str:

@@ -291,6 +291,14 @@ def test_auto_refuses_a_70b_model_on_two_h100_nodes_naming_what_would_fit():
     assert "use more nodes" in exc.fix
 
 
+def test_auto_above_a_zero_stage_tp_cannot_train_at_refuses_naming_the_stage():
+    # TP 8 is needed and trains at ZeRO <= 2; the run asks for ZeRO 3 or above
+    exc = _refused("auto", **LLAMA70, **{"train.nodes": 8, "train.zero_stage": 3})
+    assert exc.field == "train.layout" and exc.problem.startswith('"auto": no pipeline')
+    assert "at ZeRO 3 or above within what trains" in exc.problem
+    assert "lower train.zero_stage" in exc.fix
+
+
 def test_auto_refuses_a_micro_batch_whose_activations_do_not_fit_beside_the_states():
     over = {**LLAMA70, "train.nodes": 8, "model.activation_checkpointing": False,
             "train.micro_batch_tokens": 8 * 8192}
