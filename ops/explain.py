@@ -273,7 +273,13 @@ def spike_groups(evs: list[dict]) -> list[list[dict]]:
             groups.append([])
         groups[-1].append(e)
         last = e["step"]
-    return [g for g in groups if any(e["kind"] == "loss_spike" for e in g)]
+    return [g for g in groups if any(e["kind"] == "loss_spike" or at_commit(e) for e in g)]
+
+
+def at_commit(e: dict) -> bool:
+    """Pure: a rollback the ranks' copies of the weights asked for before a checkpoint
+    committed (trainer/guard.py verify_before_commit), with no loss spike before it."""
+    return e["kind"] == "rollback" and e["payload"].get("reason") == "replicas_disagree_at_commit"
 
 
 def spike_cause(group: list[dict], injected: list[dict]) -> dict | None:
@@ -287,8 +293,26 @@ def spike_cause(group: list[dict], injected: list[dict]) -> dict | None:
     return None
 
 
+def commit_story(group: list[dict], rollback: dict, cost: Cost) -> Sentence:
+    """Copies of the weights that disagreed before a checkpoint committed: no loss showed
+    it; the commit was not made, the segment went back to the last one."""
+    s = Sentence()
+    s.say(f"before the checkpoint of step {s.step('step', rollback)} ({s.when(rollback)}) "
+          "committed, ")
+    diagnosed = next((e for e in group if e["kind"] == "spike_diagnosed"), None)
+    if diagnosed:
+        tell_replicas(s, diagnosed)
+    s.say(f"No loss had shown it. Decided: not to commit it; rolled back to step "
+          f"{s.payload('to_step', rollback, 'to_step')}, the last commit, skipping no data. ")
+    tell_cost(s, cost, rollback, "", None, "lost_steps",
+              int(rollback["payload"].get("lost_steps") or 0), "")
+    return s
+
+
 def spike_story(group: list[dict], cause: dict | None, cost: Cost) -> Sentence:
     spikes = [e for e in group if e["kind"] == "loss_spike"]
+    if not spikes:  # spike_groups keeps such a group for its rollback at a commit
+        return commit_story(group, next(e for e in group if at_commit(e)), cost)
     skips = [e for e in group if e["kind"] == "batch_skipped"]
     rollback = next((e for e in group if e["kind"] == "rollback"), None)
     first, s = spikes[0], Sentence()

@@ -32,11 +32,14 @@ class FaultSpec:
       past it fails like any out-of-memory);
     - corrupt_grad: on rank `rank` only, the first update at or after step `at_step`
       finds one gradient element NaN (its largest in magnitude), once: silent data
-      corruption on one rank, after the gradients are reduced and clipped.
+      corruption on one rank, after the gradients are reduced and clipped. With `bit`
+      0-31 that element's bit `bit` is flipped instead (bit 10 of a float32 moves it by
+      about 1e-4 of itself): a copy of the weights that differs while no loss shows it.
     """
 
     # added fields at their default: out of spec_hash (spec/run.py, OpsConfig.ADDED)
-    ADDED: ClassVar[dict[str, Any]] = {"path": "", "mb": 256, "node": "", "rank": 0}
+    ADDED: ClassVar[dict[str, Any]] = {"path": "", "mb": 256, "node": "", "rank": 0,
+                                       "bit": -1}
 
     kind: str
     at_step: int = num(lo=1, hi=STEPS)
@@ -48,6 +51,7 @@ class FaultSpec:
     node: str = ""  # crash: fires on this node only (`mainspring worker --node`; "" any)
     mb: int = num(256, 1, 1 << 30)  # memory_limit: MiB of headroom
     rank: int = num(0, 0, 1 << 20)  # corrupt_grad: the one global rank it strikes
+    bit: int = num(-1, -1, 31)  # corrupt_grad: -1 makes the element NaN; 0-31 flips that bit
 
     def __post_init__(self) -> None:
         _require(self.kind in FAULT_KINDS, "kind", f"unknown fault {self.kind!r}",

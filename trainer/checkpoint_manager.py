@@ -92,10 +92,14 @@ class CheckpointManager:
     def maybe_save(self, state: TrainState, *, last: bool = False) -> bool:
         """Commit `state` when its step is due (`save_due`); `last`: the loop's last step,
         so an early stop ends on a committed step. Every rank calls it at every step."""
-        if not save_due(state.step, self.saved_step, self.every, last):
+        if not self.due(state, last=last):
             return False
         self.save(state)
         return True
+
+    def due(self, state: TrainState, *, last: bool = False) -> bool:
+        """Whether `maybe_save` commits `state` (`save_due`)."""
+        return save_due(state.step, self.saved_step, self.every, last)
 
     def save(self, state: TrainState) -> None:
         """Save on every rank to the fast tier (the loop's only pause); rank 0 then hands the

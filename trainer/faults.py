@@ -202,10 +202,13 @@ class FaultInjector:
             return
         grad = max(grads, key=lambda g: float(g.detach().abs().max()))
         index = int(grad.detach().abs().argmax())
-        grad[torch.unravel_index(torch.tensor(index), grad.shape)] = float("nan")
+        if fault.bit < 0:
+            grad[torch.unravel_index(torch.tensor(index), grad.shape)] = float("nan")
+        else:  # one bit of the element's pattern: a wrong value no loss shows
+            flip_bit(grad, index, fault.bit)
         self.grad_armed = None
         self._announce(fault, fault.at_step, rank=self.rank, element=index,
-                       shape=list(grad.shape))
+                       shape=list(grad.shape), **({"bit": fault.bit} if fault.bit >= 0 else {}))
 
     # ---- after a step --------------------------------------------------------------------
     def after_step(self, step: int, last_committed: int | None) -> None:
@@ -269,3 +272,15 @@ def kill_worker(fault: FaultSpec, events, step: int, last_committed: int | None)
     events.flush()
     log.warning("injecting_fault", kind=fault.kind, step=step, worker_pid=pid)
     os.kill(pid, signal.SIGKILL)
+
+
+def flip_bit(tensor: torch.Tensor, index: int, bit: int) -> None:
+    """Flip bit `bit` of element `index` (flattened) of a contiguous float tensor, in place,
+    through an integer view of its bit pattern (a bit flip in memory, as a bad accelerator
+    makes one)."""
+    ints = {torch.float32: torch.int32, torch.float64: torch.int64,
+            torch.bfloat16: torch.int16, torch.float16: torch.int16}[tensor.dtype]
+    if bit >= torch.iinfo(ints).bits:
+        raise ValueError(f"bit {bit} is past a {tensor.dtype} element's {torch.iinfo(ints).bits}")
+    element = tensor.view(-1)[index:index + 1].view(ints)
+    element ^= torch.tensor(1, dtype=ints) << bit  # the sign bit's mask wraps to the minimum

@@ -21,7 +21,10 @@ and records every one with its evidence:
   one). An abnormal loss first asks whether the ranks' copies of the weights still agree
   (trainer/replicas.py): copies that differ are `numerics` at once — a rollback that
   replays nothing, skips nothing, and names the ranks and nodes in the segment's
-  `suspects`.
+  `suspects`. Before each checkpoint commits the copies are compared too
+  (`verify_before_commit`): copies that differ there, with no loss to show it, are the same
+  `numerics` rollback (reason `replicas_disagree_at_commit`), so a corrupted copy is never
+  committed.
   Events `loss_spike` + `spike_diagnosed` + `rollback`, flushed at once. More rollbacks in
   this segment than the workflow allows end the segment early so the workflow can escalate
   (trainer/stopping.py): a spike that keeps coming back ends in an LR backoff, then a hold;
@@ -131,16 +134,41 @@ class SpikeGuard:
         loss looks like: no skipped update heals a rank's copy, so roll back at once (every
         rank restores the same bytes) and skip no data."""
         copies = self.replicas.gather() if self.replicas is not None else []
-        if not odd_ones_out(copies):
+        if not self.suspect(copies, verdict.step):
             return verdict
-        self.suspected = Diagnosis("numerics", (), replica_evidence(copies))
-        self.outcome.suspects.append({"step": verdict.step, **{
-            k: self.suspected.evidence[k] for k in ("ranks", "node_ranks")}})
         return Verdict(action="rollback", step=verdict.step, loss=verdict.loss,
                        baseline=verdict.baseline, spread=verdict.spread,
                        threshold=verdict.threshold, reason="replicas_disagree",
                        onset=verdict.onset or verdict.step,
                        evidence={**verdict.evidence, "detector": verdict.reason})
+
+    def verify_before_commit(self, state: TrainState) -> TrainState:
+        """Before a checkpoint commits: do the ranks' copies still agree? A corruption the
+        loss never shows (a flipped bit in a weight) would otherwise be committed, resumed
+        and trained on for good; copies that differ are rolled back to the last commit as
+        an abnormal loss's would be (`numerics`: nothing replayed, nothing skipped, the
+        suspects named). Collective: the fingerprint's small all-gather, once a checkpoint.
+        The restored state, or `state` itself."""
+        copies = self.replicas.gather() if self.replicas is not None else []
+        if not self.suspect(copies, state.step):
+            return state
+        log.warning("replicas_disagree_at_commit", step=state.step,
+                    ranks=self.suspected.evidence["ranks"] if self.suspected else [])
+        loss = self.recent_loss()
+        return self.rollback(state, Verdict(
+            action="rollback", step=state.step, loss=math.nan if loss is None else loss,
+            reason="replicas_disagree_at_commit", onset=state.step))
+
+    def suspect(self, copies: list, step: int) -> bool:
+        """Copies that differ: the `numerics` diagnosis the rollback records, and the
+        suspected ranks and nodes in the segment's result (the workflow sets nodes aside on
+        them). False when every copy agrees."""
+        if not odd_ones_out(copies):
+            return False
+        self.suspected = Diagnosis("numerics", (), replica_evidence(copies))
+        self.outcome.suspects.append({"step": step, **{
+            k: self.suspected.evidence[k] for k in ("ranks", "node_ranks")}})
+        return True
 
     def after_step(self, step: int, loss: float, verdict: Verdict) -> Verdict:
         """After engine.step(): count fp16 overflow skips; one at the minimum scale is a

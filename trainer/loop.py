@@ -127,23 +127,36 @@ class Trainer:
             # a rollback: the restored state (collectives: the restore's broadcasts)
             state = self.guard.resolve(result.verdict, state)
             lap("resolve")
-            # collectives when due: a barrier, then an all-reduce of any rank's write failure
-            checkpoints.maybe_save(state, last=state.step == ctx.target)
+            # collectives when due: the copies compared, a barrier, a write failure's all-reduce
+            state, rolled_back = self.commit(state, result.rolled_back,
+                                             last=state.step == ctx.target)
             lap("checkpoints")
-            if ctx.rank == 0 and not result.rolled_back:  # faults fire after a step trained
+            if ctx.rank == 0 and not rolled_back:  # faults fire after a step trained
                 self.faults.after_step(state.step, checkpoints.last_committed_step)
             lap("faults")
             # collective when due: the validation loss all-reduced
-            evaluation = self.evaluator.maybe_evaluate(state, result.rolled_back)
+            evaluation = self.evaluator.maybe_evaluate(state, rolled_back)
             lap("evaluator")
             reason = self.stopper.should_stop(
-                state.step, rolled_back=result.rolled_back, signal=result.stop,
+                state.step, rolled_back=rolled_back, signal=result.stop,
                 overfitting=evaluation is not None and evaluation.overfitting)
             lap("stopper")
             self.clock.end_step()
-        checkpoints.maybe_save(state, last=True)  # an early stop ends on a committed step
+        state, _ = self.commit(state, False, last=True)  # an early stop ends on a commit
         self.write_owner_times()
         return state
+
+    def commit(self, state: TrainState, rolled_back: bool, *,
+               last: bool) -> tuple[TrainState, bool]:
+        """Commit `state` when a checkpoint is due, once the ranks' copies of the weights
+        are found equal (trainer/guard.py verify_before_commit: copies that differ are
+        rolled back to the last commit instead). The state the loop goes on from, and
+        whether this step ended in a rollback."""
+        if not rolled_back and self.checkpoints.due(state, last=last):
+            restored = self.guard.verify_before_commit(state)
+            rolled_back, state = restored is not state, restored
+        self.checkpoints.maybe_save(state, last=last)
+        return state, rolled_back
 
     def write_owner_times(self) -> None:
         """Rank 0: the segment's per-owner step times, once (`step_owners.json`)."""

@@ -9,13 +9,15 @@ replay).
 The fingerprint is the integer sum of every element's bit pattern: exact, so independent
 of summation order and thread count, computed on the device with one host sync, and any
 change of one element changes it. The ranks' fingerprints are gathered (one small
-collective) only when a step's loss is already judged abnormal, and after a rollback's
-restore, so a healthy step pays nothing.
+collective) when a step's loss is already judged abnormal, after a rollback's restore, and
+before each checkpoint commits (trainer/guard.py verify_before_commit: a corruption no loss
+shows is never committed), so a healthy step between checkpoints pays nothing.
 
 What this cannot see: a corruption inside one rank's optimizer partition under ZeRO 1-2
 (the all-gather copies it to every rank, so the copies agree, wrongly), and ZeRO-3, whose
 ranks hold different shards — there the replay of trainer/diagnosis.py is the only
-evidence. A corruption that never moves the loss is seen only at the next check.
+evidence. A corruption that never moves the loss is seen at the next checkpoint, and the
+segment goes back to the last commit instead of making that one.
 """
 
 from __future__ import annotations

@@ -221,6 +221,25 @@ def test_a_spike_from_disagreeing_weight_copies_names_the_rank_and_node_and_skip
     assert only_figures_hold_digits(spike)
 
 
+def test_copies_that_disagree_before_a_commit_are_an_incident_with_no_loss_spike():
+    (incident,) = incidents([
+        ev("spike_diagnosed", 8, 1.2, verdict="numerics", documents=[], forward_passes=0,
+           replay_s=0.0, onset=8, rank=0, source="replicas", ranks=[1], node_ranks=[0],
+           fingerprints=["7", "9", "7"], nonfinite=[0, 0, 0], agree_after_restore=True),
+        ev("rollback", 8, 1.3, onset=8, to_step=4, lost_steps=4, skip=None, skipped="nothing",
+           documents=[], window=[7, 11], kept_batches=4, kept_sequences=16,
+           verdict="numerics", reason="replicas_disagree_at_commit"),
+    ])
+    assert incident.kind == "spike" and incident.step == 8
+    assert incident.text.startswith("Incident 1: before the checkpoint of step 8 (")
+    assert "rank 1 (node 0) differ from the others — suspected silent data corruption" \
+        in incident.text
+    assert "No loss had shown it. Decided: not to commit it; rolled back to step 4, the last " \
+        "commit, skipping no data. Cost: 4 steps trained again" in incident.text
+    assert "loss spike" not in incident.text
+    assert only_figures_hold_digits(incident)
+
+
 def test_cli_explain_prints_one_incident_or_names_the_range(capsys):
     assert cli(["explain", RUN, "--durable", STORE, "--incident", "2", "--json"]) == 0
     (only,) = json.loads(capsys.readouterr().out)
