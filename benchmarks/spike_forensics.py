@@ -5,9 +5,10 @@
                                                    [--workdir DIR]
 
 Corpus: this Python's standard-library top-level sources, as `benchmarks/spikes.py` uses
-them, copied into a directory with planted bad documents beside them: runs of one rare
-character, base64 blobs, hex blobs and mojibake (UTF-8 read as Latin-1), each of which
-passes data prep's cleaning filters (checked here: a kind a filter drops is reported in
+them, copied into a directory with planted bad documents beside them: token soups (the
+corpus's rarer word pieces in random order, ~1,900 tokens: garbled text, as a broken
+extractor or a spam page leaves it), runs of one rare character, base64 blobs, hex blobs
+and mojibake (UTF-8 read as Latin-1), each of which passes data prep's cleaning filters (checked here: a kind a filter drops is reported in
 `planted`, never counted) and is drawn until its hash puts it in the train split. Both
 corpora go through the real data prep (`prepare_dataset`: cleaning, dedup, the provenance
 index); the planted one reuses the clean one's tokenizer, so both have the same held-out
@@ -25,13 +26,16 @@ skip, never diagnosed; so every run here rolls back at the first outlier (PATIEN
   matters to a model that has learned something: from scratch, the 230k-parameter model's
   loss still falls ~1 nat in 50 steps, its spread hides a planted document (robust z 3-5),
   and every token is nearly as hard as any other;
-- `planted-K`: the planted corpus K (its documents drawn from `--seed` + K), one epoch,
-  from the base. A planted document lands where the packed epoch order puts it; the run's
-  seed is the first from `--seed` on whose epoch-0 order puts every planted document in
-  the run, at least DATA_GAP steps apart and after MIN_STEP
-  (the placement is printed). Each one read whose step the detector calls an outlier is a
+- `planted-K`: the planted corpus K (three token soups and one document of another kind, in
+  turn; drawn from `--seed` + K), one epoch, from the base, at DATA_MICRO_BATCH_TOKENS a
+  rank (a step's spread falls as the square root of its tokens; a soup fills most of a
+  rank's micro-batch and can still be masked). A planted document lands where the packed
+  epoch order puts it; the run's seed is the first from `--seed` on whose epoch-0 order
+  puts every planted document in the run, at least DATA_GAP steps apart and after
+  DATA_MIN_STEP, each soup inside one step (the placement is printed). Each one read whose step the detector calls an outlier is a
   `data` incident; those read with no outlier are counted apart, by kind (at this model's
-  scale some kinds do no harm: there is nothing to find); `clean-planted-K`, the clean
+  scale some kinds do no harm: the model learns to copy a run or a blob's alphabet, and
+  there is nothing to find); `clean-planted-K`, the clean
   corpus at its seed and length from the same base, is its reference (held-out loss,
   false diagnoses);
 - `planted-0-again`: planted-0's spec on its corpus with `data.quarantine` naming
@@ -53,8 +57,8 @@ diagnosis's cost per incident in steps' worth of training (the event's `steps_wo
 reference's; the second run's outliers; every input.
 
 The full mode (the defaults: 10 faults of each kind in 1600 steps, 2000 clean steps, a
-2000-step base, four planted runs of 6 documents, an epoch each, and their references)
-trains ~10,000 steps at W=2, two runs side by side.
+2000-step base, five planted runs of 4 documents, an epoch (~250 steps) each, and their
+references) trains ~8,500 steps at W=2, two runs side by side.
 """
 
 from __future__ import annotations
@@ -71,6 +75,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -83,6 +88,7 @@ from benchmarks.spikes import CORPUS, INPUTS, eval_every, ratio, run, spec_for
 from dataprep.clean import clean_one, clean_text, hash_unit
 from dataprep.inputs import RawDocument, stdlib_dir
 from dataprep.pipeline import prepare_dataset
+from dataprep.tokens import load_tokenizer
 from spec import RunSpec
 from storage.checkpoints import CheckpointStore
 from storage.dataset import read_split
@@ -90,12 +96,12 @@ from storage.provenance import load_provenance
 from storage.quarantine import quarantine_entries, write_quarantine
 from trainer.data import PackedBatches
 
-KINDS = ("rare_run", "base64", "hex", "mojibake")  # planted documents
+KINDS = ("rare_run", "base64", "hex", "mojibake", "token_soup")  # planted documents
 EXPECTED = {"data": "data", "lr_burst": "optimisation", "corrupt_grad": "numerics"}
 GAP = 60  # steps between incidents: more than the detector's window (50), so each is its own
 # Planted documents: a rollback resets the detector, which judges again after its warm-up
 # (20 losses); every planted document of an epoch must lie in the run, this far apart.
-DATA_GAP = 30
+DATA_GAP = 25
 MIN_STEP = 80  # after the LR warm-up and the detector's first full window
 TAIL = 30  # steps a spike needs to be judged (patience) before the run ends
 # The diagnosis runs on a rollback. At the default patience (3) a bad document read in one
@@ -110,6 +116,18 @@ SHOWS_WITHIN = 4  # a fault's spike has its onset at most this many steps after 
 # most of a rank's share of a step (a step's loss is the mean over ranks) and still be masked
 MICRO_BATCH_TOKENS = 1024
 ROWS = MICRO_BATCH_TOKENS // INPUTS["model.seq_len"]  # sequences per cursor and rank
+# The planted runs' (and their references'): a step's loss spread falls as the square root
+# of its tokens (more documents averaged: ~0.28 nats at 1024 a rank, ~0.2 at 2048), while a
+# planted document that fills most of a micro-batch moves it by the same share of its own
+# excess loss; at 1024 a token soup (~4 nats a token above the corpus) reached z ~6, the
+# detector's bar, at 2048 ~10.
+DATA_MICRO_BATCH_TOKENS = 2048
+DATA_ROWS = DATA_MICRO_BATCH_TOKENS // INPUTS["model.seq_len"]
+# An epoch of the planted corpus is ~250 steps at that size: its planted documents lie in
+# [DATA_MIN_STEP, steps - TAIL] (the base's weights are trained, so only the detector's
+# first window is waited for), DATA_GAP apart (a rollback resets the detector, which judges
+# again after its 20-loss warm-up).
+DATA_MIN_STEP = 60
 
 
 # ---- planted documents (pure) ------------------------------------------------------------
@@ -141,13 +159,51 @@ def mojibake(rng: random.Random) -> str:
     return " ".join(words).encode("utf-8").decode("latin-1")
 
 
+# A token soup's length in the corpus's tokens: most of a rank's micro-batch
+# (DATA_MICRO_BATCH_TOKENS), so its loss moves the step's, and at most that less a sequence
+# (spikes.maskable), so it is masked, not its window skipped.
+SOUP_TOKENS = (1860, 1960)
+
+
+def token_soup(rng: random.Random, tok, pieces: Sequence[int]) -> str:
+    """Garbled text: word pieces of the corpus's own vocabulary (`pieces`: its rarer merged
+    tokens, `soup_pieces`) drawn at random and decoded, as a broken extractor or a spam
+    page leaves them. Unlike a run or a blob, nothing in it is learnable, so training does
+    not make it cheaper: on the benchmark's model pieces of the whole vocabulary cost ~8.8
+    nats a token at 300 and at 600 steps (the rarer half ~9.2), where the corpus falls from
+    5.8 to 5.3 and a rare letter's run from 10.5 to ~6 (its copying is learned). Sized to
+    SOUP_TOKENS re-encoded (decoding and encoding again merges a few pieces)."""
+    lo, hi = SOUP_TOKENS
+    ids = [rng.choice(pieces) for _ in range(lo)]
+    for _ in range(50):
+        text = tok.decode(ids)
+        n = len(tok.encode(text).ids)
+        if lo <= n <= hi:
+            return text
+        if n > hi:
+            ids = ids[:len(ids) - (n - hi) - 1]
+        else:
+            ids += [rng.choice(pieces) for _ in range(lo - n + 1)]
+    raise RuntimeError(f"no token soup of {lo}-{hi} tokens in 50 tries")
+
+
+def soup_pieces(tokens: np.ndarray, vocab: int) -> list[int]:
+    """Pure: the merged tokens (ids from 256: past the byte alphabet) that occur in a split
+    (`tokens`), the rarer half of them by count."""
+    counts = np.bincount(np.asarray(tokens, dtype=np.int64), minlength=vocab)
+    seen = [i for i in np.argsort(counts, kind="stable").tolist() if i >= 256 and counts[i]]
+    return seen[:max(1, len(seen) // 2)]
+
+
 PLANTERS = {"rare_run": rare_run, "base64": base64_blob, "hex": hex_blob, "mojibake": mojibake}
 
 
-def plant(kind: str, rng: random.Random, val_fraction: float, normalize: str = "NFC") -> str:
-    """A document of `kind` whose cleaned text's hash puts it in the train split."""
+def plant(kind: str, rng: random.Random, val_fraction: float, normalize: str = "NFC",
+          tok=None, pieces: Sequence[int] = ()) -> str:
+    """A document of `kind` whose cleaned text's hash puts it in the train split; a
+    `token_soup` needs the corpus's tokenizer `tok` and the `pieces` it draws."""
     while True:
-        text = PLANTERS[kind](rng)
+        text = token_soup(rng, tok, pieces) if kind == "token_soup" else PLANTERS[kind](rng)
         cleaned = clean_text(text, normalize)[0]
         if hash_unit(hashlib.sha256(cleaned.encode()).hexdigest()) >= val_fraction:
             return text
@@ -312,6 +368,8 @@ def planted_corpus(root: Path, clean: str, counts: dict[str, int], seed: int, na
     cleaning = RunSpec(run_id="x").data.cleaning
     val_fraction = RunSpec(run_id="x").data.val_fraction
     tokenizer = clean.rsplit("/", 1)[0] + "/tokenizer.json"
+    tok = load_tokenizer(tokenizer)
+    pieces = soup_pieces(read_split(clean, "train")[0], tok.get_vocab_size())
     corpus = root / f"corpus-{name}"
     shutil.rmtree(corpus, ignore_errors=True)
     corpus.mkdir(parents=True)
@@ -319,7 +377,7 @@ def planted_corpus(root: Path, clean: str, counts: dict[str, int], seed: int, na
         shutil.copyfile(f, corpus / f.name)
     rng, report = random.Random(seed), {}
     for kind in KINDS:
-        texts = [plant(kind, rng, val_fraction, cleaning.normalize)
+        texts = [plant(kind, rng, val_fraction, cleaning.normalize, tok, pieces)
                  for _ in range(counts.get(kind, 0))]
         verdicts = [filter_verdict(t, cleaning) for t in texts]
         report[kind] = {"made": len(texts), "pass_filters": verdicts.count(None),
@@ -359,17 +417,21 @@ def landings(batches: PackedBatches, documents: list[int]) -> dict[int, tuple[in
 def place_data(dataset: str, planted: dict[int, str], steps: int, want: int, seed: int,
                world: int = 1) -> tuple[int, list[dict], set[int]]:
     """The first seed from `seed` whose epoch-0 order puts `want` planted documents in
-    [MIN_STEP, steps - TAIL], DATA_GAP apart, and none elsewhere in the run: (seed, the data
-    incidents, every row holding a planted document in epoch 0)."""
+    [DATA_MIN_STEP, steps - TAIL], DATA_GAP apart, each token soup inside one step, and
+    none elsewhere in the run: (seed, the data incidents, every row holding a planted
+    document in epoch 0)."""
     tokens, starts = read_split(dataset, "train")
     for s in range(seed, seed + 5000):
         batches = PackedBatches(tokens, starts, seq_len=INPUTS["model.seq_len"],
-                                batch_size=ROWS, seed=s, world=world)
+                                batch_size=DATA_ROWS, seed=s, world=world)
         land = landings(batches, list(planted))
         read = sorted((c + 1, d) for d, (c, _) in land.items() if c + 1 <= steps)
-        ok = [st for st, _ in read if MIN_STEP <= st <= steps - TAIL]
-        across = {d for _, d in read if land[d][1][-1] // (ROWS * batches.world) > land[d][0]}
-        if len(read) >= want and len(ok) == len(read) and all(
+        ok = [st for st, _ in read if DATA_MIN_STEP <= st <= steps - TAIL]
+        across = {d for _, d in read
+                  if land[d][1][-1] // (DATA_ROWS * batches.world) > land[d][0]}
+        # a soup split over two steps moves each by half of what it would: in one step each
+        whole = not any(planted[d] == "token_soup" for d in across)
+        if len(read) >= want and len(ok) == len(read) and whole and all(
                 b - a >= DATA_GAP for a, b in zip(ok, ok[1:])):
             dirty = {r for _, rows in land.values() for r in rows}
             return s, [{"kind": "data", "planted": planted[d], "document": d,
@@ -433,7 +495,7 @@ def figures(runs: dict[str, dict], faults: list[dict], data_runs: list[dict],
         quarantined |= {(k, q.document) for q in quarantine_entries(events)}
         masked |= {(k, x) for f in found if f["skipped"] == "documents" for x in f["documents"]}
         planted |= {(k, x) for x in d["planted"]}
-        now, old = clean_skips(found, d["dirty"], ROWS * world)
+        now, old = clean_skips(found, d["dirty"], DATA_ROWS * world)
         skips[0].extend(now)
         skips[1].extend(old)
     read = {(i["run"], i["document"]) for i in incidents if i["spiked"]}
@@ -501,8 +563,13 @@ def rerun_figures(rerun: dict, first: dict, planted: dict[int, str], dirty_steps
 # (a run of one rare letter, mojibake: ~12 nats a token on a trained model against ~5-6 for
 # the corpus) in four runs, so that ten incidents at least are data; base64 and hex blobs
 # (~6 nats) are planted too and counted.
-QUICK_COUNTS = dict.fromkeys(KINDS, 1)
-FULL_COUNTS = {"rare_run": 2, "base64": 1, "hex": 1, "mojibake": 2}
+OTHER_KINDS = tuple(k for k in KINDS if k != "token_soup")
+
+
+def run_counts(k: int) -> dict[str, int]:
+    """Pure: planted run `k`'s documents per kind: three token soups and one of the other
+    kinds, in turn (an epoch holds four, DATA_GAP apart, the soups each in one step)."""
+    return {"token_soup": 3, OTHER_KINDS[k % len(OTHER_KINDS)]: 1}
 
 
 def data_run(root: Path, clean: str, k: int, args, steps: int, counts: dict[str, int]
@@ -515,7 +582,7 @@ def data_run(root: Path, clean: str, k: int, args, steps: int, counts: dict[str,
     for kind in KINDS:
         report[kind]["in_train"] = sum(1 for x in planted.values() if x == kind)
     tokens, _ = read_split(dataset, "train")
-    epoch = -(-tokens.size // INPUTS["model.seq_len"]) // (ROWS * args.world)
+    epoch = -(-tokens.size // INPUTS["model.seq_len"]) // (DATA_ROWS * args.world)
     run_steps = min(steps, epoch)  # one epoch at most: each planted document read once
     seed, incidents, dirty = place_data(dataset, planted, run_steps, len(planted), args.seed,
                                         args.world)
@@ -534,7 +601,7 @@ def second_run(root: Path, clean: str, first: dict, runs: dict, args, counts, ev
                                           quarantine=(uri,))
     planted = planted_documents(dataset)
     land = landings(PackedBatches(*read_split(dataset, "train"), seq_len=INPUTS["model.seq_len"],
-                                  batch_size=ROWS, seed=first["seed"], world=args.world),
+                                  batch_size=DATA_ROWS, seed=first["seed"], world=args.world),
                     list(planted))
     steps = {c + 1 + i for c, rows in land.values() for i in range(2)}
     again = run(root, dataset, spec_for(root, f"{first['name']}-again", first["seed"],
@@ -550,7 +617,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="the clean run's steps (the base and the references are clean too)")
     ap.add_argument("--fault-steps", type=int, default=1600, help="the fault run's steps")
     ap.add_argument("--incidents", type=int, default=10, help="faults of each kind")
-    ap.add_argument("--data-runs", type=int, default=4, help="planted runs, an epoch each")
+    ap.add_argument("--data-runs", type=int, default=5, help="planted runs, an epoch each")
     ap.add_argument("--base-steps", type=int, default=2000,
                     help="the clean run the planted runs start from (train.init_from)")
     ap.add_argument("--seed", type=int, default=1)
@@ -558,23 +625,22 @@ def main(argv: list[str] | None = None) -> int:
                     help="ranks per run (DeepSpeed ZeRO 0 on gloo); corrupt_grad strikes the last")
     ap.add_argument("--jobs", type=int, default=2, help="segments run side by side")
     ap.add_argument("--quick", action="store_true",
-                    help="600-step runs, 2 faults of each kind, one planted run of one "
-                         "document per kind")
+                    help="600-step runs, 2 faults of each kind, one planted run")
     ap.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(),
                                                       "mainspring-bench-forensics"))
     args = ap.parse_args(argv)
-    steps, fault_steps, base_steps, n, data_runs, counts = (
-        (600, 600, 300, 2, 1, QUICK_COUNTS) if args.quick else
-        (args.steps, args.fault_steps, args.base_steps, args.incidents, args.data_runs,
-         FULL_COUNTS))
+    steps, fault_steps, base_steps, n, data_runs = (
+        (600, 600, 300, 2, 1) if args.quick else
+        (args.steps, args.fault_steps, args.base_steps, args.incidents, args.data_runs))
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     t0, root = time.time(), Path(args.workdir)
     clean = clean_corpus(root)
-    planted = [data_run(root, clean, k, args, steps, counts) for k in range(data_runs)]
+    planted = [data_run(root, clean, k, args, steps, run_counts(k)) for k in range(data_runs)]
     faults = place_faults(n, fault_steps, args.seed, rank=args.world - 1)
     # the same evaluation steps in every run; a rollback (and a diagnosis) on one outlier
     every = {"train.eval_every": eval_every(steps), "spikes.patience": PATIENCE,
              "train.procs_per_node": args.world, "train.micro_batch_tokens": MICRO_BATCH_TOKENS}
+    data = {**every, "train.micro_batch_tokens": DATA_MICRO_BATCH_TOKENS}  # planted runs
     # the base run and the runs that start from its promoted weights share one store
     shared = root / "shared"
     shutil.rmtree(shared, ignore_errors=True)
@@ -593,14 +659,14 @@ def main(argv: list[str] | None = None) -> int:
         pending.append(start(spec_for(root, "faults", args.seed, fault_steps, faults=faults,
                                       **every), clean))
         for d in planted:  # each from the base's weights; its reference: the clean corpus
-            pending.append(start(spec_for(root, d["name"], d["seed"], d["steps"], **every,
+            pending.append(start(spec_for(root, d["name"], d["seed"], d["steps"], **data,
                                           **init), d["dataset"]))
-            pending.append(start(spec_for(root, d["ref"], d["seed"], d["steps"], **every,
+            pending.append(start(spec_for(root, d["ref"], d["seed"], d["steps"], **data,
                                           **init), clean))
         runs = {r["name"]: r for r in (f.result() for f in pending)}
     runs["base"] = base
     out = figures(runs, faults, planted, args.world)
-    again = second_run(root, clean, planted[0], runs, args, counts, {**every, **init},
+    again = second_run(root, clean, planted[0], runs, args, run_counts(0), {**data, **init},
                        timeout) if not runs[planted[0]["name"]]["error"] else None
     print(json.dumps({
         "figure": "spike_forensics", **out, "second_run_with_quarantine": again,
@@ -612,9 +678,14 @@ def main(argv: list[str] | None = None) -> int:
                    "fault_steps": fault_steps, "base_steps": base_steps, "seed": args.seed,
                    "data_runs": {d["name"]: {"seed": d["seed"], "steps": d["steps"],
                                              "epoch_steps": d["epoch_steps"]} for d in planted},
-                   "faults_per_kind": n, "planted_per_kind_per_run": counts, "faults": faults,
+                   "faults_per_kind": n, "planted_per_kind_per_run": {
+                       d["name"]: run_counts(k) for k, d in enumerate(planted)}, "faults": faults,
                    "gap": GAP, "data_gap": DATA_GAP, "min_step": MIN_STEP, "tail": TAIL,
-                   "rows_per_cursor": ROWS * args.world, "spikes_patience": PATIENCE,
+                   "data_min_step": DATA_MIN_STEP, "rows_per_cursor": ROWS * args.world,
+                   "data_rows_per_cursor": DATA_ROWS * args.world,
+                   "micro_batch_tokens": MICRO_BATCH_TOKENS,
+                   "data_micro_batch_tokens": DATA_MICRO_BATCH_TOKENS,
+                   "spikes_patience": PATIENCE,
                    "jobs": args.jobs, "quick": args.quick, "max_rollbacks": MAX_ROLLBACKS,
                    "seconds_per_run": {k: round(r["seconds"], 1) for k, r in runs.items()},
                    "final_step_per_run": {k: r["result"].get("final_step")

@@ -144,7 +144,8 @@ def diagnose(first: Sequence[BatchReplay], second: Sequence[BatchReplay],
     # document can sit under it and still be far above its neighbours)
     bar = elevated_bar([b.loss for b in first if b.cursor not in spiky], threshold)
     evidence["elevated_bar"] = bar
-    if guilty and explains(first, spiky, {d for d, _, _ in guilty}, bar):
+    if guilty and explains(first, spiky, {d for d, _, _ in guilty}, bar, median(means),
+                           threshold):
         return Diagnosis("data", tuple(d for d, _, _ in guilty), evidence)
     if guilty:  # outliers, but the spike's batches stay bad without them
         evidence["documents_explain_spike"] = False
@@ -176,20 +177,34 @@ def elevated_bar(others: Sequence[float], threshold: float) -> float:
 
 
 def explains(replays: Sequence[BatchReplay], spike_cursors: set[int], documents: set[int],
-             threshold: float) -> bool:
-    """Pure: the spike's batches that are above `threshold` on the healthy weights (one at
-    least: `elevated_bar`) are all at or below it without `documents`' tokens, each keeping
-    some scored token. A batch of random bytes holds more than the accused documents:
-    leaving them out would not make it healthy, and masking them would not get past it."""
-    high = [b for b in replays if b.cursor in spike_cursors and not b.loss <= threshold]
-    if not high:
-        return False
-    for b in high:
+             bar: float, typical: float, threshold: float) -> bool:
+    """Pure: the accused `documents` account for the spike: a spike batch above `bar`
+    (`elevated_bar`) holds some of their tokens, and were those tokens as hard as the
+    window's typical document (`typical`, its median per-token loss), every spike batch
+    holding them would be at or below the detector's `threshold` keeping some scored token
+    beside them, and so would the spike's batches together (the step the detector judged).
+    A batch of random bytes holds more than the accused documents: reading those as typical
+    would not bring it under, and masking them would not get past it. Counting the accused
+    tokens at `typical`, not dropping them, judges a batch a long document nearly fills by
+    all its tokens (the few left beside it, often documents' first and hardest tokens, are
+    too few to judge alone), and a batch of the step that is hard on its own, holding a
+    sliver of the document or none, does not clear it."""
+    def counterfactual(b: BatchReplay) -> tuple[float, int, int]:
         rest = [(loss, n) for d, (loss, n) in b.docs.items() if d not in documents]
         tokens = sum(n for _, n in rest)
-        if not tokens or not sum(loss for loss, _ in rest) / tokens <= threshold:
+        accused = sum(n for d, (_, n) in b.docs.items() if d in documents)
+        total = sum(loss for loss, _ in rest) + accused * typical
+        return total / max(tokens + accused, 1), tokens, accused
+
+    spike = [b for b in replays if b.cursor in spike_cursors]
+    holding = [b for b in spike if counterfactual(b)[2]]
+    if not any(not b.loss <= bar for b in holding):
+        return False
+    for b in holding:
+        loss, tokens, _ = counterfactual(b)
+        if not tokens or not loss <= threshold:
             return False
-    return True
+    return sum(counterfactual(b)[0] for b in spike) / len(spike) <= threshold
 
 
 def pooled(replays: list[BatchReplay], group: Any = None) -> list[BatchReplay]:

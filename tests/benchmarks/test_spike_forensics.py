@@ -6,11 +6,14 @@ from __future__ import annotations
 import base64
 import hashlib
 import random
+from pathlib import Path
 
 import pytest
 
 from benchmarks.spike_forensics import (
+    DATA_MICRO_BATCH_TOKENS,
     KINDS,
+    SOUP_TOKENS,
     accuracy,
     diagnoses,
     filter_verdict,
@@ -19,19 +22,32 @@ from benchmarks.spike_forensics import (
     plant,
     recall_precision,
     rerun_figures,
+    run_counts,
     skipped_clean,
+    soup_pieces,
     spiked,
 )
 from dataprep.clean import clean_text, hash_unit
+from dataprep.inputs import stdlib_dir
+from dataprep.tokens import train_tokenizer
 from spec import RunSpec
 
 DATA = RunSpec(run_id="x").data
 
 
+@pytest.fixture(scope="module")
+def tok():
+    """A byte-level BPE of the benchmark's vocabulary size, trained on stdlib sources as
+    the benchmark's clean corpus is."""
+    files = sorted(Path(stdlib_dir()).glob("*.py"))[:60]
+    return train_tokenizer([f.read_text(errors="replace") for f in files], 2048)
+
+
 @pytest.mark.parametrize("kind", KINDS)
-def test_each_planted_kind_passes_the_cleaning_filters_and_lands_in_train(kind):
+def test_each_planted_kind_passes_the_cleaning_filters_and_lands_in_train(kind, tok):
     rng = random.Random(3)
-    texts = [plant(kind, rng, DATA.val_fraction) for _ in range(8)]
+    texts = [plant(kind, rng, DATA.val_fraction, tok=tok, pieces=range(256, 2048))
+             for _ in range(8)]
     assert len(set(texts)) == len(texts)  # no two alike: exact dedup would drop one
     for text in texts:
         assert filter_verdict(text, DATA.cleaning) is None, (kind, text[:80])
@@ -47,6 +63,27 @@ def test_each_planted_kind_is_what_it_claims():
     garbled = plant("mojibake", rng, 0.05)
     assert garbled.encode("latin-1").decode("utf-8").isprintable()  # UTF-8 read as Latin-1
     assert not garbled.isascii()
+
+
+def test_a_token_soup_is_the_corpus_s_word_pieces_sized_to_be_masked(tok):
+    rng = random.Random(7)
+    soup = plant("token_soup", rng, 0.05, tok=tok, pieces=range(256, 2048))
+    lo, hi = SOUP_TOKENS
+    # spikes.maskable: a micro-batch keeps a sequence's worth of other tokens
+    assert lo <= len(tok.encode(soup).ids) <= hi <= DATA_MICRO_BATCH_TOKENS - 64
+    assert soup != plant("token_soup", rng, 0.05, tok=tok, pieces=range(256, 2048))
+
+
+def test_a_soup_draws_the_rarer_half_of_the_merged_tokens_a_split_holds():
+    tokens = [300] * 9 + [301] * 5 + [302] * 2 + [303] + [7] * 50  # 7: a byte, never drawn
+    assert soup_pieces(tokens, 400) == [303, 302]
+
+
+def test_each_planted_run_has_three_soups_and_the_other_kinds_in_turn():
+    runs = [run_counts(k) for k in range(5)]
+    assert all(r["token_soup"] == 3 and sum(r.values()) == 4 for r in runs)
+    others = [next(k for k in r if k != "token_soup") for r in runs]
+    assert sorted(set(others)) == sorted(set(KINDS) - {"token_soup"})
 
 
 def test_a_filter_that_drops_a_document_is_named():

@@ -85,14 +85,41 @@ def test_outlier_documents_that_leave_the_spike_batch_bad_accuse_the_batch_not_t
     assert found.evidence["documents_explain_spike"] is False
 
 
+TYPICAL = 3.0  # the window's median document loss
+
+
 def test_documents_explain_a_spike_only_if_its_bad_batches_keep_healthy_tokens_without_them():
     two = BatchReplay(1, 6.0, {7: (9.0 * 4, 4), 8: (3.0 * 4, 4)})
-    assert explains([two], {1}, {7}, THRESHOLD)
+    assert explains([two], {1}, {7}, THRESHOLD, TYPICAL, THRESHOLD)
     alone = BatchReplay(1, 9.0, {7: (9.0 * 4, 4)})  # masked, it would have no target left
-    assert not explains([alone], {1}, {7}, THRESHOLD)
+    assert not explains([alone], {1}, {7}, THRESHOLD, TYPICAL, THRESHOLD)
     healthy = BatchReplay(1, 3.0, {7: (3.0 * 4, 4)})  # nothing to explain: not the cause
-    assert not explains([healthy], {1}, {7}, THRESHOLD)
-    assert not explains([two], {1}, {8}, THRESHOLD)  # the wrong document
+    assert not explains([healthy], {1}, {7}, THRESHOLD, TYPICAL, THRESHOLD)
+    assert not explains([two], {1}, {8}, THRESHOLD, TYPICAL, THRESHOLD)  # the wrong document
+
+
+SOUP = BatchReplay(179, (8.9 * 1938 + 6.5 * 109) / 2047, {133: (8.9 * 1938, 1938),
+                                                         125: (6.5 * 109, 109)})
+
+
+def test_a_document_that_nearly_fills_its_batch_explains_it_though_the_few_tokens_left_are_hard():
+    """As measured at W=2 with 2048-token micro-batches: a 1,938-token token soup (8.9 nats
+    a token) in one rank's batch; the 109 tokens beside it, another document's start, read
+    6.5 a token, above the bar (5.4) on their own. Read as a typical document (5.05), the
+    batch is 5.1, under the detector's threshold (6.7): the soup is the cause."""
+    assert explains([SOUP], {179}, {133}, 5.4, 5.05, 6.7)
+    assert not explains([SOUP], {179}, {133}, 5.4, 5.05, 5.0)  # still an outlier without it
+
+
+def test_a_hard_batch_of_the_step_holding_a_sliver_of_the_document_does_not_clear_it():
+    """The other rank's batch of the soup's step (as measured): a hard file, 5.9 a token,
+    over the bar, with the soup's last 18 tokens. Read as typical, the soup leaves it at
+    5.9 and the step at 5.5, both under the detector's threshold (6.7): the soup explains
+    the spike. Under a threshold of 5.6 the hard file stays an outlier: it does not."""
+    other = BatchReplay(179, (5.9 * 2029 + 8.9 * 18) / 2047, {98: (5.9 * 2029, 2029),
+                                                             133: (8.9 * 18, 18)})
+    assert explains([SOUP, other], {179}, {133}, 5.4, 5.05, 6.7)
+    assert not explains([SOUP, other], {179}, {133}, 5.4, 5.05, 5.6)
 
 
 def test_two_replays_that_disagree_are_numerics_whatever_the_data():
