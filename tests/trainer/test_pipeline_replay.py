@@ -95,6 +95,7 @@ def ranks_main() -> None:
     from trainer.engine import build_engine
     from trainer.model import GPT
     from trainer.pipeline_replay import PipeReplayer
+    from trainer.segment import leave
 
     world = int(os.environ["WORLD_SIZE"])
     deepspeed.init_distributed(dist_backend="gloo")
@@ -122,6 +123,11 @@ def ranks_main() -> None:
     dist.all_gather_object(every, mine_found)
     if dist.get_rank() == 0:
         print("RESULT " + json.dumps(every), flush=True)
+    # all ranks leave together, skipping the C++ teardown, as a segment does
+    # (trainer/segment.py `leave`: a rank exiting unjoined died of SIGABRT now and then)
+    dist.barrier()
+    dist.destroy_process_group()
+    leave(0)
 
 
 def replay_against_whole_model(world: int) -> list[dict]:
