@@ -37,6 +37,7 @@ from common.faults import Fault, record_fault
 from common.procs import NODE_ENV, WORKER_PID_ENV
 from spec import FaultSpec
 from trainer.optim import SkippableAdamW
+from trainer.replicas import BITS
 
 log = structlog.get_logger(__name__)
 
@@ -278,8 +279,7 @@ def flip_bit(tensor: torch.Tensor, index: int, bit: int) -> None:
     """Flip bit `bit` of element `index` (flattened) of a contiguous float tensor, in place,
     through an integer view of its bit pattern (a bit flip in memory, as a bad accelerator
     makes one)."""
-    ints = {torch.float32: torch.int32, torch.float64: torch.int64,
-            torch.bfloat16: torch.int16, torch.float16: torch.int16}[tensor.dtype]
+    ints = BITS[tensor.dtype]  # the fingerprint's view of the same bit patterns
     if bit >= torch.iinfo(ints).bits:
         raise ValueError(f"bit {bit} is past a {tensor.dtype} element's {torch.iinfo(ints).bits}")
     element = tensor.view(-1)[index:index + 1].view(ints)

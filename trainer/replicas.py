@@ -31,8 +31,8 @@ import torch
 import torch.distributed as dist
 
 # the integer type of each float type's width: its elements' bit patterns
-_BITS = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16,
-         torch.float64: torch.int64}
+BITS = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16,
+        torch.float64: torch.int64}
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ def fingerprint(params: Iterable[torch.Tensor]) -> tuple[int, int]:
     total = nonfinite = None
     for p in params:
         t = p.detach()
-        ints = t.contiguous().view(_BITS.get(t.dtype, torch.int32)).to(torch.int64).sum()
+        ints = t.contiguous().view(BITS.get(t.dtype, torch.int32)).to(torch.int64).sum()
         bad = (~torch.isfinite(t)).sum() if t.is_floating_point() else torch.zeros_like(ints)
         total = ints if total is None else total + ints
         nonfinite = bad if nonfinite is None else nonfinite + bad
