@@ -32,9 +32,9 @@ from common.errors import BadConfig
 from spec.codec import num
 from spec.codec import require as _require
 from spec.hardware import ACCELERATORS
+from spec.model import ModelConfig, param_count
 
 if TYPE_CHECKING:
-    from spec.model import ModelConfig
     from spec.train import TrainConfig
 
 STATE_BYTES = 16  # bytes per parameter, Adam in mixed precision (arXiv 1910.02054, 3.1)
@@ -405,8 +405,6 @@ def planned_layout(train: TrainConfig, model: ModelConfig, vocab_size: int,
     The batch is the run's: `micro_batch_tokens` x `grad_accum` per data replica (the
     planner's compute time is taken at the whole world as replicas). The planner's own
     micro-batch is advice; the run keeps `micro_batch_tokens`, checked here instead."""
-    from spec.model import param_count
-
     memory, intra, inter = train.cluster.figures()
     acc = ACCELERATORS[train.cluster.accelerator]
     params = param_count(model, vocab_size)
