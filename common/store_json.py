@@ -1,0 +1,168 @@
+"""One reader for JSON that comes back from the store. Stdlib only.
+
+The bucket is data, not code, and not trusted to be well-formed (docs/security.md): whoever
+can write to it can put a 1 GB record, a list nested 100,000 deep (RecursionError in the
+decoder or in whatever walks the result), `Infinity` or `1e999` (an OverflowError the first
+time it meets `int()`), a number of 5,000 digits (ValueError in `int()`), or a string where a
+step belongs. Every reader of a store record goes through `load_record` (one document) or
+`load_line` (one line of a JSON-lines file), and takes its fields with `field_int`,
+`field_float`, `field_str`: each failure is one exception, `StoreRecordInvalid`, a
+ValueError, so the callers' existing `except ValueError` paths (a corrupt record: skipped,
+logged, or the reader's own corruption error) apply, and nothing else escapes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+# A record's size: lineage records, pins, RUN.json, scrub records and manifests are a few
+# kB; an event line under 64 kB. 16 MiB is far above any record mainspring writes and far
+# below what would hurt a worker or a laptop running `mainspring report`.
+MAX_RECORD_BYTES = 16 * 1024 * 1024
+MAX_LINE_BYTES = 1024 * 1024
+# Nesting: mainspring's deepest record (an event's payload holding a span's attributes) is
+# under 8 levels; 32 leaves room and keeps every recursive walk far from Python's limit.
+MAX_DEPTH = 32
+# Integers: a step, a byte count or a nanosecond time fits in 63 bits; anything longer is
+# not a quantity mainspring wrote (and int() of 5,000 digits raises ValueError).
+MAX_INT_DIGITS = 19
+
+
+class StoreRecordInvalid(ValueError):
+    """A store record that is not what mainspring writes. `what` names the record (a path or
+    a field), `problem` says how it fails."""
+
+    def __init__(self, what: str, problem: str) -> None:
+        self.what, self.problem = what, problem
+        super().__init__(f"{what}: {problem}")
+
+
+def _reject_constant(name: str) -> Any:
+    raise StoreRecordInvalid("number", f"{name} is not a finite number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise StoreRecordInvalid("number", f"{text[:40]} is not a finite number")
+    return value
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise StoreRecordInvalid("number", f"an integer of {len(text)} digits")
+    return int(text)
+
+
+def _depth_over(value: Any, limit: int) -> bool:
+    """Whether `value` nests deeper than `limit` (iterative: no recursion to exhaust)."""
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            children = node.values()
+        elif isinstance(node, list):
+            children = node
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
+def _decode(raw: bytes | str, what: str, max_bytes: int, max_depth: int) -> Any:
+    if len(raw) > max_bytes:
+        raise StoreRecordInvalid(what, f"{len(raw)} bytes, over the {max_bytes}-byte bound")
+    if isinstance(raw, bytes):
+        try:
+            raw = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise StoreRecordInvalid(what, f"not UTF-8 ({exc.reason})") from None
+    try:
+        value = json.loads(raw, parse_constant=_reject_constant, parse_float=_finite_float,
+                           parse_int=_bounded_int)
+    except StoreRecordInvalid as exc:
+        raise StoreRecordInvalid(what, exc.problem) from None
+    except RecursionError:
+        raise StoreRecordInvalid(what, "nested too deeply to decode") from None
+    except ValueError as exc:  # JSONDecodeError is a ValueError
+        raise StoreRecordInvalid(what, f"not JSON ({str(exc)[:120]})") from None
+    # the count of brackets bounds the depth: only a record with many pays for the walk
+    if (raw.count("[") + raw.count("{") > max_depth) and _depth_over(value, max_depth):
+        raise StoreRecordInvalid(what, f"nested deeper than {max_depth} levels")
+    return value
+
+
+def load_record(raw: bytes | str, what: str, *, max_bytes: int = MAX_RECORD_BYTES,
+                max_depth: int = MAX_DEPTH, expect: type | None = dict) -> Any:
+    """One JSON document from the store: bounded in size and depth, finite numbers only,
+    integers of at most 19 digits, and (by default) an object. StoreRecordInvalid
+    otherwise."""
+    value = _decode(raw, what, max_bytes, max_depth)
+    if expect is not None and not isinstance(value, expect):
+        raise StoreRecordInvalid(what, f"a JSON {type(value).__name__}, not an "
+                                       f"{'object' if expect is dict else expect.__name__}")
+    return value
+
+
+def load_line(raw: bytes | str, what: str, *, max_bytes: int = MAX_LINE_BYTES,
+              max_depth: int = MAX_DEPTH) -> dict[str, Any]:
+    """One line of a JSON-lines record (events, spans, quarantine): an object, bounded as
+    `load_record` with a smaller size bound."""
+    return load_record(raw, what, max_bytes=max_bytes, max_depth=max_depth, expect=dict)
+
+
+def field_int(record: dict[str, Any], key: str, what: str, *, low: int = 0,
+              high: int = 2**63 - 1, default: int | None = None) -> int:
+    """`record[key]` as an int in [low, high] (bool is not an int here; a float with no
+    fraction is accepted, as JSON writers produce them). StoreRecordInvalid otherwise."""
+    value = record.get(key, default) if isinstance(record, dict) else None
+    if value is None and default is not None:
+        value = default
+    if isinstance(value, float) and value.is_integer() and math.isfinite(value):
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise StoreRecordInvalid(f"{what}.{key}", f"{_shown(value)} is not a whole number")
+    if not low <= value <= high:
+        raise StoreRecordInvalid(f"{what}.{key}", f"{value} is outside [{low}, {high}]")
+    return value
+
+
+def field_float(record: dict[str, Any], key: str, what: str, *, low: float = -math.inf,
+                high: float = math.inf, default: float | None = None) -> float:
+    """`record[key]` as a finite float in [low, high]. StoreRecordInvalid otherwise."""
+    value = record.get(key, default) if isinstance(record, dict) else None
+    if value is None and default is not None:
+        value = default
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise StoreRecordInvalid(f"{what}.{key}", f"{_shown(value)} is not a number")
+    try:
+        value = float(value)
+    except OverflowError:
+        raise StoreRecordInvalid(f"{what}.{key}", "a number too large for a float") from None
+    if not (math.isfinite(value) and low <= value <= high):
+        raise StoreRecordInvalid(f"{what}.{key}", f"{value!r} is outside [{low}, {high}]")
+    return value
+
+
+def field_str(record: dict[str, Any], key: str, what: str, *, max_len: int = 4096,
+              default: str | None = None) -> str:
+    """`record[key]` as a str of at most `max_len` characters. StoreRecordInvalid
+    otherwise."""
+    value = record.get(key, default) if isinstance(record, dict) else None
+    if value is None and default is not None:
+        value = default
+    if not isinstance(value, str):
+        raise StoreRecordInvalid(f"{what}.{key}", f"{_shown(value)} is not a string")
+    if len(value) > max_len:
+        raise StoreRecordInvalid(f"{what}.{key}", f"{len(value)} characters, over {max_len}")
+    return value
+
+
+def _shown(value: Any) -> str:
+    """A value named in a message: its type, and a short, printable piece of it."""
+    text = repr(value)
+    return f"{type(value).__name__} {text[:40]!s}".encode("ascii", "backslashreplace").decode()
