@@ -18,6 +18,7 @@ import contextlib
 import io
 import json
 import os
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -25,12 +26,18 @@ import numpy as np
 import structlog
 
 from common.errors import BadData
+from common.store_json import MAX_RECORD_BYTES, field_int, field_str, load_record
 from storage.fs import join, keep_cached, pipe_durable, read_cached, resolve, sha256_stream
 
 log = structlog.get_logger(__name__)
 
 MANIFEST = "MANIFEST.json"
 SPLITS = ("train", "val")
+# A file a manifest names sits in the dataset's own directory: a plain name, as data prep
+# writes them (`tokenizer.json`, `train-00000.bin`). A `/` or `..` in the stored manifest
+# would have the readers open files elsewhere in the store, or outside it on a shared file
+# system.
+FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
 
 
 def token_dtype(vocab_size: int) -> str:
@@ -73,9 +80,58 @@ class DatasetManifest:
 
     @classmethod
     def from_json(cls, text: str | bytes) -> DatasetManifest:
-        raw = json.loads(text)
-        raw["shards"] = tuple(ShardInfo(**s) for s in raw["shards"])
-        return cls(**raw)
+        """The manifest as the store holds it: read through the store's JSON reader, every
+        field typed and every file it names a plain name in the dataset's directory
+        (ValueError naming the field otherwise)."""
+        raw = load_record(text, MANIFEST)
+        shards = raw.get("shards")
+        if not isinstance(shards, list):
+            raise ValueError("shards is not a list")
+        vocab = field_int(raw, "vocab_size", MANIFEST, low=1, high=1 << 32)
+        return cls(content_hash=field_str(raw, "content_hash", MANIFEST, max_len=64),
+                   vocab_size=vocab,
+                   eos_id=field_int(raw, "eos_id", MANIFEST, high=vocab - 1),
+                   dtype=_dtype(raw),
+                   tokenizer=_file_name(raw, "tokenizer", MANIFEST, "tokenizer.json"),
+                   shards=tuple(_shard(s, f"{MANIFEST}.shards[{i}]")
+                                for i, s in enumerate(shards)),
+                   stats=raw.get("stats") if isinstance(raw.get("stats"), dict) else {})
+
+
+def _file_name(raw: dict[str, Any], key: str, what: str, default: str | None = None) -> str:
+    """`raw[key]`: a plain file name (`FILE_NAME`); "" only where `default` is "" (an
+    optional file). ValueError naming the field otherwise."""
+    name = field_str(raw, key, what, max_len=128, default=default)
+    if not (name == "" == default) and not FILE_NAME.fullmatch(name):
+        raise ValueError(f"{what}.{key} {name[:80]!r} is not a file name in the dataset's "
+                         "directory")
+    return name
+
+
+def _dtype(raw: dict[str, Any]) -> str:
+    """The token dtype: one `token_dtype` gives (numpy would read any other, an object
+    array's included, as whatever it names)."""
+    dtype = field_str(raw, "dtype", MANIFEST, max_len=16)
+    if dtype not in ("uint16", "uint32"):
+        raise ValueError(f"{MANIFEST}.dtype {dtype!r} is not uint16 or uint32")
+    return dtype
+
+
+def _shard(raw: Any, what: str) -> ShardInfo:
+    """One shard entry, typed; its files plain names (`FILE_NAME`)."""
+    if not isinstance(raw, dict):
+        raise ValueError(f"{what} is not an object")
+    split = field_str(raw, "split", what, max_len=16)
+    if split not in SPLITS:
+        raise ValueError(f"{what}.split {split!r} is not one of {SPLITS}")
+    return ShardInfo(path=_file_name(raw, "path", what), split=split,
+                     tokens=field_int(raw, "tokens", what),
+                     documents=field_int(raw, "documents", what),
+                     sha256=field_str(raw, "sha256", what, max_len=64),
+                     docs_path=_file_name(raw, "docs_path", what),
+                     docs_sha256=field_str(raw, "docs_sha256", what, max_len=64),
+                     index_path=_file_name(raw, "index_path", what, ""),
+                     index_sha256=field_str(raw, "index_sha256", what, max_len=64, default=""))
 
 
 def dataset_dir(durable_url: str, content_hash: str) -> str:
@@ -90,14 +146,14 @@ def manifest_url(durable_url: str, content_hash: str) -> str:
 def load_manifest(url: str) -> DatasetManifest:
     fs, path = resolve(url)
     try:
-        with fs.open(path, "rb") as f:
-            text = f.read()
+        with fs.open(path, "rb") as f:  # one byte past the bound: the reader refuses it
+            text = f.read(MAX_RECORD_BYTES + 1)
     except FileNotFoundError:
         raise BadData(url, "dataset manifest not found",
                       "run the prepare_data stage first or fix the dataset URL") from None
     try:
         return DatasetManifest.from_json(text)
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:  # ValueError: JSON, UTF-8
+    except ValueError as exc:  # the store's reader's StoreRecordInvalid is one
         raise BadData(url, f"dataset manifest is unreadable ({type(exc).__name__}: "
                       f"{str(exc)[:100]})", "delete the dataset directory and rerun "
                       "prepare_data") from None

@@ -7,21 +7,26 @@ same source (trainer/init_from.py).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
-from common.errors import BadConfig
+from common.errors import BadConfig, BadData
+from common.store_json import StoreRecordInvalid, field_str
 from spec import RunSpec
 from spec.train import init_source
 from storage.checkpoints import CheckpointStore
-from storage.dataset import DatasetManifest, load_manifest
-from storage.events import read_events
+from storage.dataset import DatasetManifest, load_manifest, manifest_url
+from storage.events import events_root, read_events
 from storage.fs import join, resolve, sha256_file
 from storage.runs import stored_spec
 
 FIELD = "train.init_from"
 # what the weights' shapes and meaning depend on (seq_len does not: RoPE is computed)
 ARCHITECTURE = ("d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_mult", "tie_embeddings")
+# A dataset's content hash as data prep makes it (dataprep/inputs.py: sha256 hex, cut to 16);
+# up to a whole digest, and nothing else: it becomes a directory name in the store.
+CONTENT_HASH = re.compile(r"[0-9a-f]{16,64}")
 
 
 @dataclass(frozen=True)
@@ -60,13 +65,42 @@ def promoted_source(durable_url: str, init_from: str) -> InitSource:
     return InitSource(run_id, step, store)
 
 
-def source_dataset(durable_url: str, run_id: str) -> tuple[str, DatasetManifest] | None:
-    """The dataset the source run trained on (its newest `dataset_ready` event)."""
+def source_dataset(durable_url: str, run_id: str, field: str = FIELD,
+                   who: str = "the source") -> tuple[str, DatasetManifest] | None:
+    """The dataset run `run_id` trained on: the content hash its newest `dataset_ready` event
+    names, read from this store's `datasets/<hash>/` (storage/dataset.py) — never from the
+    event's `uri`. The event is store data, not an address: a `uri` there could name an
+    internal endpoint or `/dev/zero`, and the worker would open it. None for a run with no
+    recorded dataset; BadData naming the run and the event's field when the event is not
+    one data prep writes (the same on every retry)."""
     ready = read_events(durable_url, run_id, ("dataset_ready",))
     if not ready:
         return None
-    uri = ready[-1]["payload"]["uri"]
-    return uri, load_manifest(uri)
+    content_hash = dataset_hash(ready[-1].get("payload"), durable_url, run_id, field, who)
+    url = manifest_url(durable_url, content_hash)
+    try:
+        return url, load_manifest(url)
+    except BadData as exc:
+        raise BadData(url, f"run {run_id}, {who} ({field}), trained on dataset {content_hash}, "
+                      f"which cannot be read: {exc.problem}", "prepare that run's data again "
+                      f"(the same data section in this store), or name another run in {field}"
+                      ) from None
+
+
+def dataset_hash(payload: Any, durable_url: str, run_id: str, field: str, who: str) -> str:
+    """Pure: the content hash a `dataset_ready` event's payload names, checked as a hash
+    (it becomes a path in the store); BadData naming run, event and field otherwise."""
+    try:
+        content_hash = field_str(payload if isinstance(payload, dict) else {}, "content_hash",
+                                 "dataset_ready.payload", max_len=64)
+        if not CONTENT_HASH.fullmatch(content_hash):
+            raise StoreRecordInvalid("dataset_ready.payload.content_hash",
+                                     f"{content_hash[:80]!r} is not a dataset's content hash")
+    except StoreRecordInvalid as exc:
+        raise BadData(events_root(durable_url, run_id), f"run {run_id}, {who} ({field}): its "
+                      f"dataset_ready event is malformed: {exc}", "name a run whose data this "
+                      "store prepared, or leave the field empty") from None
+    return content_hash
 
 
 def tokenizer_sha(manifest_uri: str, manifest: DatasetManifest) -> str:
@@ -108,7 +142,7 @@ def check_tokenizer(durable: str, run_id: str, manifest_uri: str, manifest: Data
     the teacher) trained with another tokenizer than this dataset's: the same size is not
     enough, the same ids must mean the same text. Nothing to check for a run with no
     recorded dataset."""
-    data = source_dataset(durable, run_id)
+    data = source_dataset(durable, run_id, field, who)
     if data is None:
         return
     their_uri, their_manifest = data

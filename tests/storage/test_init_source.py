@@ -4,45 +4,19 @@ BadConfig naming both and the fix (storage/init_source.py)."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 
 from common.errors import BadConfig
 from spec import RunSpec
 from storage.dataset import load_manifest
-from storage.events import EventLog
 from storage.init_source import check_fit, promoted_source
-from storage.runs import claim_run
-
-MODEL = {"d_model": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "seq_len": 32}
-
-
-def dataset(root: Path, tokenizer: str, vocab: int = 512) -> str:
-    root.mkdir(parents=True)
-    (root / "tokenizer.json").write_text(tokenizer)
-    (root / "MANIFEST.json").write_text(json.dumps({
-        "content_hash": root.name, "vocab_size": vocab, "eos_id": vocab - 1,
-        "dtype": "uint16", "tokenizer": "tokenizer.json", "shards": [], "stats": {}}))
-    return f"file://{root}/MANIFEST.json"
+from tests.storage.source_runs import MODEL, SOURCE_HASH, dataset, source_store
 
 
 @pytest.fixture
 def store(tmp_path) -> str:
     """Run `base` (MODEL, tokenizer A) with steps 4 and 8 promoted."""
-    url = f"file://{tmp_path}/store"
-    base = RunSpec.from_dict({"run_id": "base", "model": MODEL,
-                              "train": {"micro_batch_tokens": 128}})
-    claim_run(url, "base", base.spec_hash(), base.to_dict())
-    with EventLog(url, "base", "data") as events:
-        events.emit("dataset_ready", event_id="dataset_ready/a", vocab_size=512,
-                    uri=dataset(tmp_path / "data-a", "tokenizer A"))
-    for step in (4, 8):
-        promoted = tmp_path / "store" / "runs" / "base" / "promoted" / f"step-{step:09d}"
-        promoted.mkdir(parents=True)
-        (promoted / "MANIFEST.json").write_text("{}")
-    return url
+    return source_store(tmp_path)
 
 
 def child(url: str, init_from: str = "base", **model) -> RunSpec:
@@ -83,7 +57,8 @@ def test_another_tokenizer_is_refused_with_the_sources_tokenizer_to_use(store, t
         check_fit(child(store), other, load_manifest(other))
     assert "another tokenizer" in err.value.problem
     assert err.value.fix.startswith("set data.tokenizer.path to ")
-    assert err.value.fix.endswith("data-a/tokenizer.json, the source's tokenizer")
+    assert err.value.fix.endswith(f"datasets/{SOURCE_HASH}/tokenizer.json, the source's "
+                                  "tokenizer")
 
 
 def test_init_from_is_checked_for_its_form_and_never_names_the_run_itself():
