@@ -33,6 +33,7 @@ import structlog
 
 from common.errors import BadData, StorageUnavailable
 from common.faults import Fault, record_fault
+from common.store_json import load_record
 from storage.fs import (
     commit_lock,
     copy_durable,
@@ -410,10 +411,7 @@ class NodePart:
     @classmethod
     def from_json(cls, text: str | bytes, *, step: int, node_rank: int) -> NodePart:
         """Parse and check the part at part_path(step, node_rank); ValueError saying why not."""
-        try:
-            raw = json.loads(text)
-        except (ValueError, RecursionError) as exc:
-            raise ValueError(f"not JSON ({type(exc).__name__})") from None
+        raw = load_record(text, f"part of node {node_rank}")  # StoreRecordInvalid: a ValueError
         if problem := part_problem(raw, step=step, node_rank=node_rank):
             raise ValueError(problem)
         return cls(step=step, node_rank=node_rank, session=raw["session"],

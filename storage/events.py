@@ -33,6 +33,7 @@ from opentelemetry import trace
 
 from common.errors import StorageUnavailable
 from common.redact import redact_value
+from common.store_json import load_line
 from common.telemetry import current_trace_id
 from storage.fs import (
     is_unavailable,
@@ -264,9 +265,9 @@ def _parse(data: bytes, path: str = "") -> tuple[list[dict], list[str]]:
         if not raw.strip():
             continue
         try:
-            event = json.loads(raw.decode("utf-8"))
-        except (ValueError, RecursionError):  # torn tail of a pre-atomic writer, bad bytes
-            event = None
+            event = load_line(raw, path)
+        except ValueError:  # StoreRecordInvalid: a torn tail of a pre-atomic writer, bad bytes,
+            event = None  # too deep, a non-finite or over-long number
         if well_formed(event):
             good.append(event)
             continue

@@ -21,6 +21,7 @@ from typing import Any
 
 from common.errors import BadData, MainspringError
 from common.limits import MAX_STEP
+from common.store_json import StoreRecordInvalid, load_record
 from storage.fs import sha256_stream, walk_files
 
 MANIFEST = "MANIFEST.json"
@@ -143,10 +144,9 @@ class CheckpointManifest:
         """Parse and check a manifest (of directory `step`, when given); anything malformed
         raises CorruptCheckpoint(step, MANIFEST.json, "a valid manifest", reason)."""
         try:
-            raw = json.loads(text)
-        except (ValueError, RecursionError) as exc:  # ValueError: JSON and UTF-8 errors
-            raise _bad_manifest(step, None, f"not JSON ({type(exc).__name__}: "
-                                f"{str(exc)[:80]})") from None
+            raw = load_record(text, MANIFEST)
+        except StoreRecordInvalid as exc:  # not JSON or UTF-8, too deep, not finite, ...
+            raise _bad_manifest(step, None, exc.problem[:120]) from None
         problem = manifest_problem(raw)
         if problem is None and step is not None and raw["step"] != step:
             problem = f"manifest says step {raw['step']}"

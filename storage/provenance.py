@@ -37,6 +37,7 @@ import numpy as np
 import structlog
 
 from common.errors import BadData
+from common.store_json import StoreRecordInvalid, load_record
 from storage.dataset import load_manifest, read_array
 from storage.fs import join, resolve
 
@@ -166,7 +167,10 @@ def _strings(strings: Sequence[str]) -> np.ndarray:
 
 
 def _unstrings(column: np.ndarray) -> tuple[str, ...]:
-    return tuple(json.loads(column.tobytes().decode()))
+    strings = load_record(column.tobytes(), "string table", expect=list)
+    if not all(isinstance(s, str) for s in strings):
+        raise StoreRecordInvalid("string table", "holds something other than strings")
+    return tuple(strings)
 
 
 @dataclass(frozen=True, eq=False)

@@ -26,6 +26,7 @@ from typing import Any
 import structlog
 
 from common.errors import BadData, StorageUnavailable
+from common.store_json import load_line
 from storage.events import read_events
 from storage.fs import is_unavailable, join, pipe_durable, resolve, storage_errors
 from storage.provenance import HASH_BYTES
@@ -164,9 +165,9 @@ def read_quarantine(uri: str) -> list[QuarantineEntry]:
         if not line.strip():
             continue
         try:
-            d = json.loads(line)
-            sha = normalized_hash(d.get("sha256")) if isinstance(d, dict) else None
-        except (ValueError, UnicodeDecodeError):
+            d = load_line(line, f"{uri}:{n}")
+            sha = normalized_hash(d.get("sha256"))
+        except ValueError:  # StoreRecordInvalid: not JSON, too deep, not finite, too long
             sha = None
         if sha is None:
             raise BadData(f"{uri}:{n}", f"line {n} is not a quarantine entry (a JSON object "

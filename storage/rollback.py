@@ -49,6 +49,7 @@ from typing import TypeVar
 import structlog
 
 from common.errors import StorageUnavailable
+from common.store_json import StoreRecordInvalid, field_int, load_record
 from storage.checkpoints import CheckpointManifest, CheckpointStore
 from storage.fs import is_unavailable, join, put_new
 
@@ -175,18 +176,32 @@ def read_branches(store: CheckpointStore) -> tuple[Branch, ...]:
     found = []
     for path in paths:
         try:
-            raw = json.loads(fs.cat_file(path))
-            found.append(Branch(lineage=int(raw["lineage"]), restored_step=int(raw["restored_step"]),
-                                abandoned=tuple(raw.get("abandoned", ()))))
+            found.append(branch_of(fs.cat_file(path), path))
         except FileNotFoundError:
             continue
-        except (ValueError, KeyError, TypeError) as exc:  # only a hand-made file: put_new
-            log.warning("lineage_record_unreadable", path=path, error=repr(exc)[:200])
+        except ValueError as exc:  # only a hand-made file: put_new; StoreRecordInvalid
+            log.warning("lineage_record_unreadable", path=path, error=str(exc)[:200])
         except Exception as exc:
             if is_unavailable(exc):
                 raise StorageUnavailable(store.url, repr(exc)) from exc
             raise
     return tuple(sorted(found, key=lambda b: b.lineage))
+
+
+def branch_of(raw: bytes, path: str) -> Branch:
+    """A lineage record's Branch; StoreRecordInvalid when it is not one mainspring writes:
+    its number must be its file's name (`<n>.json`), so one forged record cannot claim a
+    lineage above every other and abandon the whole run."""
+    record = load_record(raw, path)
+    lineage = field_int(record, "lineage", path, low=1)
+    named = path.rsplit("/", 1)[-1].removesuffix(".json")
+    if not (named.isdigit() and int(named) == lineage):
+        raise StoreRecordInvalid(f"{path}.lineage", f"{lineage} is not the file's number")
+    listed = record.get("abandoned", [])
+    if not isinstance(listed, list):
+        raise StoreRecordInvalid(f"{path}.abandoned", "is not a list")
+    return Branch(lineage=lineage, restored_step=field_int(record, "restored_step", path),
+                  abandoned=tuple(field_int({"s": s}, "s", f"{path}.abandoned") for s in listed))
 
 
 def start_lineage(store: CheckpointStore, restored_step: int, newer: Sequence[int]) -> int:
@@ -250,7 +265,7 @@ def pinned_steps(store: CheckpointStore) -> frozenset[int]:
     steps = set()
     for path in fs.ls(directory, detail=False):
         try:
-            steps.add(int(json.loads(fs.cat_file(path))["to_step"]))
-        except (ValueError, KeyError, TypeError, FileNotFoundError) as exc:
-            log.warning("rollback_pin_unreadable", path=path, error=repr(exc)[:200])
+            steps.add(field_int(load_record(fs.cat_file(path), path), "to_step", path))
+        except (ValueError, FileNotFoundError) as exc:  # ValueError: StoreRecordInvalid
+            log.warning("rollback_pin_unreadable", path=path, error=str(exc)[:200])
     return frozenset(steps)

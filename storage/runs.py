@@ -27,6 +27,7 @@ from typing import Any
 import structlog
 
 from common.errors import BadConfig, BadData, StorageUnavailable
+from common.store_json import field_str, load_record
 from storage.events import read_events
 from storage.fs import is_unavailable, join, put_new, resolve, storage_errors
 
@@ -103,11 +104,10 @@ def claim_owner(durable_url: str, run_id: str) -> tuple[str, str] | None:
 
 def _claimed_hash(raw: bytes, path: str, run_id: str) -> str:
     try:
-        doc = json.loads(raw)
-        value = doc["spec_hash"]
-    except (ValueError, KeyError, TypeError):
+        value = field_str(load_record(raw, path), "spec_hash", path, max_len=256)
+    except ValueError:  # StoreRecordInvalid: not an object, too deep, no string hash
         value = None
-    if not isinstance(value, str) or not value:
+    if not value:
         raise BadData(path, "is not a run claim (no spec_hash)",
                       f"remove it if no run uses run id {run_id}, or pick a new run_id")
     return value
@@ -126,10 +126,10 @@ def stored_spec(durable_url: str, run_id: str) -> dict[str, Any] | None:
     fs, root = resolve(durable_url)
     path = join(root, "runs", run_id, RUN_FILE)
     try:
-        spec = json.loads(fs.cat_file(path)).get("spec")
+        spec = load_record(fs.cat_file(path), path).get("spec")
     except FileNotFoundError:
         return None
-    except (ValueError, AttributeError, OSError) as exc:
-        log.warning("run_spec_unreadable", path=path, error=repr(exc)[:200])
+    except (ValueError, OSError) as exc:  # ValueError: StoreRecordInvalid
+        log.warning("run_spec_unreadable", path=path, error=str(exc)[:200])
         return None
     return spec if isinstance(spec, dict) else None

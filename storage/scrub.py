@@ -40,6 +40,8 @@ from dataclasses import dataclass, field
 
 import structlog
 
+from common.limits import MAX_STEP
+from common.store_json import StoreRecordInvalid, field_float, field_int, field_str, load_record
 from storage.checkpoints import (
     MANIFEST,
     CheckpointStore,
@@ -288,15 +290,35 @@ def manifest_digest(store: CheckpointStore, step: int) -> str | None:
 def read_record(store: CheckpointStore) -> dict[str, dict[int, tuple[str, float]]]:
     """{"": {step: (manifest digest, when)}, "promoted": {…}}; an absent or unreadable record
     is empty (it only ever saves reads)."""
+    path = record_path(store)
     try:
-        raw = json.loads(store.fs.cat_file(record_path(store)))
-        return {tier: {int(s): (str(v["manifest"]), float(v["at"])) for s, v in steps.items()}
-                for tier, steps in raw["verified"].items()}
+        return parse_record(store.fs.cat_file(path), path)
     except FileNotFoundError:
         return {}
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        log.warning("scrub_record_unreadable", path=record_path(store), error=repr(exc)[:200])
+    except ValueError as exc:  # StoreRecordInvalid
+        log.warning("scrub_record_unreadable", path=path, error=str(exc)[:200])
         return {}
+
+
+def parse_record(raw: bytes, path: str) -> dict[str, dict[int, tuple[str, float]]]:
+    """The scrub record's verifications, every field typed; StoreRecordInvalid otherwise."""
+    verified = load_record(raw, path).get("verified")
+    if not isinstance(verified, dict):
+        raise StoreRecordInvalid(f"{path}.verified", "is not an object")
+    out: dict[str, dict[int, tuple[str, float]]] = {}
+    for tier, steps in verified.items():
+        if tier not in ("", PROMOTED) or not isinstance(steps, dict):
+            raise StoreRecordInvalid(f"{path}.verified", f"{tier[:40]!r} is not a tier of steps")
+        where = f"{path}.verified.{tier}"
+        out[tier] = {field_int({"step": _step_key(s)}, "step", where, high=MAX_STEP):
+                     (field_str(v, "manifest", where, max_len=64), field_float(v, "at", where))
+                     for s, v in steps.items()}
+    return out
+
+
+def _step_key(key: str) -> int | None:
+    """A step written as a JSON object's key; None unless it is one (a short decimal)."""
+    return int(key) if key.isascii() and key.isdigit() and len(key) <= 13 else None
 
 
 def scrubbed_steps(store: CheckpointStore) -> frozenset[int]:

@@ -27,6 +27,7 @@ import structlog
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+from common.store_json import field_int, field_str, load_line
 from common.telemetry import span_record
 from storage.fs import join, put_new, resolve, storage_errors
 
@@ -135,10 +136,11 @@ def read_spans(durable_url: str, run_id: str) -> list[dict]:
             if not raw.strip():
                 continue
             try:
-                rec = json.loads(raw)
-            except ValueError:
-                log.warning("span_line_unreadable", path=path, line=raw[:200])
+                rec = load_line(raw, path)
+                start = field_int(rec, "start_ns", path, default=0)
+                span_id = field_str(rec, "span_id", path, max_len=64)
+            except ValueError as exc:  # StoreRecordInvalid
+                log.warning("span_line_unreadable", path=path, error=str(exc)[:200])
                 continue
-            if isinstance(rec, dict) and isinstance(rec.get("span_id"), str):
-                best.setdefault(rec["span_id"], rec)
-    return sorted(best.values(), key=lambda r: (r.get("start_ns", 0), r["span_id"]))
+            best.setdefault(span_id, {**rec, "start_ns": start})
+    return sorted(best.values(), key=lambda r: (r["start_ns"], r["span_id"]))
