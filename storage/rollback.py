@@ -155,6 +155,43 @@ def left_behind(durable: CheckpointStore, step: int, lineage: int) -> int | None
     return None
 
 
+def commit_unless_left_behind(durable: CheckpointStore, step: int, lineage: int,
+                              commit: Callable[[], CheckpointManifest],
+                              ) -> CheckpointManifest | int:
+    """A durable commit of (step, lineage) no rollback elsewhere can race: the records are
+    read before the commit (`left_behind`) and again after its manifest's put-if-absent.
+    A rollback puts its record (put-if-absent too) and only then lists what to uncommit; on
+    a store that reads its own writes (S3, a file system) whichever of the two comes second
+    sees the other's write: the rollback's listing finds this manifest, or this re-read
+    finds its record and uncommits the step here. Returns the committed manifest, or the
+    run's current lineage when a rollback has left `lineage` (nothing of it stays)."""
+    if (current := left_behind(durable, step, lineage)) is not None:
+        return current
+    man = commit()
+    branches = read_branches(durable)
+    if abandoned(step, lineage_of(man), branches):
+        drop_if_abandoned(durable, step, branches)
+        return current_lineage(branches)
+    return man
+
+
+def split_abandoned(store: CheckpointStore, steps: Sequence[int], branches: Sequence[Branch],
+                    ) -> tuple[list[int], list[int]]:
+    """(live, abandoned) of committed `steps`, by their manifests' lineages — the rule resume
+    and the fast tier's collector apply, for retention and the scrub. Only a step above
+    some rollback's restored step can be abandoned: only those manifests are read. An
+    unreadable manifest is not judged here (the readers that load it skip it)."""
+    if not branches:
+        return list(steps), []
+    floor = min(b.restored_step for b in branches)
+    live, left = [], []
+    for step in steps:
+        man = store.committed_manifest(step) if step > floor else None
+        (left if man is not None and abandoned(step, lineage_of(man), branches)
+         else live).append(step)
+    return live, left
+
+
 def lineage_dir(store: CheckpointStore) -> str:
     """`runs/<run_id>/lineage`, beside the store's `checkpoints/`."""
     return join(store.root.rsplit("/", 1)[0], LINEAGE)

@@ -50,7 +50,15 @@ from storage.checkpoints import (
     emit_corrupt,
 )
 from storage.fs import join, pipe_durable
-from storage.rollback import pin, pinned_steps, pins_dir, unpin
+from storage.rollback import (
+    drop_if_abandoned,
+    pin,
+    pinned_steps,
+    pins_dir,
+    read_branches,
+    split_abandoned,
+    unpin,
+)
 from storage.throttle import on_low_priority_thread, slow_view
 
 log = structlog.get_logger(__name__)
@@ -167,7 +175,7 @@ def scrub(store: CheckpointStore, events, policy: ScrubPolicy, *,
     called as it reads (heartbeats)."""
     began, now = time.monotonic(), time.time()
     release_fallback_pins(store)
-    committed, promoted = store.list_committed(), store.list_promoted()
+    committed, promoted = live_committed(store), store.list_promoted()
     needed = fallback_steps(committed, newest=policy.newest, horizon=policy.horizon,
                             pinned=pinned_steps(store), promoted=promoted)
     record = read_record(store)
@@ -198,6 +206,18 @@ def scrub(store: CheckpointStore, events, policy: ScrubPolicy, *,
              needs_attention=report.needs_attention, bytes_read=report.bytes_read,
              seconds=report.seconds)
     return report
+
+
+def live_committed(store: CheckpointStore) -> list[int]:
+    """The committed steps on a lineage no rollback left (storage/rollback.py): an abandoned
+    one is no fallback — a restore drops it — so it is neither read as one, nor counted as
+    the newest, nor taken as the verified commit below a corrupt one; it is dropped here
+    as a resume would."""
+    branches = read_branches(store)
+    live, left = split_abandoned(store, store.list_committed(), branches)
+    for step in reversed(left):
+        drop_if_abandoned(store, step, branches)
+    return live
 
 
 def act_on(store: CheckpointStore, events, bad: dict[int, tuple[str, list[CorruptCheckpoint]]],

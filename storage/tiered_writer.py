@@ -48,7 +48,7 @@ from storage.checkpoints import (
     union_files,
 )
 from storage.retention import RetentionPolicy, apply_retention
-from storage.rollback import left_behind, lineage_of
+from storage.rollback import commit_unless_left_behind, left_behind, lineage_of
 
 log = structlog.get_logger(__name__)
 
@@ -249,23 +249,26 @@ class Writer:
                 self._uploading = job
             self.send(op="started", step=job.step)
             try:
-                if self.cfg.node_rank == 0 and self._abandoned(job):
+                man = None
+                if not (self.cfg.node_rank == 0 and self._abandoned(job)):
+                    with upload_span(job, self.cfg.run_id):
+                        man = self._durable_commit(job)
+                if isinstance(man, int):  # a rollback elsewhere left it while it committed
+                    self._refuse(job, man)
+                if man is None or isinstance(man, int):
                     with self._cond:
                         self._uploading = None
+                    if man is None and self._closing:
+                        return  # closed while waiting out an outage
                     self.send(op="done", step=job.step)
                     continue
-                with upload_span(job, self.cfg.run_id):
-                    man = self._durable_commit(job)
-                if man is not None:
-                    self._after_commit(job.step, man)
+                self._after_commit(job.step, man)
             except BaseException as exc:
                 log.exception("checkpoint_writer_failed", step=job.step, stage="durable")
                 self._fail(job.step, "durable", exc)
                 return
             with self._cond:
                 self._uploading = None
-            if man is None:
-                return  # closed while waiting out an outage
             self.send(op="done", step=job.step)
 
     def _abandoned(self, job: _Job) -> bool:
@@ -276,17 +279,22 @@ class Writer:
             self.durable, job.step, lineage_of(job.manifest)))
         if got is None or got[0] is None:
             return False
-        lineage, current = lineage_of(job.manifest), got[0]
+        self._refuse(job, got[0])
+        return True
+
+    def _refuse(self, job: _Job, current: int) -> None:
+        """The snapshot's lineage is left: say so, and drop the fast copy."""
+        lineage = lineage_of(job.manifest)
         log.warning("checkpoint_upload_refused", step=job.step, lineage=lineage,
                     current=current, reason="abandoned lineage")
         self.emit("checkpoint_abandoned", step=job.step, flush=True,
                   event_id=f"checkpoint_abandoned/{job.step}/{lineage}", lineage=lineage,
                   current_lineage=current)
         self.fast.delete(job.step)
-        return True
 
-    def _durable_commit(self, job: _Job) -> CheckpointManifest | None:
-        """The step's durable share from this node; None once closing. One node: the
+    def _durable_commit(self, job: _Job) -> CheckpointManifest | int | None:
+        """The step's durable share from this node; None once closing; the run's current
+        lineage when a rollback left the snapshot's while it committed. One node: the
         commit. Node k > 0: its part (then the fast tier's manifest is returned, its own
         files). Node 0 of several: every part of this launch, then the one commit."""
         if self.cfg.nnodes == 1:
@@ -297,17 +305,22 @@ class Writer:
             return self._commit_gang(job)
         return None if got is None else got[0]
 
-    def _commit(self, job: _Job, remote: dict[str, FileEntry] | None) -> CheckpointManifest:
+    def _commit(self, job: _Job, remote: dict[str, FileEntry] | None,
+                ) -> CheckpointManifest | int:
+        """The durable commit, the lineage records read before and after it (a rollback
+        elsewhere cannot slip in between: storage/rollback.py commit_unless_left_behind)."""
         fast_man = job.manifest
-        return self.durable.commit(job.step, self.fast.path(job.step), files=fast_man.files,
-                                   remote=remote, **manifest_meta(fast_man))
+        return commit_unless_left_behind(
+            self.durable, job.step, lineage_of(fast_man), lambda: self.durable.commit(
+                job.step, self.fast.path(job.step), files=fast_man.files, remote=remote,
+                **manifest_meta(fast_man)))
 
     def _commit_part(self, job: _Job) -> CheckpointManifest:
         self.durable.commit_part(job.step, self.fast.path(job.step), files=job.manifest.files,
                                  node_rank=self.cfg.node_rank, session=self.cfg.session)
         return job.manifest
 
-    def _commit_gang(self, job: _Job) -> CheckpointManifest | None:
+    def _commit_gang(self, job: _Job) -> CheckpointManifest | int | None:
         """Node 0: wait (no lock held: the other nodes take the step's lock to write their
         parts) until every other node's part of this session is there, then commit this
         node's files with theirs. A step committed already (a retry of it) is not waited for."""
