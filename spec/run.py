@@ -28,7 +28,7 @@ from spec.faults import MAX_FAULTS, FaultSpec
 from spec.layout import LayoutConfig, check_layout, planned_layout
 from spec.model import ModelConfig
 from spec.ops import OpsConfig
-from spec.spikes import SpikeConfig
+from spec.spikes import SpikeConfig, check_batch_bound
 from spec.storage import StorageConfig
 from spec.sweep import (
     SweepConfig,
@@ -81,6 +81,7 @@ class RunSpec:
         _require(t.micro_batch_tokens % m.seq_len == 0, "train.micro_batch_tokens",
                  f"{t.micro_batch_tokens} is not a multiple of model.seq_len={m.seq_len}",
                  "make micro_batch_tokens a multiple of seq_len")
+        check_batch_bound(t.grad_accum, self.spikes)  # an oscillation's raise stays valid
         if t.auto_checkpoint:  # the chosen interval lies in [checkpoint_every_min, segment_steps]
             _require(t.checkpoint_every_min <= t.segment_steps, "train.checkpoint_every_min",
                      f"is longer than a segment ({t.segment_steps} steps)",
@@ -236,7 +237,20 @@ def without_added(cls: type, d: dict[str, Any]) -> dict[str, Any]:
     """`d` without the fields `cls.ADDED` lists while they hold the default they were added
     with (spec_hash)."""
     added = getattr(cls, "ADDED", {})
-    return {k: v for k, v in d.items() if k not in added or v != added[k]}
+    return {k: v for k, v in ((k, added_within(cls, k, v)) for k, v in d.items())
+            if k not in added or v != added[k]}
+
+
+def added_within(cls: type, name: str, v: Any) -> Any:
+    """A section that was itself added (`name` in cls.ADDED, e.g. spikes.oscillation)
+    without the fields added to it later, at their default: its record in cls.ADDED was
+    taken before they existed, and a run that set the section keeps its hash."""
+    f = getattr(cls, "__dataclass_fields__", {}).get(name)
+    nested = getattr(f, "default_factory", None)
+    if name not in getattr(cls, "ADDED", {}) or not isinstance(v, dict) \
+            or not dataclasses.is_dataclass(nested):
+        return v
+    return without_added(nested, v)
 
 
 PRESETS: dict[str, dict[str, Any]] = {

@@ -4,12 +4,18 @@ does about a spike (trainer/guard.py) and the rollback budget the workflow escal
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
-from spec.codec import STEPS, num
+from spec.codec import STEPS, num, value_range
 from spec.codec import positive as _positive
 from spec.codec import require as _require
+from spec.train import TrainConfig
+
+# train.grad_accum's own upper limit (spec/train.py): a raised accumulation is a spec value
+# too, so the oscillation's raise may never pass it
+MAX_GRAD_ACCUM = int(next(value_range(f) for f in fields(TrainConfig)
+                          if f.name == "grad_accum")[1])
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,9 +44,17 @@ class OscillationConfig:
     min_spread: float = num(0.005, 0, 1e6)  # reference spread floor, relative to the loss
     noise_every: int = num(10, 0, STEPS)  # steps between gradient noise samples (0: never)
     batch_margin: float = num(2.0, 1, 1e6)  # noise scale above this x the batch: raise it
-    max_batch_factor: int = num(4, 1, 1024)  # raised grad_accum <= this x train.grad_accum
+    # a raised grad_accum <= this x the spec's own train.grad_accum (batch_bound), and that
+    # product <= train.grad_accum's limit (check_batch_bound, when the spec is read)
+    max_batch_factor: int = num(4, 1, 1024)
+    # the bound itself, in micro-batches (0: max_batch_factor x train.grad_accum). The
+    # workflow sets it on the segments after a raise (workflows/carry_updates.py
+    # segment_spec), so their bound stays the run's and is never re-derived from the raise.
+    max_grad_accum: int = num(0, 0, MAX_GRAD_ACCUM)
     lr_factor: float = num(0.5, 0, 1)  # the LR factor when the step size is the suspect
     lr_steps: int = num(200, 1, STEPS)  # for this many steps
+    # added fields at their default: out of spec_hash (spec/run.py, without_added)
+    ADDED: ClassVar[dict[str, Any]] = {"max_grad_accum": 0}
 
     def __post_init__(self) -> None:
         _require(self.window >= 4, "window", f"must be >= 4, got {self.window}",
@@ -54,6 +68,36 @@ class OscillationConfig:
                  f"{self.batch_margin}", "use e.g. 2.0")
         _require(0 < self.lr_factor < 1, "lr_factor", f"must be in (0, 1), got "
                  f"{self.lr_factor}", "use e.g. 0.5")
+
+
+def batch_bound(grad_accum: int, cfg: OscillationConfig) -> int:
+    """The one bound on the gradient accumulation an oscillation may raise to: the spec's
+    `max_grad_accum`, else `grad_accum` (the spec's own train.grad_accum, the sweep's point
+    applied) x max_batch_factor. A segment after a raise runs a spec that holds the run's
+    bound (workflows/carry_updates.py segment_spec), so the trainer asks for no more than
+    the workflow grants, and at the bound asks for nothing."""
+    return cfg.max_grad_accum or grad_accum * cfg.max_batch_factor
+
+
+def check_batch_bound(grad_accum: int, spikes: SpikeConfig) -> None:
+    """RunSpec's rule across sections: where the oscillation may raise the batch (it and
+    spike handling on), its bound stays within train.grad_accum's own limit, so a raise to
+    it is a valid spec, not a BadConfig hours into the run."""
+    cfg = spikes.oscillation
+    if not (spikes.enabled and cfg.enabled):
+        return
+    if cfg.max_grad_accum:  # within the limit by its range; a bound below is no bound
+        _require(cfg.max_grad_accum >= grad_accum, "spikes.oscillation.max_grad_accum",
+                 f"is {cfg.max_grad_accum}, below train.grad_accum {grad_accum}",
+                 "set it to at least train.grad_accum, or 0 for max_batch_factor x "
+                 "train.grad_accum")
+        return
+    bound = batch_bound(grad_accum, cfg)
+    _require(bound <= MAX_GRAD_ACCUM, "spikes.oscillation.max_batch_factor",
+             f"{cfg.max_batch_factor} x train.grad_accum {grad_accum} = {bound}: a raise to "
+             f"it would pass train.grad_accum's limit of {MAX_GRAD_ACCUM}",
+             f"use a max_batch_factor of at most {max(1, MAX_GRAD_ACCUM // grad_accum)}, or "
+             "a smaller train.grad_accum")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -148,11 +148,16 @@ def remedy(*, b_simple: float | None, batch: int, grad_accum: int, max_grad_accu
            batch_requested: bool, lr_lowered: bool, cfg: OscillationConfig,
            data_tried: bool = False) -> Remedy:
     """What to do about an oscillation. `batch` is the global batch in sequences, the unit
-    of `b_simple`; `lr_lowered`: the step is inside an LR window an earlier oscillation
-    set (it shakes at the lowered LR too); `data_tried`: the data path was taken under that
-    window already (once: a rollback goes back before the block, and a shaking that
-    skipping its data does not end would otherwise roll back forever)."""
-    if b_simple is not None and b_simple > cfg.batch_margin * batch and not batch_requested:
+    of `b_simple`; `max_grad_accum`: the run's one bound on a raised accumulation
+    (spec/spikes.py batch_bound), at which a larger batch is not asked for but the next
+    answer taken, as the workflow would grant no more; `lr_lowered`: the step is inside an
+    LR window an earlier oscillation set (it shakes at the lowered LR too); `data_tried`:
+    the data path was taken under that window already (once: a rollback goes back before
+    the block, and a shaking that skipping its data does not end would otherwise roll back
+    forever)."""
+    noisy = b_simple is not None and b_simple > cfg.batch_margin * batch
+    if noisy and not batch_requested:
+        assert b_simple is not None
         want = min(max_grad_accum, grad_accum * math.ceil(min(b_simple, 1e12) / batch))
         if want > grad_accum:
             return Remedy(action="raise_batch", grad_accum=want,
@@ -162,8 +167,11 @@ def remedy(*, b_simple: float | None, batch: int, grad_accum: int, max_grad_accu
     if not lr_lowered:
         measured = ("the gradient noise scale was not measured" if b_simple is None
                     else f"the gradient noise scale {b_simple:.4g} sequences does not call "
-                         f"for a larger batch than {batch}" if b_simple <= cfg.batch_margin
-                         * batch else "a larger batch is asked for already or at its bound")
+                         f"for a larger batch than {batch}" if not noisy
+                    else "a larger batch is asked for already" if batch_requested
+                    else f"the gradient accumulation {grad_accum} is at its bound of "
+                         f"{max_grad_accum} (spikes.oscillation.max_batch_factor x the "
+                         f"spec's train.grad_accum)")
         return Remedy(action="lower_lr", why=f"{measured}: the step size is the suspect")
     if data_tried:
         return Remedy(action="none", why="it shakes on after a lower LR and a rollback past "

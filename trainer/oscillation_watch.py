@@ -12,9 +12,11 @@ holds the math): it samples the gradient noise scale, judges every accepted loss
   (bf16, fp16 and ZeRO keep them in their own buffers; with one micro-batch the first
   gradient is already reduced). Elsewhere the figure is null with the reason.
 - On an oscillation (`oscillation_detected`, with the figures, the action and why):
-  `raise_batch` records the gradient accumulation asked for in the segment's outcome; the
-  engine cannot change its accumulation mid-segment, so the segment stops after the step
-  on a committed one (trainer/stopping.py) and the workflow launches the next with it
+  `raise_batch` records the gradient accumulation asked for in the segment's outcome, never
+  past the run's one bound (spec/spikes.py batch_bound, which a raised segment's spec
+  holds; at the bound the next answer is taken instead); the engine cannot change its
+  accumulation mid-segment, so the segment stops after the step on a committed one
+  (trainer/stopping.py) and the workflow launches the next with it
   (workflows/carry_updates.py `raise_batch`: a larger global batch, the data order kept);
   `lower_lr` multiplies the LR by `lr_factor` for `lr_steps` steps from the next step (a
   window of the LR schedule, as the workflow's escalation and `set_lr_scale` are; the event
@@ -34,6 +36,7 @@ import structlog
 import torch
 
 from common.protocol import SegmentOutcome
+from spec.spikes import batch_bound
 from trainer import oscillation
 from trainer.context import SegmentContext
 from trainer.engine import plain_fp32
@@ -100,7 +103,9 @@ class OscillationWatch:
         self.on = ctx.spec.spikes.enabled and self.cfg.enabled  # spike handling off: this too
         t = ctx.spec.train
         self.rows = t.micro_batch_tokens // ctx.spec.model.seq_len  # per micro-batch, rank
-        self.accum, self.max_accum = t.grad_accum, t.grad_accum * self.cfg.max_batch_factor
+        # the run's one bound: after a raise the segment's spec holds it (max_grad_accum,
+        # workflows/carry_updates.py segment_spec), never re-derived from the raised value
+        self.accum, self.max_accum = t.grad_accum, batch_bound(t.grad_accum, self.cfg)
         self.batch = self.rows * t.grad_accum * ctx.world  # the global batch, in sequences
         self.why_unmeasured = unmeasured(engine, t.grad_accum, self.cfg.noise_every)
         self.state = OscillationState()
@@ -170,6 +175,7 @@ class OscillationWatch:
                       "" if noise else "no usable sample yet" if not self.samples
                       else "the noise estimate is not positive"),
                   "batch": self.batch, "grad_accum": self.accum, "grad_accum_asked": None,
+                  "grad_accum_bound": self.max_accum,
                   "lr_window": None}
         if found.action == "raise_batch":
             self.requested = record["grad_accum_asked"] = found.grad_accum

@@ -10,6 +10,7 @@ from typing import Any
 from activities.contracts import TrainSegmentResult
 from common.commands import Rollback
 from spec import RunSpec, SpikeConfig
+from spec.spikes import batch_bound
 from workflows.carry import RunCarry
 from workflows.escalation import ESCALATE_LOWER_LR, escalate, lower_lr_window, still_counted
 from workflows.lr_windows import compose_windows
@@ -89,25 +90,36 @@ def record_segment(c: RunCarry, seg: TrainSegmentResult) -> None:
 def raise_batch(c: RunCarry, s: RunSpec, seg: TrainSegmentResult) -> dict[str, Any] | None:
     """Pure but for the carry: a segment that stopped to ask for a larger gradient
     accumulation (a loss that shook while the gradient noise scale stood well above the
-    batch, trainer/oscillation_watch.py) gets it from the next segment on, bounded by
-    spikes.oscillation.max_batch_factor times the spec's (`s`, the sweep's point applied);
-    the data order is kept (each step reads more micro-batches). The batch_raised payload,
-    or None when nothing changes."""
-    base = s.train.grad_accum
+    batch, trainer/oscillation_watch.py) gets it from the next segment on, up to the run's
+    one bound (spec/spikes.py batch_bound of `s`, the spec's own with the sweep's point
+    applied: never of a raised accumulation); the data order is kept (each step reads more
+    micro-batches). The batch_raised payload, or None when nothing changes: an ask at or
+    under what runs already is refused (the trainer, told the same bound, asks for none)."""
+    base, limit = s.train.grad_accum, run_batch_bound(s)
     now = c.grad_accum or base
-    want = min(int(seg.grad_accum_asked or 0), base * s.spikes.oscillation.max_batch_factor)
+    want = min(int(seg.grad_accum_asked or 0), limit)
     if want <= now:
         return None
     c.grad_accum = want
     return {"from_grad_accum": now, "to_grad_accum": want, "at_step": seg.final_step,
-            "bound": base * s.spikes.oscillation.max_batch_factor,
+            "bound": limit,
             "why": "the loss shook while the gradient noise scale stood well above the batch "
                    "(the oscillation_detected event before it has the figures)"}
 
 
+def run_batch_bound(s: RunSpec) -> int:
+    """The most gradient accumulation an oscillation may raise `s` (the spec's own) to."""
+    return batch_bound(s.train.grad_accum, s.spikes.oscillation)
+
+
 def segment_spec(s: RunSpec, c: RunCarry) -> RunSpec:
-    """The spec a segment runs: the sweep's point applied, and a raised accumulation."""
-    return s.replace(**{"train.grad_accum": c.grad_accum}) if c.grad_accum else s
+    """The spec a segment runs: the sweep's point applied, and a raised accumulation with
+    the run's bound beside it (spikes.oscillation.max_grad_accum), so the trainer bounds
+    its asks by the spec's own accumulation, not by the raised one."""
+    if not c.grad_accum:
+        return s
+    return s.replace(**{"train.grad_accum": c.grad_accum,
+                        "spikes.oscillation.max_grad_accum": run_batch_bound(s)})
 
 
 def apply_rollback(c: RunCarry, cmd: Rollback, command_id: str, pin: str) -> None:
