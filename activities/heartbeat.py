@@ -24,29 +24,38 @@ HEARTBEAT_EVERY_S = 1.0  # the heartbeat thread's beat (the worker sends at most
 @dataclass(frozen=True)
 class Beat:
     """One heartbeat's details, as the next attempt reads them: the last committed step and
-    its uri, when the beat was sent, the attempt's fault once recorded and the run of
-    identical failures so far. On the wire one JSON object (`to_json` / `from_details`)."""
+    its uri, when the beat was sent, the fault the attempt's running launch ended with once
+    recorded, the run of identical failures so far, and which launch of the attempt runs
+    (`restart`: k for its k-th restart in place). A restart in place takes the fault out:
+    its own recovery closes it, so a retry after a later loss cannot name it again
+    (activities/fault_ledger.py). On the wire one JSON object (`to_json` /
+    `from_details`)."""
 
     step: int | None = None
     uri: str = ""
     ts: float | None = None
     fault: Fault | None = None
     repeat: Repeat = Repeat()
+    restart: int = 0
 
     def to_json(self) -> dict[str, Any]:
         beat: dict[str, Any] = {"step": self.step, "uri": self.uri, "ts": self.ts}
         if self.repeat.fingerprint:
             beat["repeat"] = self.repeat.to_json()
+        if self.restart:
+            beat["restart"] = self.restart
         return {**beat, "fault": self.fault.to_json()} if self.fault else beat
 
     @classmethod
     def from_details(cls, details: Sequence[Any] | None) -> Beat:
         """The last attempt's heartbeat (activity.info().heartbeat_details); empty: none."""
         raw = details[0] if details and isinstance(details[0], Mapping) else {}
-        fault = raw.get("fault")
+        fault, restart = raw.get("fault"), raw.get("restart")
         return cls(step=raw.get("step"), uri=str(raw.get("uri") or ""), ts=raw.get("ts"),
                    fault=Fault.from_json(fault) if isinstance(fault, Mapping) else None,
-                   repeat=Repeat.from_json(raw.get("repeat")))
+                   repeat=Repeat.from_json(raw.get("repeat")),
+                   restart=restart if isinstance(restart, int) and not isinstance(
+                       restart, bool) and 0 <= restart <= 10_000 else 0)
 
 
 class DurableCommit:
@@ -55,12 +64,13 @@ class DurableCommit:
 
     def __init__(self, step: int | None, uri: str, repeat: Repeat | None = None) -> None:
         self.step, self.uri = step, uri
-        self.fault: Fault | None = None  # this attempt's fault, once recorded (recovery.py)
+        self.fault: Fault | None = None  # the running launch's fault, once recorded
         self.repeat = repeat or Repeat()  # the run of identical failures so far (recovery.py)
+        self.restart = 0  # which launch of the attempt runs (activities/launch.py)
 
     def details(self) -> dict[str, Any]:
         return Beat(self.step, self.uri, round(time.time(), 3), self.fault,
-                    self.repeat).to_json()
+                    self.repeat, self.restart).to_json()
 
     def on_progress(self, line: ProgressLine) -> None:
         if isinstance(line, CommitLine):
@@ -70,6 +80,12 @@ class DurableCommit:
     def on_fault(self, fault: Fault, repeat: Repeat) -> None:
         """The attempt's fault was recorded (activities/recovery.py): beat it now."""
         self.fault, self.repeat = fault, repeat
+        activity.heartbeat(self.details())
+
+    def on_restart(self, restart: int) -> None:
+        """The attempt launches again in place: the fault is its restart's to close, so it
+        leaves the heartbeat, which names the new launch instead; beat it now."""
+        self.fault, self.restart = None, restart
         activity.heartbeat(self.details())
 
 

@@ -6,11 +6,12 @@ attempt N of a segment is `fault/<lo>-<hi>/<execution>/<N>`.
 - The supervisor of attempt N, for a child that exits by a signal or non-zero code, hangs,
   or loses a rank (`FaultRecorder`, fed by the detectors' Fault records), and for an error of
   its own; it also leaves the fault's id and times in its last heartbeat's details.
-- Attempt N+1, when attempt N's worker vanished (heartbeat timeout): nobody else saw it,
-  so it writes a `worker_lost` fault for attempt N from the heartbeat details (last
-  heartbeat time and committed step) and, on the same machine, the progress file. It
-  writes it in every retry — when the supervisor had written one, that earlier copy wins
-  on read (storage/events.py: the earliest copy of an id), so the kind stays what was seen.
+- Attempt N+1, when attempt N's last launch ended with no fault of its own (its worker
+  vanished: a heartbeat timeout): nobody else saw it, so it writes a `worker_lost` fault
+  under that launch's id from the heartbeat details (last heartbeat time and committed
+  step) and, on the same machine, the progress file. Which fault that is, and whether it
+  is still open, is read from the event log (activities/fault_ledger.py): a fault an
+  in-place restart already recovered is closed, and is never answered again.
 Attempt N+1 then writes `recovered`, naming the fault it answers, once its first step is
 done: the step it resumed from, the steps lost, and the time split into detection (fault
 -> seen), restart (seen -> the new child starts restoring) and restore, and mttr_s (fault
@@ -34,6 +35,7 @@ from temporalio import activity
 
 from activities.contracts import TrainSegmentInput
 from activities.errors import with_fault
+from activities.fault_ledger import Answer, answer, fault_of, ledger, segment_prefix
 from activities.heartbeat import Beat
 from activities.supervise import ProgressTail
 from common.errors import (
@@ -101,7 +103,8 @@ class FaultRecorder:
 
     def __init__(self, events: EventLog, inp: TrainSegmentInput, attempt: int,
                  execution: str, heartbeat: Callable[[Fault, Repeat], None],
-                 repeat: Repeat | None = None) -> None:
+                 repeat: Repeat | None = None,
+                 on_restart: Callable[[int], None] | None = None) -> None:
         self.events, self.inp, self.attempt, self.heartbeat = events, inp, attempt, heartbeat
         self.event_id = fault_id(inp, execution, attempt)
         self.recorded = False
@@ -109,13 +112,16 @@ class FaultRecorder:
         self.repeat = repeat or Repeat()  # the run of identical failures, this one included
         self.fault: Fault | None = None  # this attempt's fault, once recorded
         self.execution, self.restart = execution, 0
+        self.on_restart = on_restart or (lambda _: None)  # the heartbeat's (heartbeat.py)
 
     def restarted(self) -> None:
         """The attempt's child is started again in place (activities/launch.py): the next
-        failure is a fault of its own; the run of identical failures goes on."""
+        failure is a fault of its own; the run of identical failures goes on. The heartbeat
+        names the new launch and no longer the fault, which the restart's recovery closes."""
         self.restart += 1
         self.event_id = fault_id(self.inp, self.execution, self.attempt, self.restart)
         self.recorded, self.fault = False, None
+        self.on_restart(self.restart)
 
     def on_progress(self, line: object) -> None:
         if isinstance(line, StepLine):
@@ -190,20 +196,24 @@ def already_recovered(events: EventLog, fault_event_id: str,
 def server_outage(events: EventLog, inp: TrainSegmentInput, execution: str,
                   attempt: int, cache_dir: str | None = None) -> Fault | None:
     """The Temporal outage the server watch recorded for `attempt` (activities/
-    server_watch.py), as a fault to answer: with a heartbeat timeout shorter than the
-    outage the server retries the attempt when it is back, although its worker was never
-    lost — this retry answers the outage instead of recording a worker_lost."""
-    prefix = f"fault/server_unavailable/{inp.from_step}-{inp.to_step}/{execution}/{attempt}/"
+    server_watch.py), as a fault to answer (`outage_in`), read from the event log."""
     try:
-        seen = [e for e in read_events(events.url, events.run_id, kinds=("fault",),
-                                       cache_dir=cache_dir)
-                if e["event_id"].startswith(prefix)]
+        seen = read_events(events.url, events.run_id, kinds=("fault",), cache_dir=cache_dir)
     except StorageUnavailable:
         return None
-    if not seen:
-        return None
-    return dataclasses.replace(Fault.from_json(seen[-1]["payload"]),
-                               event_id=seen[-1]["event_id"])
+    return outage_in(seen, inp, execution, attempt)
+
+
+def outage_in(seen: list[dict], inp: TrainSegmentInput, execution: str,
+              attempt: int) -> Fault | None:
+    """Pure: the newest Temporal outage recorded for `attempt` among a run's events: with a
+    heartbeat timeout shorter than the outage the server retries the attempt when it is
+    back, although its worker was never lost — that retry answers the outage instead of
+    recording a worker_lost."""
+    prefix = f"fault/server_unavailable/{inp.from_step}-{inp.to_step}/{execution}/{attempt}/"
+    found = [fault_of(e) for e in seen
+             if e["kind"] == "fault" and e["event_id"].startswith(prefix)]
+    return next((f for f in reversed(found) if f is not None), None)
 
 
 class Recovery:
@@ -230,8 +240,10 @@ class Recovery:
         if in_place is not None:
             f = in_place.fault or Fault("crash")
             self.beat_step, self.fault_event_id = None, in_place.event_id
-            self.also = [unanswered.settled().fault_event_id, *unanswered.also] \
-                if unanswered is not None and not unanswered.reported else []
+            earlier = unanswered.settled() \
+                if unanswered is not None and not unanswered.reported else None
+            self.also = [i for i in (earlier.fault_event_id, *earlier.also) if i] \
+                if earlier is not None else []
             self.fault_ts = f.fault_ts or time.time()
             self.detected_ts = f.detected_ts or self.fault_ts
             self.last_step = in_place.last_step if in_place.last_step is not None \
@@ -248,24 +260,30 @@ class Recovery:
         scheduled = info.current_attempt_scheduled_time.timestamp() \
             if info.current_attempt_scheduled_time else time.time()
         decided = Fault.from_json(inp.after_fault) if inp.after_fault else None
-        fault = (beat.fault if attempt > 1 else None) or decided
+        prior = beat.fault if attempt > 1 else None
         settle = functools.partial(self._settle, beat_ts=beat.ts, local_step=local_step,
                                    local_ts=local_ts, scheduled=scheduled)
-        if fault or attempt == 1:
-            settle(fault)
-            return
-        # The previous attempt left no fault in its heartbeat: its worker was lost, unless
-        # the server watch recorded a Temporal outage for it (a read of the event log). The
-        # read runs beside the launch; every reader of this Recovery waits for it (settled).
+
+        # Which fault is open is the event log's to say (activities/fault_ledger.py): the
+        # heartbeat's fault may be one a restart in place already recovered. The read runs
+        # beside the launch; every reader of this Recovery waits for it (settled).
         def look() -> None:
             try:
-                outage = server_outage(events, inp, execution, attempt - 1, cache_dir)
-            except Exception as exc:  # noqa: BLE001 — no answer is a lost worker's answer
-                log.warning("server_outage_unread", error=repr(exc)[:300])
-                outage = None
+                record = read_events(events.url, events.run_id, kinds=("fault", "recovered"),
+                                     cache_dir=cache_dir)
+            except Exception as exc:  # noqa: BLE001 — unread: nothing is known closed
+                log.warning("fault_record_unread", error=repr(exc)[:300])
+                record = None
+            # a retry the server made after its outage answers the outage (one closer each)
+            outage = outage_in(record or [], inp, execution, attempt - 1) \
+                if attempt > 1 and prior is None else None
             self.shared = outage is not None
+            prefix = segment_prefix(inp.from_step, inp.to_step, execution)
+            found = Answer(outage.event_id, outage) if outage is not None else answer(
+                attempt, prefix, prior=prior, decided=decided, beat_launch=beat.restart,
+                book=None if record is None else ledger(record, prefix))
             try:
-                settle(outage)
+                settle(found)
             except StorageUnavailable as exc:  # the fault event stays buffered: next flush
                 log.warning("worker_lost_not_stored", error=exc.cause[:200])
         # in the activity's context: the fault is an event of the attempt's span too
@@ -278,32 +296,34 @@ class Recovery:
             self._settling = None
         return self
 
-    def _settle(self, fault: Fault | None, *, beat_ts: float | None, local_step: int | None,
+    def _settle(self, found: Answer, *, beat_ts: float | None, local_step: int | None,
                 local_ts: float | None, scheduled: float) -> None:
-        """The fault this attempt answers: the one its predecessor or a decision recorded,
-        else (None) a worker_lost of its own making, from the heartbeat and progress file."""
-        inp, execution, attempt = self.inp, self.execution, self.attempt
-        seen = fault or Fault("worker_lost")
-        self.fault_event_id = seen.event_id or fault_id(inp, execution, attempt - 1)
-        # a multi-node launch's other faults (its peers' broken collectives): answered too
-        self.also = list(seen.also)
+        """The fault this attempt answers (activities/fault_ledger.py): the one its
+        predecessor or a decision recorded, else a worker_lost of its own making, from the
+        heartbeat and progress file; none when a decided fault is already closed."""
+        seen = found.fault or Fault("worker_lost")
+        self.fault_event_id = found.event_id
+        # a multi-node launch's other faults (its peers' broken collectives), and the
+        # execution's other open faults: answered too
+        self.also = list(found.also)
         known = [t for t in (beat_ts, local_ts) if t is not None]
         self.fault_ts = seen.fault_ts or (max(known) if known else scheduled)
         self.detected_ts = seen.detected_ts or scheduled
         candidates = [s for s in (seen.last_step, local_step, self.beat_step)
                       if s is not None]
-        self.last_step = max(candidates) if candidates else inp.from_step
-        if fault is None:
-            self._worker_lost(beat_ts, local_step)
+        self.last_step = max(candidates) if candidates else self.inp.from_step
+        if found.worker_lost:
+            self._worker_lost(beat_ts, local_step, found.launch)
 
-    def _worker_lost(self, beat_ts: float | None, local_step: int | None) -> None:
+    def _worker_lost(self, beat_ts: float | None, local_step: int | None,
+                     launch: int) -> None:
         ago = f"{self.detected_ts - self.fault_ts:.1f}s before this retry was scheduled"
         record_fault(self.events, Fault(
             "worker_lost", f"attempt {self.attempt - 1}'s worker stopped heartbeating; last "
                            f"sign of life {ago} (heartbeat: committed step {self.beat_step})",
             event_id=self.fault_event_id, detected_by=NEXT_ATTEMPT, attempt=self.attempt - 1,
-            segment=f"{self.inp.from_step}-{self.inp.to_step}", last_step=self.last_step,
-            fault_ts=self.fault_ts, detected_ts=self.detected_ts,
+            restart=launch, segment=f"{self.inp.from_step}-{self.inp.to_step}",
+            last_step=self.last_step, fault_ts=self.fault_ts, detected_ts=self.detected_ts,
             facts={"heartbeat_step": self.beat_step, "heartbeat_ts": beat_ts,
                    "local_step": local_step}))
         self.events.flush()
@@ -319,6 +339,8 @@ class Recovery:
         if self.reported:
             return
         self.reported = True
+        if not self.fault_event_id:  # its decided fault was closed already: none to close
+            return
         start = self.start
         restore_s = start.restore_s if start else 0.0
         restore_began = (start.ts - restore_s) if start else None

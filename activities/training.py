@@ -96,7 +96,8 @@ def _train_segment(spec: RunSpec, inp: TrainSegmentInput) -> TrainSegmentResult:
         in_context(flush_kept, events, name="mainspring-segment-started")
     prior = prior_repeat(activity.info().heartbeat_details)
     tracker = DurableCommit(None, "", prior)
-    faults = FaultRecorder(events, inp, attempt, execution, tracker.on_fault, prior)
+    faults = FaultRecorder(events, inp, attempt, execution, tracker.on_fault, prior,
+                           on_restart=tracker.on_restart)
     a = Attempt(spec, inp, attempt, workdir, CheckpointStore(spec.storage.durable, spec.run_id),
                 events, tracker, faults)
     from activities.server_watch import watching  # the Temporal server's outages
