@@ -39,7 +39,9 @@ import fcntl
 import json
 import os
 import shutil
+import stat
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -58,6 +60,15 @@ LEASE_FILE = ".lease"
 MARK_FILE = ".made-by-mainspring"  # written by lease() into a directory it creates, only
 OWN_DIRS = ("ckpt", "segments", "cache", "eval")  # what activities put in a run's directory
 OWN_FILES = (RUN_FILE, LEASE_FILE, MARK_FILE)
+# The leftovers of a worker killed mid-way: `.gc-<run>-<hex>` (a run directory the collector
+# renamed aside and was emptying: checkpoints, dataset cache and all) and `.new-<run>-<hex>`
+# (a run directory `lease` was making). Nothing else removes them, and the disk fills. Every
+# collection sweeps those older than STALE_S whose lease nobody holds: a live collector
+# holds the lease inside its `.gc-` directory (flock; the kernel drops it when the holder
+# dies), and a live `lease` renames its `.new-` directory into place within milliseconds.
+# An hour is far beyond either, and short against a disk filling over days.
+LEFTOVERS = (".gc-", ".new-")
+STALE_S = 3600.0
 
 
 def run_dir(fast_root: str, run_id: str) -> str:
@@ -181,15 +192,16 @@ def _try_hold(directory: str) -> Iterator[bool]:
             fcntl.flock(held, fcntl.LOCK_UN)
 
 
-def collect_garbage(fast_root: str, keep_run: str) -> list[str]:
+def collect_garbage(fast_root: str, keep_run: str, *, stale_s: float = STALE_S) -> list[str]:
     """Free what other runs left on this machine's fast tier; returns what was removed.
     Only directories this module made (their creation mark) are visited, each while holding
     its run's lease, so no activity of that run can start in between. A run whose durable
-    store cannot be reached now is left for a later collection."""
+    store cannot be reached now is left for a later collection. Leftovers of a collector
+    or a lease killed mid-way are swept first (`sweep_leftovers`)."""
     root = os.path.abspath(fast_root)
-    removed: list[str] = []
     if not os.path.isdir(root):
-        return removed
+        return []
+    removed = sweep_leftovers(root, stale_s=stale_s)
     for name in sorted(os.listdir(root)):
         directory = os.path.join(root, name)
         if name == keep_run or name.startswith(".") or not made_here(directory, name) \
@@ -246,22 +258,63 @@ def _remove_own(directory: str) -> bool:
     tomb = os.path.join(os.path.dirname(directory),
                         f".gc-{os.path.basename(directory)}-{uuid.uuid4().hex[:8]}")
     os.rename(directory, tomb)
-    for entry in OWN_DIRS:
-        path = os.path.join(tomb, entry)
-        if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path)
-    strangers = [e for e in os.listdir(tomb)
-                 if e not in OWN_FILES and not e.startswith(f".{RUN_FILE}.")]
-    if strangers:
+    if strangers := _clear_own(tomb):
         log.warning("fast_tier_gc_left_unknown_files", run_dir=directory,
                     entries=sorted(strangers)[:20])
         with contextlib.suppress(OSError):  # an activity made the directory anew meanwhile
             os.rename(tomb, directory)
         return False
-    for entry in os.listdir(tomb):
-        os.unlink(os.path.join(tomb, entry))
-    os.rmdir(tomb)
     return True
+
+
+def _clear_own(directory: str) -> list[str]:
+    """Remove what the fast tier puts in a run's directory (OWN_DIRS, OWN_FILES), then the
+    directory if that was all; returns the other entries (then it all stays but OWN_DIRS)."""
+    for entry in OWN_DIRS:
+        path = os.path.join(directory, entry)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+    strangers = [e for e in os.listdir(directory)
+                 if e not in OWN_FILES and not e.startswith(f".{RUN_FILE}.")]
+    if strangers:
+        return strangers
+    for entry in os.listdir(directory):
+        os.unlink(os.path.join(directory, entry))
+    os.rmdir(directory)
+    return []
+
+
+def sweep_leftovers(root: str, *, stale_s: float = STALE_S,
+                    now: float | None = None) -> list[str]:
+    """Remove the `.gc-*` and `.new-*` directories under `root` (LEFTOVERS) untouched for
+    `stale_s` whose lease nobody holds; returns them. Unknown files in one stay (logged)."""
+    now = time.time() if now is None else now
+    swept = []
+    for name in sorted(os.listdir(root)):
+        path = os.path.join(root, name)
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue  # another collection swept it
+        if not (name.startswith(LEFTOVERS) and stat.S_ISDIR(st.st_mode)) \
+                or now - max(st.st_mtime, st.st_ctime) < stale_s:
+            continue
+        with _try_hold(path) as free:
+            if not free:
+                continue  # a live collector is emptying it
+            try:
+                strangers = _clear_own(path)
+            except OSError as exc:
+                log.warning("fast_tier_leftover_skipped", path=path, error=repr(exc)[:300])
+                continue
+        if strangers:
+            log.warning("fast_tier_gc_left_unknown_files", run_dir=path,
+                        entries=sorted(strangers)[:20])
+        else:
+            swept.append(path)
+    if swept:
+        log.info("fast_tier_leftovers_swept", removed=swept)
+    return swept
 
 
 def release(fast_root: str, run_id: str) -> None:
