@@ -184,6 +184,10 @@ class PlanInputs:
                 "--overlap", "--api-output-share"))
             if value is not None and not (floor_ok and value <= 1):
                 raise BadConfig(flag, f"{value!r} is not a fraction", "give a number in (0, 1]")
+        for flag, value in (*positive.items(), *fractions.items()):
+            bound = facts.BOUNDS.get(flag)
+            if value is not None and bound and (problem := facts.bound_problem(flag, value)):
+                raise BadConfig(flag, problem, f"give {flag} in {facts.bound_text(bound)}")
         if (self.mfu_low is not None or self.mfu_high is not None) and not (
                 self.mfu is not None and (self.mfu_low or self.mfu) <= self.mfu
                 <= (self.mfu_high or self.mfu)):
@@ -226,12 +230,17 @@ def choose_layout(inputs: PlanInputs, acc: facts.Accelerator, per_node: int, lay
         return Layout(name=inputs.layout, tp=tp, pp=pp, dp=g // (tp * pp), why="--layout")
     node = math.gcd(per_node, g)  # whole nodes of G (G below a node: one node of G)
     heads = max(1, d_model // facts.HEAD_DIM)
-    lay = plan_layout(params=inputs.params, n_layers=layers, n_heads=heads, n_kv_heads=heads,
-                      d_model=d_model, nodes=g // node, accelerators_per_node=node,
-                      accelerator_memory_gb=acc.memory_gb, intra_node_gbps=acc.intra_gbs,
-                      inter_node_gbps=acc.inter_gbs, seq_len=seq_len,
-                      global_batch_tokens=int(batch_tokens), accelerator_tflops=peak / 1e12,
-                      mfu=mfu)
+    try:
+        lay = plan_layout(params=inputs.params, n_layers=layers, n_heads=heads,
+                          n_kv_heads=heads, d_model=d_model, nodes=g // node,
+                          accelerators_per_node=node, accelerator_memory_gb=acc.memory_gb,
+                          intra_node_gbps=acc.intra_gbs, inter_node_gbps=acc.inter_gbs,
+                          seq_len=seq_len, global_batch_tokens=int(batch_tokens),
+                          accelerator_tflops=peak / 1e12, mfu=mfu)
+    except BadConfig as exc:  # the planner names its own inputs; the user gave flags
+        raise BadConfig("--batch-tokens", f"--layout auto: {exc.problem}",
+                        "give --batch-tokens of at least --seq-len x --accelerators, fewer "
+                        "--accelerators, or a --layout with --tp and --pp") from None
     return Layout(name=ZERO_LAYOUTS[lay.zero_stage], tp=lay.tp, pp=lay.pp, dp=lay.dp,
                   why="auto: " + "; ".join(lay.reasons))
 

@@ -10,7 +10,7 @@ import sys
 
 from common.errors import BadConfig
 from ops.plan import LAYOUTS, PlanInputs, chinchilla_tokens, plan
-from ops.plan_facts import ACCELERATORS, CHINCHILLA_SOURCE
+from ops.plan_facts import ACCELERATORS, BOUNDS, CHINCHILLA_SOURCE, bound_problem, bound_text
 
 SUFFIXES = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
 
@@ -29,6 +29,9 @@ def number(flag: str, text: str | None, *, whole: bool = False) -> float | None:
                         "give a number such as 7e9 or 7B (suffixes k, M, B, T)") from None
     if not math.isfinite(value) or value <= 0:
         raise BadConfig(flag, f"{text!r} is not a positive number", "give a number above 0")
+    bound = BOUNDS.get(flag)
+    if bound and (problem := bound_problem(flag, value)):  # before any arithmetic on it
+        raise BadConfig(flag, problem, f"give {flag} in {bound_text(bound)}")
     if whole and value != int(value):
         raise BadConfig(flag, f"{text!r} is not a whole number", "give a count such as 8")
     return value

@@ -3,11 +3,14 @@
 A default that has no published source says so ("assumption") and names the flag that
 replaces it; the plan prints every default it used beside its source. The accelerators
 (peaks, memory, links, default MFUs) are spec/hardware.py's, shared with the run spec's
-layout planner.
+layout planner. `BOUNDS`: every numeric flag's documented range.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from common.limits import MAX_BATCH_TOKENS
 from spec.hardware import ACCELERATORS, Accelerator  # noqa: F401 — the table plan reads
 
 # Llama 3 (arXiv 2407.21783, section 3.3.4): 419 unexpected interruptions in a 54-day
@@ -43,3 +46,61 @@ HEAD_DIM = 128
 WIRE_BYTES = 2
 # Adam in mixed precision keeps 16 bytes per parameter (ZeRO, arXiv 1910.02054, section 3.1).
 STATE_BYTES_PER_PARAM = 16
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A flag's documented range, inclusive; `whole`: a count. Past it the flag is refused
+    (exit 2, naming it) before any arithmetic: every figure the plan computes from values
+    inside stays finite and every search in it short (the layout planner's divisors)."""
+
+    lo: float
+    hi: float
+    whole: bool = False
+    why: str = ""
+
+
+DAY_S = 86400.0
+COUNT = 10**7  # accelerators: 100 times the largest cluster trained on (~100,000 GPUs)
+BOUNDS: dict[str, Bound] = {
+    "--params": Bound(1, 1e15, why="1,000 times the largest models trained"),
+    "--tokens": Bound(1, 1e17, why="6,000 times Llama 3's 15.6T"),
+    "--accelerators": Bound(1, COUNT, whole=True),
+    "--mfu-at": Bound(1, COUNT, whole=True),
+    "--hour-price": Bound(1e-4, 1e4, why="USD per accelerator-hour"),
+    "--mtbf-hours": Bound(1e-3, 1e9),
+    "--checkpoint-s": Bound(1e-3, DAY_S, why="a save that stalls a day is no checkpoint"),
+    "--restart-s": Bound(1e-3, 7 * DAY_S),
+    "--peak-tflops": Bound(1e-3, 1e6),
+    "--tp": Bound(1, 1024, whole=True, why="train.layout.tp's bound"),
+    "--pp": Bound(1, 1024, whole=True, why="train.layout.pp's bound"),
+    "--nodes-of": Bound(1, 1024, whole=True, why="train.procs_per_node's bound"),
+    "--cores": Bound(1, 1 << 16, whole=True),
+    "--layers": Bound(1, 10**4, whole=True),
+    "--d-model": Bound(1, 1 << 20, whole=True),
+    "--seq-len": Bound(1, 1 << 24, whole=True),
+    "--batch-tokens": Bound(1, MAX_BATCH_TOKENS, why="the layout planner's, 2^36"),
+    "--api-price-in": Bound(1e-6, 1e6, why="USD per million tokens"),
+    "--api-price-out": Bound(1e-6, 1e6, why="USD per million tokens"),
+    "--api-tokens-per-month": Bound(1, 1e18),
+    # fractions: an MFU or goodput of under 0.01 % / 0.1 % is no training run
+    "--mfu": Bound(1e-4, 1),
+    "--goodput": Bound(1e-3, 1),
+    "--overlap": Bound(0, 1),
+    "--api-output-share": Bound(0, 1),
+}
+
+
+def bound_problem(flag: str, value: float) -> str | None:
+    """Pure: why `value` is outside `flag`'s documented range (None: inside)."""
+    b = BOUNDS[flag]
+    if b.lo <= value <= b.hi:
+        return None
+    return f"{value:g} is outside {bound_text(b)}" + (f" ({b.why})" if b.why else "")
+
+
+def bound_text(b: Bound) -> str:
+    """"[1, 68,719,476,736]": whole numbers written out, fractions as they are."""
+    def text(x: float) -> str:
+        return f"{int(x):,}" if x >= 1 and x == int(x) and x < 1e16 else f"{x:g}"
+    return f"[{text(b.lo)}, {text(b.hi)}]"

@@ -25,16 +25,19 @@ STEPS = MAX_STEP  # the most steps any step count or step field may name (the st
 DAY = 86400.0  # seconds, for the bounds of durations
 
 
-def num(default: Any = MISSING, lo: float = 0, hi: float = 0, words: tuple[str, ...] = ()
-        ) -> Any:
-    """A numeric field (or tuple of numbers) with its documented range [lo, hi], inclusive.
+def num(default: Any = MISSING, lo: float = 0, hi: float = 0, words: tuple[str, ...] = (),
+        *, lo_open: bool = False, hi_open: bool = False, why: str = "") -> Any:
+    """A numeric field (or tuple of numbers) with its documented range [lo, hi], inclusive;
+    `lo_open`/`hi_open` make an end exclusive (`lr` is in (0, 10]: a rate of 0 trains
+    nothing). Every number the spec takes is bounded here, so no check or later use of a
+    value can overflow or run long (tests/spec/test_field_bounds.py walks them all).
 
-    Exclusive bounds (`> 0`) stay in the section's `__post_init__`; this is the outer fence.
     `words`: a number-or-word field (typed `float | str` or `int | str`) and the words it
     also takes (`ops.hang_timeout_s`: "auto" or seconds; `train.checkpoint_every`: "auto"
-    or steps).
+    or steps). `why`: what a value past the bound would mean, for the refusal.
     """
-    return field(default=default, metadata={"range": (lo, hi), "words": words})
+    return field(default=default, metadata={"range": (lo, hi), "words": words,
+                                            "open": (lo_open, hi_open), "why": why})
 
 
 def seconds(default: Any = MISSING, lo: float = 1.0, hi: float = DAY, why: str = "",
@@ -99,6 +102,18 @@ def value_range(f: dataclasses.Field) -> tuple[float, float] | None:
     return f.metadata.get("range")
 
 
+def range_text(f: dataclasses.Field) -> str:
+    """A field's documented range as an interval, "(0, 10]"."""
+    (lo, hi), (lo_open, hi_open) = f.metadata["range"], f.metadata.get("open", (False, False))
+    return f"{'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}"
+
+
+def in_range(f: dataclasses.Field, v: float) -> bool:
+    """Pure: whether the number `v` lies in the field's documented range."""
+    (lo, hi), (lo_open, hi_open) = f.metadata["range"], f.metadata.get("open", (False, False))
+    return (lo < v if lo_open else lo <= v) and (v < hi if hi_open else v <= hi)
+
+
 def control_char(text: str) -> int:
     """Index of the first control character (C0, DEL, C1) in `text`, or -1."""
     return next((i for i, ch in enumerate(text) if ord(ch) < 32 or 0x7F <= ord(ch) < 0xA0), -1)
@@ -117,11 +132,21 @@ def check_value(f: dataclasses.Field, value: Any, name: str) -> None:
             _check_str(v, name)
         elif "seconds" in f.metadata:
             _check_seconds(f, v, name)
-        elif rng and isinstance(v, (int, float)) and not isinstance(v, bool):
-            lo, hi = rng
-            if not lo <= v <= hi:
-                raise BadConfig(name, f"must be in [{lo}, {hi}], got {_short(v)}",
-                                f"use a value between {lo} and {hi}")
+        elif rng and isinstance(v, (int, float)) and not isinstance(v, bool) \
+                and not in_range(f, v):
+            raise BadConfig(name, range_problem(f, v), range_fix(f))
+
+
+def range_problem(f: dataclasses.Field, v: float) -> str:
+    """Pure: why the number `v` is outside the field's documented range."""
+    why = f" ({f.metadata['why']})" if f.metadata.get("why") else ""
+    return f"must be in {range_text(f)}{why}, got {_short(v)}"
+
+
+def range_fix(f: dataclasses.Field) -> str:
+    (lo, hi), ends = f.metadata["range"], f.metadata.get("open", (False, False))
+    return f"use a value between {lo} and {hi}" if not any(ends) else \
+        f"use a value in {range_text(f)}"
 
 
 def _check_str(text: str, name: str) -> None:

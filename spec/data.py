@@ -55,7 +55,7 @@ class DedupConfig:
 
     exact: bool = True  # drop documents whose normalised text hash was already seen
     near: bool = True  # drop documents whose word-shingle Jaccard to a kept one >= threshold
-    threshold: float = num(0.8, 0, 1)  # word n-gram Jaccard similarity counted as near-duplicate
+    threshold: float = num(0.8, 0, 1, lo_open=True)  # word n-gram Jaccard similarity counted as near-duplicate
     num_perm: int = num(128, 16, 1024)  # MinHash permutations (signature length)
     ngram: int = num(5, 1, 32)  # words per shingle (5 as in RefinedWeb and BigCode near-dedup)
 
@@ -92,7 +92,8 @@ class DataConfig:
     dedup: DedupConfig = field(default_factory=DedupConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     shard_tokens: int = num(1 << 20, 1, 1 << 34)  # tokens per shard file
-    val_fraction: float = num(0.05, 0, 0.5)  # share of documents (by hash) held out for validation
+    # share of documents (by hash) held out for validation
+    val_fraction: float = num(0.05, 0, 0.5, lo_open=True, hi_open=True)
     workers: int = num(0, 0, 4096)  # processes for read/clean/hash/tokenize; 0 = every core
     unit_bytes: int = num(1 << 20, 1, 1 << 40)  # input bytes per work unit (unit of resume)
     # Quarantine files (runs/<run_id>/quarantine.jsonl of earlier runs, local paths or

@@ -26,6 +26,13 @@ STUDENT_SUFFIX = "-student"
 BASELINE_SUFFIX = "-student-base"
 # the longest run id whose students' ids are still run ids (spec/run.py: at most 63)
 MAX_TEACHER_RUN_ID = 63 - len(BASELINE_SUFFIX)
+# The coldest temperature: at T = 0.05 a logit gap of 1 becomes a probability ratio of
+# e^-20 = 2e-9, below fp32's resolution next to 1 (2^-24 = 6e-8), so the softened teacher
+# is already one-hot for every gap of a logit or more; colder carries no more of it, only
+# scales logits / T towards overflow (T = 1e-300: 1 / T is inf in fp32, every loss NaN)
+# and T^2 towards underflow (1e-600 is 0). At 0.05, logits / T stay finite in fp32 for any
+# logit below 1.7e37 and T^2 = 0.0025. Hinton et al. (2015) distil at T in [1, 20].
+MIN_TEMPERATURE = 0.05
 
 
 def default_student() -> ModelConfig:
@@ -42,7 +49,9 @@ class DistillConfig:
     student: ModelConfig = field(default_factory=default_student)
     # L = (1 - alpha) CE + alpha T^2 KL(teacher_T || student_T); alpha 0 is plain training.
     alpha: float = num(0.5, 0, 1)
-    temperature: float = num(2.0, 0, 100)  # T: > 0; softens both distributions
+    # T: softens both distributions; at least MIN_TEMPERATURE (why: there)
+    temperature: float = num(2.0, MIN_TEMPERATURE, 100,
+                             why="a colder teacher is one-hot already in fp32")
     # The student's optimizer steps (0: train.total_steps, the teacher's own).
     steps: int = num(0, 0, STEPS)
     # Also train the same student without a teacher for the same steps: the comparison the
@@ -54,7 +63,9 @@ class DistillConfig:
     teacher: str = ""
 
     def __post_init__(self) -> None:
-        _require(self.temperature > 0, "temperature", f"must be > 0, got {self.temperature}",
+        _require(self.temperature >= MIN_TEMPERATURE, "temperature",
+                 f"must be at least {MIN_TEMPERATURE} (colder is one-hot already in fp32, "
+                 f"and overflows), got {self.temperature}",
                  "use a temperature such as 1.0 or 2.0")
         if self.teacher:
             teacher_source(self.teacher)

@@ -46,7 +46,7 @@ class FaultSpec:
     # kill_worker fires only on this activity attempt, so the retry recovers
     attempt: int = num(1, 1, 10**6)
     steps: int = num(1, 1, STEPS)
-    factor: float = num(30.0, 0, 1e6)
+    factor: float = num(30.0, 0, 1e6, lo_open=True)
     path: str = ""  # crash: fires while this file exists
     node: str = ""  # crash: fires on this node only (`mainspring worker --node`; "" any)
     mb: int = num(256, 1, 1 << 30)  # memory_limit: MiB of headroom

@@ -25,10 +25,12 @@ takes the rest. Its memory model, per accelerator:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from common.errors import BadConfig
+from common.limits import MAX_BATCH_TOKENS
 from spec.codec import num
 from spec.codec import require as _require
 from spec.hardware import ACCELERATORS
@@ -119,6 +121,7 @@ class Trains:
     tp_with_pp: bool = True
     tp_max_zero: int = 3
     min_zero: int = 0
+    max_zero: int = 3  # 2 where a ZeRO-3 checkpoint could not be used (elastic, init_from)
     why: str = ""  # the sentence naming what set a bound, for the planner's reasons
 
 
@@ -147,7 +150,10 @@ def pp_degree(layout: str | LayoutConfig) -> int:
 
 
 def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """Pure: the divisors of `n`, ascending, in O(sqrt n): each d up to sqrt(n) with its
+    partner n // d (a planner's search over them is bounded by MAX_BATCH_TOKENS)."""
+    low = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return low + [n // d for d in reversed(low) if d * d != n]
 
 
 def state_bytes_per_param(zero: int, dp: int) -> float:
@@ -215,6 +221,7 @@ def _options(params: float, n_layers: int, tp: int, nodes: int, world: int, sequ
              trains: Trains = Trains()) -> list[_Option]:
     out = []
     max_pp = trains.max_pp if tp == 1 or trains.tp_with_pp else 1
+    max_zero = min(max_zero, trains.max_zero)
     if tp > 1:
         max_zero = min(max_zero, trains.tp_max_zero)
     for pp in divisors(n_layers):
@@ -251,6 +258,9 @@ def plan_layout(*, params: float, n_layers: int, n_heads: int, n_kv_heads: int, 
     fit in half an accelerator and whose data-parallel traffic per step on the inter-node
     link takes no longer than the step's compute. When nothing does: the layout with the
     least state, said so."""
+    _require(global_batch_tokens <= MAX_BATCH_TOKENS, "global_batch_tokens",
+             f"{global_batch_tokens:,} tokens a step is over the {MAX_BATCH_TOKENS:,} the "
+             "planner plans for", "plan a smaller global batch")
     world = nodes * accelerators_per_node
     sequences = global_batch_tokens // seq_len
     tp, tp_why = tensor_degree(params, n_heads, n_kv_heads, accelerators_per_node,
@@ -386,13 +396,18 @@ def trains_today(train: TrainConfig, sweep: bool) -> Trains:
     many micro-batches (`grad_accum`) as stages, not TP and PP together, ZeRO at most 2
     under TP; and never below the run's own `zero_stage`."""
     elastic = len(train.node_counts()) > 1
+    # a ZeRO-3 checkpoint is not resharded to fewer nodes, and another run's weights are
+    # not loaded into ZeRO-3's partitions (spec/train.py): "auto" plans no stage TrainConfig
+    # would then refuse
+    max_zero = 2 if elastic or train.init_from else 3
     why = ("a run with elastic nodes (train.min_nodes) trains data parallel only" if elastic
            else "a sweep trains data parallel only (sweep.enabled)" if sweep else "")
     if why:
-        return Trains(max_tp=1, max_pp=1, min_zero=train.zero_stage, why=why)
+        return Trains(max_tp=1, max_pp=1, min_zero=train.zero_stage, max_zero=max_zero,
+                      why=why)
     pp = train.grad_accum if train.precision == "fp32" else 1
     return Trains(max_tp=1 << 20, max_pp=pp, tp_with_pp=False, tp_max_zero=2,
-                  min_zero=train.zero_stage, why="")
+                  min_zero=train.zero_stage, max_zero=max_zero, why="")
 
 
 def planned_layout(train: TrainConfig, model: ModelConfig, vocab_size: int,
@@ -405,6 +420,13 @@ def planned_layout(train: TrainConfig, model: ModelConfig, vocab_size: int,
     The batch is the run's: `micro_batch_tokens` x `grad_accum` per data replica (the
     planner's compute time is taken at the whole world as replicas). The planner's own
     micro-batch is advice; the run keeps `micro_batch_tokens`, checked here instead."""
+    batch = train.micro_batch_tokens * train.grad_accum * train.world_size
+    _require(batch <= MAX_BATCH_TOKENS, "train.micro_batch_tokens",
+             f'"auto" plans global batches up to {MAX_BATCH_TOKENS:,} tokens a step (2^36); '
+             f"{train.micro_batch_tokens} tokens x grad_accum {train.grad_accum} x "
+             f"{train.world_size} ranks is {batch:,}",
+             "lower micro_batch_tokens or grad_accum (Llama 3 trains 16M tokens a step), or "
+             "write train.layout out")
     memory, intra, inter = train.cluster.figures()
     acc = ACCELERATORS[train.cluster.accelerator]
     params = param_count(model, vocab_size)
@@ -413,7 +435,7 @@ def planned_layout(train: TrainConfig, model: ModelConfig, vocab_size: int,
         n_kv_heads=model.n_kv_heads, d_model=model.d_model, nodes=train.nodes,
         accelerators_per_node=train.procs_per_node, accelerator_memory_gb=memory,
         intra_node_gbps=intra, inter_node_gbps=inter, seq_len=model.seq_len,
-        global_batch_tokens=train.micro_batch_tokens * train.grad_accum * train.world_size,
+        global_batch_tokens=batch,
         accelerator_tflops=train.peak_tflops or acc.peak_tflops, mfu=acc.mfu,
         trains=trains_today(train, sweep))
     state = state_bytes_per_param(lay.zero_stage, lay.dp) * params / (lay.tp * lay.pp) / GB

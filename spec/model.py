@@ -20,11 +20,11 @@ class ModelConfig:
     # (spec/run.py without_added), so a run claimed before they existed keeps its hash.
     ADDED: ClassVar[dict[str, Any]] = {"compile": False}
 
-    d_model: int = num(128, 1, 1 << 16)
+    d_model: int = num(128, 2, 1 << 16)  # a head at least 2 wide: RoPE rotates pairs
     n_layers: int = num(4, 1, 1024)
     n_heads: int = num(4, 1, 1024)
     n_kv_heads: int = num(4, 1, 1024)
-    ffn_mult: float = num(4.0, 0, 64)  # SwiGLU hidden = ffn_mult * d_model * 2/3, rounded up to 64
+    ffn_mult: float = num(4.0, 0, 64, lo_open=True)  # SwiGLU hidden = ffn_mult * d_model * 2/3, rounded up to 64
     seq_len: int = num(128, 1, 1 << 20)
     tie_embeddings: bool = True
     attention: str = "auto"  # auto | flash | sdpa

@@ -70,13 +70,13 @@ class RunSpec:
                  "use lowercase letters, digits and '-', starting with a letter or digit, "
                  "at most 63 characters")
         if self.sweep.trial_steps == "auto":  # the run's spec holds the number it comes to
-            object.__setattr__(self, "sweep", dataclasses.replace(
-                self.sweep, trial_steps=sized_trial_steps(self.sweep, self.train)))
+            object.__setattr__(self, "sweep", resized("sweep", self.sweep, trial_steps=(
+                sized_trial_steps(self.sweep, self.train))))
         if self.train.layout == "auto":  # the run's spec holds the layout it comes to
             lay = planned_layout(self.train, self.model, self.data.tokenizer.vocab_size,
                                  self.sweep.enabled)
-            object.__setattr__(self, "train", dataclasses.replace(
-                self.train, layout=lay, zero_stage=lay.zero))
+            object.__setattr__(self, "train", resized("train", self.train, layout=lay,
+                                                      zero_stage=lay.zero))
         t, m = self.train, self.model
         _require(t.micro_batch_tokens % m.seq_len == 0, "train.micro_batch_tokens",
                  f"{t.micro_batch_tokens} is not a multiple of model.seq_len={m.seq_len}",
@@ -222,6 +222,15 @@ class RunSpec:
     def replace(self, **sections: Any) -> RunSpec:
         """Override fields by dotted name: spec.replace(**{"train.lr": 1e-3})."""
         return RunSpec.from_dict(deep_merge(self.to_dict(), dotted_to_nested(sections)))
+
+
+def resized(name: str, section: Any, **changes: Any) -> Any:
+    """`section` with what a word ("auto") came to: its own checks run again here, outside
+    the reader that prefixes their fields, so a refusal is named `<name>.<field>` here."""
+    try:
+        return dataclasses.replace(section, **changes)
+    except BadConfig as exc:
+        raise BadConfig(f"{name}.{exc.field}", exc.problem, exc.fix) from None
 
 
 def student_field(name: str) -> str:

@@ -40,8 +40,8 @@ class OscillationConfig:
     window: int = num(16, 4, 10**4)  # accepted losses per judged block (a robust trend each)
     warmup: int = num(32, 0, 10**6)  # accepted losses of a segment before its first block
     references: int = num(2, 1, 10**4)  # earlier blocks needed; their median is the reference
-    ratio: float = num(9.0, 1, 1e6)  # block / reference variance that is an oscillation
-    min_spread: float = num(0.005, 0, 1e6)  # reference spread floor, relative to the loss
+    ratio: float = num(9.0, 1, 1e6, lo_open=True)  # block / reference variance: an oscillation
+    min_spread: float = num(0.005, 0, 1e6, lo_open=True)  # reference spread floor, of the loss
     noise_every: int = num(10, 0, STEPS)  # steps between gradient noise samples (0: never)
     batch_margin: float = num(2.0, 1, 1e6)  # noise scale above this x the batch: raise it
     # a raised grad_accum <= this x the spec's own train.grad_accum (batch_bound), and that
@@ -51,7 +51,7 @@ class OscillationConfig:
     # workflow sets it on the segments after a raise (workflows/carry_updates.py
     # segment_spec), so their bound stays the run's and is never re-derived from the raise.
     max_grad_accum: int = num(0, 0, MAX_GRAD_ACCUM)
-    lr_factor: float = num(0.5, 0, 1)  # the LR factor when the step size is the suspect
+    lr_factor: float = num(0.5, 0, 1, lo_open=True, hi_open=True)  # LR factor: step size suspect
     lr_steps: int = num(200, 1, STEPS)  # for this many steps
     # added fields at their default: out of spec_hash (spec/run.py, without_added)
     ADDED: ClassVar[dict[str, Any]] = {"max_grad_accum": 0}
@@ -107,13 +107,14 @@ class SpikeConfig:
     enabled: bool = True
     window: int = num(50, 1, 10**6)  # accepted losses in the robust baseline (median / MAD)
     warmup: int = num(20, 0, 10**6)  # losses observed before the detector judges
-    skip_threshold: float = num(6.0, 0, 1e6)  # loss above median + k * spread is an outlier
-    return_threshold: float = num(4.0, 0, 1e6)  # after an outlier, above this is not back yet
-    min_spread: float = num(0.01, 0, 1e6)  # spread floor, relative to |median|, flat history
+    skip_threshold: float = num(6.0, 0, 1e6, lo_open=True)  # above median + k * spread: outlier
+    return_threshold: float = num(4.0, 0, 1e6, lo_open=True)  # after one, above it: not back yet
+    min_spread: float = num(0.01, 0, 1e6, lo_open=True)  # spread floor, of |median|, flat history
     patience: int = num(3, 1, 10**6)  # outliers within `window` steps that make a sustained spike
     skip_before: int = num(2, 0, STEPS)  # batches before the onset also skipped on rollback
     skip_window: int = num(16, 1, STEPS)  # batches skipped from there (PaLM: 200-500 at scale)
-    lr_backoff: float = num(0.5, 0, 1)  # LR factor the workflow applies when the budget is spent
+    # LR factor the workflow applies when the budget is spent
+    lr_backoff: float = num(0.5, 0, 1, lo_open=True, hi_open=True)
     lr_backoff_steps: int = num(500, 1, STEPS)  # for this many steps
     budget: SpikeBudget = field(default_factory=SpikeBudget)
     oscillation: OscillationConfig = field(default_factory=OscillationConfig)

@@ -30,8 +30,8 @@ SAMPLERS = ("tpe", "gp")  # optuna's TPESampler (multivariate, constant liar) | 
 
 @dataclass(frozen=True, kw_only=True)
 class SearchDim:
-    low: float = num(lo=0, hi=STEPS)
-    high: float = num(lo=0, hi=STEPS)
+    low: float = num(lo=0, hi=STEPS, hi_open=True)  # below high
+    high: float = num(lo=0, hi=STEPS, lo_open=True)  # above low
     log: bool = True
 
     def __post_init__(self) -> None:
@@ -111,15 +111,10 @@ class SweepConfig:
     pruning: PruningConfig = field(default_factory=PruningConfig)
 
     def __post_init__(self) -> None:
+        # Every rule that does not need the trial length first: with trial_steps "auto" the
+        # section is read now and sized later (RunSpec), and each refusal must come while
+        # the reader still names it sweep.<field>.
         _positive(self, "trials", "parallel")
-        if self.trial_steps == "auto":  # sized against the run (RunSpec: sized_trial_steps)
-            _require(self.budget_fraction > 0, "trial_steps",
-                     '"auto" sizes the trials from budget_fraction, which is 0 (no budget)',
-                     "set sweep.budget_fraction (e.g. 0.1), or give trial_steps in steps")
-            return
-        _require(isinstance(self.trial_steps, int) and self.trial_steps > 0, "trial_steps",
-                 f'must be > 0 or "auto", got {self.trial_steps!r}',
-                 'set trial_steps to a positive number of steps, or "auto" with a budget')
         _require(self.sampler in SAMPLERS, "sampler", f"unknown sampler {self.sampler!r}",
                  f"use one of {', '.join(SAMPLERS)}")
         _require(set(self.space) <= set(SWEPT), "space",
@@ -130,6 +125,17 @@ class SweepConfig:
             _require(dim is None or math.ceil(dim.low) <= math.floor(dim.high),
                      f"space.{name}", "holds no whole number between low and high",
                      f"{name} is a whole number: widen the range to include one")
+        _require(not self.enabled or self.trials >= 2, "trials", "a sweep needs >= 2 trials",
+                 "raise trials or set enabled=false")
+        if self.trial_steps == "auto":  # sized against the run (RunSpec: sized_trial_steps,
+            # which also holds the pruning rungs' minimum)
+            _require(self.budget_fraction > 0, "trial_steps",
+                     '"auto" sizes the trials from budget_fraction, which is 0 (no budget)',
+                     "set sweep.budget_fraction (e.g. 0.1), or give trial_steps in steps")
+            return
+        _require(isinstance(self.trial_steps, int) and self.trial_steps > 0, "trial_steps",
+                 f'must be > 0 or "auto", got {self.trial_steps!r}',
+                 'set trial_steps to a positive number of steps, or "auto" with a budget')
         if self.pruning.enabled and not rung_steps(self.pruning, self.trial_steps):
             p = self.pruning
             need = p.reduction_factor ** (p.rungs - 1)
@@ -139,8 +145,6 @@ class SweepConfig:
                      f"{self.trial_steps}",
                      "lower sweep.pruning.rungs or sweep.pruning.reduction_factor, or raise "
                      "sweep.trial_steps")
-        _require(not self.enabled or self.trials >= 2, "trials", "a sweep needs >= 2 trials",
-                 "raise trials or set enabled=false")
 
 
 def tokens_per_step(train: TrainConfig) -> int:

@@ -36,22 +36,22 @@ class TrainConfig:
     # tokens per rank per micro-batch (multiple of seq_len)
     micro_batch_tokens: int = num(1024, 1, 1 << 30)
     grad_accum: int = num(1, 1, 1 << 16)
-    lr: float = num(3e-3, 0, 10)
+    lr: float = num(3e-3, 0, 10, lo_open=True)
     min_lr: float = num(3e-4, 0, 10)
-    warmup_steps: int = num(20, 0, STEPS)
+    warmup_steps: int = num(20, 0, STEPS - 1)  # below total_steps, itself at most STEPS
     weight_decay: float = num(0.1, 0, 10)
-    betas: tuple[float, float] = num((0.9, 0.95), 0, 1)
-    eps: float = num(1e-8, 0, 1)
+    betas: tuple[float, float] = num((0.9, 0.95), 0, 1, hi_open=True)
+    eps: float = num(1e-8, 0, 1, lo_open=True)
     grad_clip: float = num(1.0, 0, 1e6)
     precision: str = "fp32"  # fp32 | bf16 | fp16
     zero_stage: int = num(0, 0, 3)
     # Nodes a segment spans (docs/multinode.md): one trainer worker per node, gang-scheduled
     # by the workflow (workflows/gang.py). More than MAX_NODES is not a cluster anyone has.
-    nodes: int = num(1, 1, 10**9)  # above MAX_NODES: refused in __post_init__, saying why
+    nodes: int = num(1, 1, MAX_NODES, why="larger than any cluster this runs on")
     # Elastic: with fewer healthy nodes than `nodes` for ops.node_wait_s, the run goes on
     # with fewer - a divisor of `nodes` >= min_nodes - and the same global batch (gradient
     # accumulation x nodes / nodes used; the ZeRO <= 2 checkpoint is resharded). 0: `nodes`.
-    min_nodes: int = num(0, 0, 10**9)
+    min_nodes: int = num(0, 0, MAX_NODES)
     procs_per_node: int = num(1, 1, 1024)
     # Steps between checkpoints (and one at each segment's end), or "auto": the workflow
     # chooses it at each segment by Young-Daly, sqrt(2 x checkpoint stall x MTBF), from this
@@ -68,7 +68,7 @@ class TrainConfig:
     fp16_initial_scale_power: int = num(16, 0, 32)
     fp16_loss_scale_window: int = num(1000, 1, 10**9)
     fp16_hysteresis: int = num(2, 1, 10**6)
-    fp16_min_loss_scale: float = num(1.0, 0, 2.0**32)
+    fp16_min_loss_scale: float = num(1.0, 0, 2.0**32, lo_open=True)
     overlap_comm: bool = False  # overlap gradient reduction with backward (ZeRO >= 1)
     contiguous_gradients: bool = True  # copy gradients into one buffer (less fragmentation)
     reduce_bucket_size: int = num(500_000_000, 1, 1 << 40)  # elements per gradient reduce bucket

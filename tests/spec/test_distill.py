@@ -34,7 +34,7 @@ def test_the_added_default_is_the_sections_default():
 
 @pytest.mark.parametrize("over, field, words", [
     ({"distill.alpha": 1.5}, "distill.alpha", "[0, 1]"),
-    ({"distill.temperature": 0.0}, "distill.temperature", "> 0"),
+    ({"distill.temperature": 0.0}, "distill.temperature", "[0.05, 100]"),
     ({"distill.teacher": "Not A Run"}, "distill.teacher", "RUN_ID@STEP"),
     ({"distill.teacher": "demo@4"}, "distill.teacher", "names this run itself"),
     ({"distill.teacher": "base", "distill.enabled": True}, "distill.enabled", "student run"),

@@ -52,8 +52,8 @@ def test_the_section_round_trips_through_json():
 
 
 @pytest.mark.parametrize("field, value, says", [
-    ("window", 3, "must be in"), ("window", 2, "must be in"), ("ratio", 1.0, "must be > 1"),
-    ("ratio", 0.5, "must be in"), ("min_spread", 0.0, "must be > 0"),
+    ("window", 3, "must be in"), ("window", 2, "must be in"), ("ratio", 1.0, "must be in (1,"),
+    ("ratio", 0.5, "must be in"), ("min_spread", 0.0, "must be in (0,"),
     ("lr_factor", 1.0, "must be in (0, 1)"), ("lr_factor", 0.0, "must be in (0, 1)"),
     ("references", 0, "must be in"), ("noise_every", -1, "must be in"),
     ("max_batch_factor", 0, "must be in"), ("batch_margin", 0.5, "must be in"),
