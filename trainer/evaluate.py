@@ -5,16 +5,18 @@
 
 Single process, no DeepSpeed engine: ZeRO 0-2 weights come straight from DeepSpeed's
 `mp_rank_00_model_states.pt` (`["module"]`) — with tensor parallelism each TP rank's
-`mp_rank_RR_model_states.pt`, its shards put back together (trainer/tensor_parallel.py
+`mp_rank_RR_model_states.pt`, its shards put back together (trainer/merge.py
 `merge_shards`), with pipeline parallelism each layer's `layer_NN-model_states.pt`,
-named back as the GPT's (trainer/pipeline.py `merge_layers`); ZeRO-3 checkpoints hold only
-partitions, which
-DeepSpeed's own `zero_to_fp32` reassembles from the optimizer shards. Writes `{"results": [{"step", "val_loss",
+named back as the GPT's (trainer/merge.py `merge_layers`); ZeRO-3 checkpoints hold only
+partitions, which DeepSpeed's own `zero_to_fp32` reassembles from the optimizer shards.
+Whatever the layout, the merged weights must be the model's, name for name and shape for
+shape (trainer/merge.py `check_weights`). Writes `{"results": [{"step", "val_loss",
 "perplexity"}]}` to OUT. Exit codes as trainer.segment: 0 done; 3 BadConfig/BadData
 (error.json in DIR); 4 StorageUnavailable (error.json); anything else is a crash.
 
 Every file is read weights-only (trainer/safe_load.py). A requested step whose checkpoint
-is corrupt — a bad manifest or data file, or a file the weights-only loader refuses — is
+is corrupt — a bad manifest or data file, a file the weights-only loader refuses, or
+shards or layers that do not merge into the model's weights — is
 not retried (it would fail the same way every time): a `checkpoint_corrupt` event is
 recorded and the newest earlier committed step that verifies and loads is evaluated in
 its place (its row carries its own step; OUT's `fallbacks` lists {requested, evaluated}).
@@ -42,15 +44,22 @@ from trainer.child import load_spec, run_classified, write_json
 from trainer.data import val_batches
 from trainer.engine import micro_batch_size
 from trainer.load_bounds import bytes_allowed, model_numel
+from trainer.merge import (
+    check_weights,
+    gpt_name,
+    layer_file,
+    layer_files,
+    merge_layers,
+    merge_shards,
+    tp_files,
+)
 from trainer.model import GPT
-from trainer.pipeline import layer_files, merge_layers
 from trainer.safe_load import (
     UnsafeCheckpointFile,
     as_corrupt,
     force_weights_only,
     safe_torch_load,
 )
-from trainer.tensor_parallel import merge_shards
 
 log = structlog.get_logger(__name__)
 
@@ -73,32 +82,38 @@ def evaluate_model(model: torch.nn.Module, batches: list[tuple[torch.Tensor, tor
     return total / count
 
 
-def read_state_dict(local: str, step: int, max_bytes: int | None = None
-                    ) -> dict[str, torch.Tensor]:
+def read_state_dict(local: str, step: int, max_bytes: int | None = None,
+                    extra: dict | None = None, tied: bool = True) -> dict[str, torch.Tensor]:
     """The full fp32/native weights of a fetched checkpoint directory, whatever its ZeRO
-    stage. Every file is read by the bounded weights-only loader (`max_bytes`: what the
-    model's shapes allow one file, trainer/load_bounds.py); any that fails raises
-    UnsafeCheckpointFile."""
-    if layers := layer_files(os.listdir(local)):
+    stage or layout (`extra`: its manifest's, which says how many TP shards to expect;
+    `tied`: whether the model ties its embeddings, which a pipeline's files do not say).
+    Every file is read by the bounded weights-only loader (`max_bytes`: what the model's
+    shapes allow one file, trainer/load_bounds.py); any that fails raises
+    UnsafeCheckpointFile; shards or layers that do not merge, CorruptCheckpoint."""
+    return read_states(local, step, max_bytes, extra, tied)[0]
+
+
+def read_states(local: str, step: int, max_bytes: int | None = None, extra: dict | None = None,
+                tied: bool = True) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """`read_state_dict`, and the file each weight came from (what a misfit names)."""
+    names = os.listdir(local)
+    if layers := layer_files(names):
         # a pipeline's: one file per layer, written by its stage; named back as GPT's
-        return merge_layers([(i, _layer_states(local, name, step, max_bytes))
-                             for i, name in layers])
+        states = [(i, _layer_states(local, name, step, max_bytes)) for i, name in layers]
+        merged = merge_layers(states, step, tied)  # first: it checks the names are strings
+        return merged, {gpt_name(i, k): layer_file(i) for i, sd in states for k in sd}
     if os.path.exists(os.path.join(local, MODEL_FILE)):
         # one file per TP rank (one without TP), rank order; merged as AutoTP split them
-        return merge_shards([_module_states(local, name, step, max_bytes)
-                             for name in tp_model_files(local)])
-    if any(n.startswith(ZERO3_PREFIX) for n in os.listdir(local)):
-        return _zero3_state_dict(local, max_bytes)
+        files = tp_files(names, step, extra)
+        merged = merge_shards([_module_states(local, name, step, max_bytes) for name in files],
+                              step)
+        return merged, dict.fromkeys(merged, files[0] if len(files) == 1 else
+                                     f"{files[0]} .. {files[-1]}")
+    if any(n.startswith(ZERO3_PREFIX) for n in names):
+        merged = _zero3_state_dict(local, max_bytes)
+        return merged, dict.fromkeys(merged, f"{ZERO3_PREFIX}*")
     raise BadData(local, f"checkpoint step {step} has neither {MODEL_FILE} nor ZeRO-3 "
                   "model-state shards", "evaluate a checkpoint written by trainer.segment")
-
-
-def tp_model_files(local: str) -> list[str]:
-    """`mp_rank_00_model_states.pt`, `mp_rank_01_...`, ... up to the first missing rank."""
-    names = []
-    while os.path.exists(os.path.join(local, name := f"mp_rank_{len(names):02d}_model_states.pt")):
-        names.append(name)
-    return names
 
 
 def _module_states(local: str, name: str, step: int, max_bytes: int | None
@@ -143,13 +158,16 @@ def _zero3_state_dict(local: str, max_bytes: int | None) -> dict[str, torch.Tens
                                    f"{type(exc).__name__}: {str(exc)[:200]}") from None
 
 
-def load_weights(model: torch.nn.Module, local: str, step: int) -> None:
-    state = read_state_dict(local, step, max_bytes=bytes_allowed(model_numel(model)))
-    try:
-        model.load_state_dict(state)
-    except RuntimeError as exc:
-        raise BadConfig("model", f"checkpoint step {step} does not fit this model ({exc})",
-                        "evaluate with the model config the run was trained with") from None
+def load_weights(model: torch.nn.Module, local: str, step: int, extra: dict | None = None
+                 ) -> None:
+    """The fetched checkpoint's weights into `model` (`extra`: its manifest's). Weights that
+    are not the model's, name for name and shape for shape, are a CorruptCheckpoint naming
+    the step and the file (WeightsMisfit where only shapes differ), never a RuntimeError."""
+    tied = getattr(getattr(model, "cfg", None), "tie_embeddings", True)
+    state, origin = read_states(local, step, bytes_allowed(model_numel(model)), extra, tied)
+    files = ", ".join(sorted(set(origin.values())))[:200] or "model states"
+    check_weights(state, model.state_dict(), step, origin, files)
+    model.load_state_dict(state)
 
 
 def parse_steps(text: str) -> list[int]:
@@ -209,8 +227,8 @@ def load_usable(store: CheckpointStore, model: torch.nn.Module, step: int,
         local = os.path.join(workdir, "eval", step_dir(cand))
         shutil.rmtree(local, ignore_errors=True)
         try:
-            store.fetch(cand, local)
-            load_weights(model, local, cand)
+            manifest = store.fetch(cand, local)
+            load_weights(model, local, cand, manifest.extra)
             return cand
         except CorruptCheckpoint as exc:
             on_corrupt(exc)

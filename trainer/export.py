@@ -14,6 +14,7 @@ not claim that architecture. Exit codes as trainer.evaluate.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -28,7 +29,8 @@ from spec import ModelConfig
 from storage.checkpoints import CheckpointStore, CorruptCheckpoint, step_dir
 from storage.dataset import load_manifest
 from trainer.child import load_spec, run_classified
-from trainer.evaluate import read_state_dict
+from trainer.evaluate import read_states
+from trainer.merge import check_weights
 from trainer.model import GPT, ffn_hidden
 from trainer.safe_load import UnsafeCheckpointFile, force_weights_only
 
@@ -97,12 +99,21 @@ def run_export(args: argparse.Namespace) -> None:
                       f"choose from {store.list_committed()}")
     local = os.path.join(args.workdir, "export", step_dir(args.step))
     shutil.rmtree(local, ignore_errors=True)
+    vocab_size = load_manifest(args.dataset).vocab_size
     try:
-        store.fetch(args.step, local)
-        state = read_state_dict(local, args.step)
+        manifest = store.fetch(args.step, local)
+        state, origin = read_states(local, args.step, extra=manifest.extra,
+                                    tied=spec.model.tie_embeddings)
+        # the weights must be the model config.json will describe, name for name and shape
+        # for shape: checked against the model's shapes on the meta device (no memory)
+        cfg = dataclasses.replace(spec.model, attention="auto", compile=False,
+                                  activation_checkpointing=False)
+        with torch.device("meta"):
+            expected = GPT(cfg, vocab_size, seed=0).state_dict()
+        check_weights(state, expected, args.step, origin, "model states")
     except (CorruptCheckpoint, UnsafeCheckpointFile) as exc:  # the same on every retry
         raise BadData(store.uri(args.step), str(exc), "export another committed step") from None
-    save_exported(state, spec.model, load_manifest(args.dataset).vocab_size, args.out)
+    save_exported(state, spec.model, vocab_size, args.out)
     shutil.rmtree(local, ignore_errors=True)
     log.info("exported", step=args.step, out=args.out)
 

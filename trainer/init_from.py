@@ -20,8 +20,10 @@ import torch
 from common.errors import BadConfig, BadData
 from spec import RunSpec
 from storage.checkpoints import CorruptCheckpoint, step_dir
+from storage.fast_tier import ensure_space
 from storage.init_source import InitSource, promoted_source
 from trainer.evaluate import load_weights
+from trainer.merge import WeightsMisfit
 from trainer.safe_load import UnsafeCheckpointFile
 
 log = structlog.get_logger(__name__)
@@ -35,14 +37,14 @@ def load_init_weights(model: torch.nn.Module, spec: RunSpec, workdir: str,
     source = promoted_source(spec.storage.durable, spec.train.init_from)
     try:
         load_promoted(model, source, os.path.join(workdir, "init_from", f"rank{rank}"))
+    except WeightsMisfit as exc:  # whole weights of another shape: another model's
+        raise BadConfig("train.init_from", f"run {source.run_id}'s promoted step "
+                        f"{source.step} does not fit this model ({exc})",
+                        f"set model.* as run {source.run_id} has them") from None
     except (CorruptCheckpoint, UnsafeCheckpointFile) as exc:  # the same on every retry
         raise BadData(source.uri, f"run {source.run_id}'s promoted checkpoint cannot be "
                       f"loaded: {exc}", "promote a good checkpoint of that run again, or "
                       "start from another") from None
-    except BadConfig as exc:
-        raise BadConfig("train.init_from", f"run {source.run_id}'s promoted step "
-                        f"{source.step} does not fit this model ({exc.problem[:300]})",
-                        f"set model.* as run {source.run_id} has them") from None
     log.info("initialized_from", **source.lineage())
     return source
 
@@ -52,11 +54,16 @@ def load_promoted(model: torch.nn.Module, source: InitSource, directory: str) ->
     ranks of a node share a workdir), verified file by file against its manifest, load its
     weights into `model` with the bounded weights-only loader, and remove the copy. Raises
     what the store and the loader raise (CorruptCheckpoint, UnsafeCheckpointFile, and
-    BadConfig for weights that do not fit), for the caller to name its field."""
+    WeightsMisfit for weights of another shape), for the caller to name its field; DiskFull
+    naming the directory, the bytes needed and free before any copy that would not fit (a
+    full disk is the same on every retry, and a half copy fills it for the others)."""
     local = os.path.join(directory, step_dir(source.step))
     shutil.rmtree(local, ignore_errors=True)
+    manifest = source.store.manifest(source.step)
+    os.makedirs(directory, exist_ok=True)
+    ensure_space(directory, manifest.total_bytes)
     try:
         source.store.fetch(source.step, local)
-        load_weights(model, local, source.step)
+        load_weights(model, local, source.step, manifest.extra)
     finally:
         shutil.rmtree(local, ignore_errors=True)

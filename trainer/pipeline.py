@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -53,7 +52,6 @@ from trainer.model import (
 )
 
 TIED = "embed"  # the TiedLayerSpec key of the embedding shared by the first and last stage
-LAYER_FILE = re.compile(r"layer_([0-9]{2,})-model_states\.pt")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -365,30 +363,7 @@ def clip_pipeline(engine, max_norm: float) -> torch.Tensor:
     return total
 
 
-# ---- checkpoints -----------------------------------------------------------------------
-def layer_files(names: list[str]) -> list[tuple[int, str]]:
-    """Pure: the pipeline's per-layer weight files of a checkpoint directory, by layer."""
-    found = [(int(m.group(1)), n) for n in names if (m := LAYER_FILE.fullmatch(n))]
-    return sorted(found)
-
-
-def merge_layers(layers: list[tuple[int, dict[str, Any]]]) -> dict[str, Any]:
-    """Pure: the ordinary GPT state dict from a pipeline's per-layer states (DeepSpeed
-    writes layer i's as `layer_{i:02d}-model_states.pt`). Layer i holding a block (keys
-    `block.*`) is `blocks.{i-1}.*`; the embedding, norm and head layers already use GPT's
-    names. Tied embeddings: no head file (the last stage's copy is the embedding's, not
-    saved again), so `lm_head.weight` is the embedding's, as GPT's state dict has it."""
-    merged: dict[str, Any] = {}
-    for index, sd in layers:
-        for name, tensor in sd.items():
-            if name.startswith("block."):
-                name = f"blocks.{index - 1}.{name[len('block.'):]}"
-            merged[name] = tensor
-    if "lm_head.weight" not in merged and "embed.weight" in merged:
-        merged["lm_head.weight"] = merged["embed.weight"]
-    return merged
-
-
+# ---- checkpoints (their per-layer files merge back in trainer/merge.py) ----------------
 def loading(engine):
     """The context a checkpoint loads in: for a pipeline, without autograd — its load
     broadcasts the tied embedding in place again (`load_state_dir`), see

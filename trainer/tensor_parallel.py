@@ -16,7 +16,6 @@ are one data-parallel replica, so they must read the same batch (`tp_ranks`).
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,27 +79,6 @@ def localize_heads(model) -> None:
         attn = block.attn
         attn.n_heads = attn.wq.weight.shape[0] // attn.head_dim
         attn.n_kv = attn.wk.weight.shape[0] // attn.head_dim
-
-
-def merge_shards(shards: list[dict[str, Any]]) -> dict[str, Any]:
-    """Pure: the whole model's state dict from the `tp` ranks' module states, in TP rank
-    order (DeepSpeed writes rank r's as `mp_rank_{r:02d}_model_states.pt`). The inverse of
-    the partition config: column-parallel matrices were split along their output rows
-    (dim 0), row-parallel ones along their input columns (dim 1), AutoTP's even split in
-    rank order; everything else is whole on every rank, and rank 0's is taken."""
-    import torch
-
-    if len(shards) == 1:
-        return shards[0]
-    merged = {}
-    for name, first in shards[0].items():
-        if any(re.match(p, name) for p in COLUMN):
-            merged[name] = torch.cat([s[name] for s in shards], dim=0)
-        elif any(re.match(p, name) for p in ROW):
-            merged[name] = torch.cat([s[name] for s in shards], dim=1)
-        else:
-            merged[name] = first
-    return merged
 
 
 def check_saved_tp(extra: dict[str, Any], step: int, tp: int) -> None:

@@ -8,8 +8,10 @@ TORCH_FORCE_WEIGHTS_ONLY_LOAD over an explicit weights_only=False), installs the
 allow-list of DeepSpeed classes (trainer/safe_load.py; an allow-list does not cross a
 process boundary), and reads every input file through the bounded loader first, as the
 rank did (DeepSpeed's own loads are not bounded). trainer/elastic.py starts it. Exit 0:
-converted; 3: a file was refused (one `refused` JSON line on stdout says why); anything
-else: a crash.
+converted; 3: a file was refused (one `refused` JSON line on stdout says why) — unsafe, or
+files that load but do not convert (a shard missing, a key or shape the converter does not
+find: the files' doing, the same on every retry, so a corrupt checkpoint and not a crash
+retried); anything else (out of memory, an I/O error: this machine's state) a crash.
 """
 
 from __future__ import annotations
@@ -45,6 +47,11 @@ def main(argv: list[str]) -> int:
         return refused(f"{os.path.basename(exc.path)}: {exc.reason}")
     except pickle.UnpicklingError as exc:  # torch's refusal of a global: nothing of it ran
         return refused(first_line(exc))
+    except (MemoryError, OSError):  # this machine's state, not the files' (safe_load.py)
+        raise
+    except Exception as exc:  # noqa: BLE001 — the files' contents: the same on every retry
+        return refused(f"{args.input_folder} does not convert: {type(exc).__name__}: "
+                       f"{first_line(exc)[:300]}")
     return 0
 
 
