@@ -31,7 +31,7 @@ import structlog
 
 from common.faults import Fault, recovered_id
 from common.protocol import launch_tag
-from common.store_json import StoreRecordInvalid, field_str
+from common.store_json import StoreRecordInvalid, field_float, field_int, field_str
 
 log = structlog.get_logger(__name__)
 
@@ -95,7 +95,7 @@ def closes(event: Mapping) -> set[str]:
     if event["event_id"].startswith(RECOVERED_PREFIX):
         out.add(event["event_id"][len(RECOVERED_PREFIX):])
     try:
-        out.add(field_str(event["payload"], "fault_event_id", "recovered.fault_event_id",
+        out.add(field_str(event["payload"], "fault_event_id", "recovered",
                           max_len=512, default=""))
     except StoreRecordInvalid as exc:
         log.warning("recovered_record_unreadable", event_id=event["event_id"][:200],
@@ -109,9 +109,16 @@ def closes(event: Mapping) -> set[str]:
 
 def fault_of(event: Mapping) -> Fault | None:
     """Pure: a `fault` event's record, under its event id; None (logged) when the payload
-    is not a fault mainspring wrote."""
+    is not a fault mainspring wrote (the numbers a recovery computes with are checked)."""
+    payload = event["payload"]
     try:
-        return replace(Fault.from_json(event["payload"]), event_id=event["event_id"])
+        for key in ("last_step", "attempt", "restart"):
+            if payload.get(key) is not None:
+                field_int(payload, key, "fault")
+        for key in ("fault_ts", "detected_ts"):
+            if payload.get(key) is not None:
+                field_float(payload, key, "fault", low=0.0)
+        return replace(Fault.from_json(payload), event_id=event["event_id"])
     except (TypeError, ValueError, OverflowError) as exc:
         log.warning("fault_record_unreadable", event_id=event["event_id"][:200],
                     error=repr(exc)[:200])

@@ -279,9 +279,14 @@ class Recovery:
                 if attempt > 1 and prior is None else None
             self.shared = outage is not None
             prefix = segment_prefix(inp.from_step, inp.to_step, execution)
-            found = Answer(outage.event_id, outage) if outage is not None else answer(
-                attempt, prefix, prior=prior, decided=decided, beat_launch=beat.restart,
-                book=None if record is None else ledger(record, prefix))
+            try:
+                found = Answer(outage.event_id, outage) if outage is not None else answer(
+                    attempt, prefix, prior=prior, decided=decided, beat_launch=beat.restart,
+                    book=None if record is None else ledger(record, prefix))
+            except Exception as exc:  # noqa: BLE001 — a record unread is nothing known closed
+                log.warning("fault_record_unread", error=repr(exc)[:300])
+                found = answer(attempt, prefix, prior=prior, decided=decided,
+                               beat_launch=beat.restart)
             try:
                 settle(found)
             except StorageUnavailable as exc:  # the fault event stays buffered: next flush

@@ -5,6 +5,7 @@ whether it must first write the loss (worker_lost). Pure: no Temporal, no store.
 from __future__ import annotations
 
 from activities.fault_ledger import Answer, answer, ledger, segment_prefix
+from activities.heartbeat import Beat
 from common.faults import Fault, fault_event, recovered_id
 
 PREFIX = segment_prefix(0, 40, "ex")
@@ -82,8 +83,17 @@ def test_another_executions_faults_and_malformed_records_are_skipped_not_raised(
     other = Fault("crash", event_id="fault/0-40/other/1")
     bad_fault = {"kind": "fault", "event_id": PREFIX + "1", "ts": 0.0, "step": None,
                  "payload": {"kind": "hang", "fault_ts": "yesterday"}}
+    bad_step = {"kind": "fault", "event_id": PREFIX + "1.1", "ts": 0.0, "step": None,
+                "payload": {"kind": "crash", "last_step": "12", "attempt": 1e300}}
     bad_recovered = {"kind": "recovered", "event_id": "recovered/x", "ts": 0.0, "step": None,
                      "payload": {"fault_event_id": ["nested"], "also_answers": {"a": 1}}}
-    book = ledger([fault_at(other), bad_fault, bad_recovered], PREFIX)
+    book = ledger([fault_at(other), bad_fault, bad_step, bad_recovered], PREFIX)
     assert dict(book.faults) == {} and book.closed == frozenset({"x"})
     assert answer(2, PREFIX, prior=None, decided=None, book=book).worker_lost
+
+
+def test_the_heartbeat_names_the_running_launch_and_reads_a_malformed_one_as_the_first():
+    assert Beat.from_details([Beat(restart=2).to_json()]).restart == 2
+    assert "restart" not in Beat().to_json()  # an older reader's shape, unchanged
+    for bad in ("2", True, -1, 10**9, 2.5):
+        assert Beat.from_details([{"restart": bad}]).restart == 0
