@@ -61,6 +61,12 @@ class DistillConfig:
     # promoted step) or "RUN_ID@STEP" in the same durable store. Set by the stage on the
     # student's run; a user may set it to distil from any finished run. "": no teacher.
     teacher: str = ""
+    # The largest teacher accepted, in parameters (spec/model.py param_count of the teacher
+    # run's stored model section and this dataset's vocabulary). The teacher's shape is the
+    # bucket's word (its RUN.json), so it is checked on the data worker before any rank
+    # builds it (storage/teacher_source.py): every rank holds a whole fp32 copy, 4 bytes a
+    # parameter, on the host while it loads and then on its device. 4e9: 16 GB a rank.
+    max_teacher_params: int = num(4_000_000_000, 1, 10**12)
 
     def __post_init__(self) -> None:
         _require(self.temperature >= MIN_TEMPERATURE, "temperature",

@@ -1,10 +1,11 @@
 """`distill.teacher`: the frozen teacher a student run learns from (trainer/distill.py's loss).
 
 Every rank loads it once per segment, beside the student's engine: the teacher run's promoted
-checkpoint is fetched and verified file by file against its manifest, read by the bounded
-weights-only loader (trainer/safe_load.py: a pickle payload is refused, never run) into a
-GPT of the teacher run's own model config (its stored spec, RUN.json), then frozen and put
-in eval mode on this rank's device. The teacher is not wrapped by DeepSpeed, holds no
+checkpoint is fetched (once the disk is seen to hold it) and verified file by file against
+its manifest, read by the bounded weights-only loader (trainer/safe_load.py: a pickle
+payload is refused, never run) into a GPT of the teacher run's own model config (its stored
+spec, RUN.json, no larger than `distill.max_teacher_params`: checked before the GPT is
+built), then frozen and put in eval mode on this rank's device. The teacher is not wrapped by DeepSpeed, holds no
 optimizer state and is not checkpointed: it is the same on every load, and its forward is
 deterministic, so a resumed student segment computes the same losses as an uninterrupted
 one (resume stays bitwise exact).
@@ -21,13 +22,12 @@ import structlog
 import torch
 
 from common.errors import BadConfig, BadData
-from spec import ModelConfig, RunSpec
-from spec.codec import build
+from spec import RunSpec
 from storage.checkpoints import CorruptCheckpoint
-from storage.runs import stored_spec
-from storage.teacher_source import FIELD, teacher_source
+from storage.teacher_source import FIELD, teacher_model, teacher_source
 from trainer.distill import distill_loss
 from trainer.init_from import load_promoted
+from trainer.merge import WeightsMisfit
 from trainer.model import GPT
 from trainer.safe_load import UnsafeCheckpointFile
 
@@ -79,26 +79,23 @@ def load_teacher(spec: RunSpec, vocab_size: int, device: torch.device, workdir: 
     """The teacher `spec.distill.teacher` names, loaded, frozen and in eval mode. `rank`:
     each rank fetches into a directory of its own (the ranks of a node share `workdir`)."""
     source = teacher_source(spec)  # checked on the data worker already (activities/data.py)
-    raw = stored_spec(spec.storage.durable, source.run_id) or {}
-    if not isinstance(raw.get("model"), dict):
-        raise BadConfig(FIELD, f"run {source.run_id}'s stored spec (RUN.json) has no model "
-                        "section", "name a run this store ran through mainspring")
-    # every weight is loaded over the random init; the stored section is read as any spec
-    # is. Its kernels are this machine's (a teacher trained with flash attention or compiled
-    # blocks runs here too; the weights are the same either way).
-    cfg = dataclasses.replace(build(ModelConfig, raw["model"], "model"), attention="auto",
+    # The stored section is the bucket's: bounded again here before anything is allocated.
+    # Every weight is loaded over the random init. Its kernels are this machine's (a teacher
+    # trained with flash attention or compiled blocks runs here too; the weights are the
+    # same either way).
+    cfg = dataclasses.replace(teacher_model(spec, source, vocab_size), attention="auto",
                               activation_checkpointing=False, compile=False)
     model = GPT(cfg, vocab_size, seed=0)
     try:
         load_promoted(model, source, os.path.join(workdir, "teacher", f"rank{rank}"))
+    except WeightsMisfit as exc:  # the vocabulary: the teacher's dataset is not this one
+        raise BadConfig(FIELD, f"run {source.run_id}'s promoted step {source.step} does not "
+                        f"fit this dataset ({str(exc)[:300]})", "distil on the dataset "
+                        "the teacher was trained on (the same data section)") from None
     except (CorruptCheckpoint, UnsafeCheckpointFile) as exc:  # the same on every retry
         raise BadData(source.uri, f"the teacher, run {source.run_id}'s promoted checkpoint, "
                       f"cannot be loaded: {exc}", "promote a good checkpoint of that run "
                       "again, or name another teacher") from None
-    except BadConfig as exc:  # the vocabulary: the teacher's dataset is not this one
-        raise BadConfig(FIELD, f"run {source.run_id}'s promoted step {source.step} does not "
-                        f"fit this dataset ({exc.problem[:300]})", "distil on the dataset "
-                        "the teacher was trained on (the same data section)") from None
     model.requires_grad_(False)
     model.eval()
     model.to(device)

@@ -71,3 +71,16 @@ def pp_files(layers: list[dict], edit: Callable[[list[dict]], None] = lambda s: 
     set to None is left out)."""
     edit(layers)
     return {layer_file(i): layer for i, layer in enumerate(layers) if layer is not None}
+
+
+def promote_model(store: Path, spec, model: torch.nn.Module, tmp: Path, step: int = 4
+                  ) -> CheckpointStore:
+    """Run `spec.run_id` claimed with `spec`, `model` committed at `step` as a one-rank
+    segment writes it (`{"module": state_dict}`) and promoted."""
+    from storage.runs import claim_run
+
+    claim_run(str(store), spec.run_id, spec.spec_hash(), spec.to_dict())
+    ckpts = commit_files(store, spec.run_id, step,
+                         {"mp_rank_00_model_states.pt": {"module": model.state_dict()}}, tmp)
+    ckpts.promote(step)
+    return ckpts
