@@ -19,6 +19,10 @@ from common.limits import MAX_STEP
 # note. Temporal decodes it no further; `<Command>.from_json` does (docs/decisions.md).
 CommandInput = dict[str, Any] | str | None
 MAX_LR_SCALE = 10.0
+# A note is a sentence or two for the `operator` event, `explain` and the report; `who` is
+# user@host. The bounds keep a pasted log or a binary out of the run's history and events.
+MAX_NOTE_CHARS = 1000
+MAX_WHO_CHARS = 200
 
 
 class Refused(ValueError):
@@ -40,6 +44,31 @@ def _require(cmd: Command, ok: bool, name: str, must: str) -> None:
         raise Refused(f"{cmd.name}: {name} must be {must}, got {getattr(cmd, name)!r}")
 
 
+def text_problem(value: object, limit: int) -> str | None:
+    """Pure: why `value` cannot be a command's `note` or `who` (None: it can): not a
+    string, over `limit` characters, or holding a character that is not printable (a
+    control character such as ESC or a newline, a bidi override), which would reach every
+    terminal that shows the run's events."""
+    if not isinstance(value, str):
+        return f"a string, not {type(value).__name__}"
+    if len(value) > limit:
+        return f"at most {limit} characters, not {len(value)}"
+    bad = next((ch for ch in value if ch != " " and not ch.isprintable()), None)
+    if bad is not None:
+        return (f"printable text: it holds the control or format character U+{ord(bad):04X}"
+                " (write it on one line, without escape sequences)")
+    return None
+
+
+def tamed_text(value: object, limit: int) -> str:
+    """Pure: `value` as text that `text_problem` accepts: every character it refuses
+    replaced by '?', cut at `limit`. For a command already admitted read again, and the
+    abort signal, which has no validator to refuse it: the run must still stop."""
+    text = value if isinstance(value, str) else str(value)
+    text = "".join(ch if ch == " " or ch.isprintable() else "?" for ch in text[:limit])
+    return text
+
+
 def _is_int(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
@@ -52,6 +81,14 @@ class Command:
     name: ClassVar[str]  # the update's (signal's) name
     who: str = ""
     note: str = ""  # "reason" on the wire too
+
+    def __post_init__(self) -> None:
+        for name, limit in (("note", MAX_NOTE_CHARS), ("who", MAX_WHO_CHARS)):
+            problem = text_problem(getattr(self, name), limit)
+            if problem:  # the value shown ASCII and short: the refusal is printed too
+                shown = ascii(getattr(self, name))
+                raise Refused(f"{self.name}: {name} (--{name}) must be {problem}; got "
+                              f"{shown[:60]}{'…' if len(shown) > 60 else ''}")
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object the update takes (what `mainspring run` sends)."""
@@ -73,8 +110,10 @@ class Command:
             if f.default is dataclasses.MISSING and f.name not in obj:
                 raise Refused(f"{cls.name}: {f.name} is required ({f.metadata['means']})")
         given = {k: v for k, v in obj.items() if k in own - {"who", "note", "reason"}}
-        return cls(who=str(obj.get("who") or ""),
-                   note=str(obj.get("note") or obj.get("reason") or ""), **given)
+        who, note = str(obj.get("who") or ""), str(obj.get("note") or obj.get("reason") or "")
+        if not strict:
+            who, note = tamed_text(who, MAX_WHO_CHARS), tamed_text(note, MAX_NOTE_CHARS)
+        return cls(who=who, note=note, **given)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,6 +138,7 @@ class Rollback(Command):
     skip_data: bool = True
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         _require(self, _is_int(self.to_step) and self.to_step >= 0, "to_step", "an integer >= 0")
         _require(self, self.to_step <= MAX_STEP, "to_step", f"at most {MAX_STEP} (MAX_STEP)")
         _require(self, isinstance(self.skip_data, bool), "skip_data", "true or false")
@@ -111,6 +151,7 @@ class SetLrScale(Command):
     steps: int = 0  # 0: to the end of the run
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         x = self.scale
         _require(self, isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
                and 0 < x <= MAX_LR_SCALE, "scale", f"a number in (0, {MAX_LR_SCALE:g}]")

@@ -73,6 +73,13 @@ def _depth_over(value: Any, limit: int) -> bool:
     return False
 
 
+def too_deep(value: Any, max_depth: int = MAX_DEPTH) -> bool:
+    """Whether a value already decoded (by a reader that does not use `load_record`, or
+    handed on in memory) nests deeper than `max_depth`: walking it, printing it or
+    encoding it again could exhaust the recursion limit."""
+    return _depth_over(value, max_depth)
+
+
 def _decode(raw: bytes | str, what: str, max_bytes: int, max_depth: int) -> Any:
     if len(raw) > max_bytes:
         raise StoreRecordInvalid(what, f"{len(raw)} bytes, over the {max_bytes}-byte bound")

@@ -18,7 +18,8 @@ import time
 from common.errors import BadConfig, StorageUnavailable
 from common.redact import redact, redact_value
 from ops.cli_args import run_command, seconds
-from ops.cli_output import json_line
+from ops.cli_output import json_line, printable
+from ops.store_fields import checked_events
 
 # The event the workflow writes last, completed or aborted (workflows/training_run.py).
 TERMINAL = "run_finished"
@@ -41,11 +42,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def event_line(event: dict, as_json: bool) -> str:
-    """Pure: one event as a line: a JSON object, or `HH:MM:SS step=N kind payload`."""
+    """Pure: one checked event (ops/store_fields.py) as a line: a JSON object (ASCII: every
+    control character escaped), or `HH:MM:SS step=N kind payload` with the kind escaped
+    (ops/cli_output.py:printable) and the payload as ASCII JSON."""
     if as_json:
         return json_line(event)
     stamp = time.strftime("%H:%M:%S", time.localtime(event["ts"]))
-    return f"{stamp} step={event['step']} {event['kind']:<20} {json.dumps(event['payload'])}"
+    payload = json.dumps(event["payload"], default=str)  # ASCII: \u001b, never ESC itself
+    return f"{stamp} step={event['step']} {printable(event['kind'], 40):<20} {payload}"
 
 
 class Finished:
@@ -73,7 +77,7 @@ def cmd_events(args: argparse.Namespace) -> int:
     try:
         if args.follow:
             return _follow(args, kinds)
-        events = read_events(args.durable, args.run_id)
+        events = checked_events(read_events(args.durable, args.run_id))
         if not events:
             raise missing_run(args.durable, args.run_id)
     except (BadConfig, StorageUnavailable) as exc:
@@ -85,8 +89,8 @@ def cmd_events(args: argparse.Namespace) -> int:
     absent = sorted(set(kinds) - {e["kind"] for e in events})
     if absent:  # a typo prints nothing at all: say what there is
         there = ", ".join(sorted({e["kind"] for e in events}))
-        print(f"mainspring events: no {', '.join(absent)} events in run {args.run_id!r} "
-              f"(kinds there: {there})", file=sys.stderr)
+        print(f"mainspring events: no {printable(', '.join(absent))} events in run "
+              f"{args.run_id!r} (kinds there: {printable(there, 2000)})", file=sys.stderr)
     return 0
 
 
@@ -106,6 +110,10 @@ def _follow(args: argparse.Namespace, kinds: tuple[str, ...]) -> int:
 
     try:
         for event in follow(args.durable, args.run_id, poll_s=args.poll_s, stop=stop):
+            checked = checked_events([event])
+            if not checked:
+                continue
+            event = checked[0]
             finished.see(event)
             if not kinds or event["kind"] in kinds:
                 print(event_line(redact_value(event), args.json), flush=True)

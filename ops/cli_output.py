@@ -16,6 +16,7 @@ import time
 from typing import IO, Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -24,6 +25,41 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 from rich.table import Column, Table
+from rich.text import Text
+
+_NAMED = {"\n": "\\n", "\t": "\\t", "\r": "\\r", "\x1b": "\\x1b"}
+
+
+def printable(value: object, limit: int | None = None) -> str:
+    """Pure: `value` as text safe to put on a terminal: every character Python does not
+    call printable but the space (C0 and C1 controls, ESC, DEL, bidi and other format
+    characters, line separators) shown escaped, `\\n` and `\\t` included, so a store
+    record can neither move the cursor, recolour, retitle the terminal, nor start a line
+    that looks like mainspring's own; cut at `limit` characters with an ellipsis. Every
+    command that prints store content prints it through this."""
+    text = value if isinstance(value, str) else str(value)
+    if not text.isprintable():
+        text = "".join(ch if ch == " " or ch.isprintable() else _escaped(ch) for ch in text)
+    return text if limit is None or len(text) <= limit else text[:limit - 1] + "…"
+
+
+def printable_strings(value: Any) -> Any:
+    """Pure: a JSON-like value with every string in it, keys included, `printable`: what a
+    view that draws store records itself (a rich tree or table) is handed."""
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, dict):
+        return {printable(k) if isinstance(k, str) else k: printable_strings(v)
+                for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [printable_strings(v) for v in value]
+    return value
+
+
+def _escaped(ch: str) -> str:
+    code = ord(ch)
+    return _NAMED.get(ch) or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+                              if code < 0x10000 else f"\\U{code:08x}")
 
 
 def finite(obj: Any) -> Any:
@@ -100,7 +136,8 @@ def plain_line(p: dict) -> str:
     line = (f"stage={p['stage'] or '?':<13} step={p['step']}/{p['total_steps']}"
             f" committed={p['committed']} loss={loss} tok/s={tps} faults={p['faults']}"
             f" injected={p['injected']} recovered={p['recovered']} events={p['events']}")
-    return line + (f" needs_attention={p['needs_attention']!r}" if p["needs_attention"] else "")
+    line = line + (f" needs_attention={p['needs_attention']!r}" if p["needs_attention"] else "")
+    return printable(line)
 
 
 def figures(p: dict) -> str:
@@ -114,7 +151,7 @@ def figures(p: dict) -> str:
     parts.append(f"recovered {p['recovered']}")
     if p["needs_attention"]:
         parts.append(f"needs attention: {p['needs_attention']}")
-    return " · ".join(parts)
+    return escape(printable(" · ".join(parts)))  # a rich TextColumn reads markup
 
 
 # ---- the three views --------------------------------------------------------------------
@@ -189,7 +226,8 @@ class RichView:
 
     def show(self, p: dict) -> None:
         self.progress.update(self.task, total=p["total_steps"] or None, completed=p["step"],
-                             stage=p["stage"] or "?", figures=figures(p))
+                             stage=escape(printable(p["stage"] or "?", 40)),
+                             figures=figures(p))
 
     def waiting(self, why: str) -> None:
         self.progress.update(self.task, figures=f"waiting: {why}")
@@ -214,8 +252,8 @@ def print_table(rows: list[dict], out: IO[str]) -> None:
     table = Table(*LIST_COLUMNS, box=None, header_style="bold")
     for row in rows:
         loss = row.get("loss")
-        table.add_row(*(f"{loss:.3f}" if key == "loss" and isinstance(loss, float)
-                        else "" if row.get(key) is None else str(row.get(key))
+        table.add_row(*(Text(f"{loss:.3f}") if key == "loss" and isinstance(loss, float)
+                        else Text("" if row.get(key) is None else printable(row.get(key)))
                         for key in LIST_COLUMNS))
     Console(file=out, highlight=False).print(table if rows else "no runs")
 
@@ -228,5 +266,6 @@ def print_status(status: dict, out: IO[str]) -> None:
     for key, value in status.items():
         if value in (None, "", [], {}):
             continue
-        table.add_row(key, value if isinstance(value, str) else json_line(value))
+        table.add_row(Text(printable(key)),  # Text: a stored `[bold]` is no rich markup
+                      Text(printable(value) if isinstance(value, str) else json_line(value)))
     Console(file=out, highlight=False).print(table)

@@ -10,6 +10,12 @@ spec says how). Either is checked against the quarantined hash, then shown scrub
 secrets (common/redact.py), its control and format characters escaped, cut at
 SNIPPET_CHARS. A source that cannot be read (moved, no credentials here) or that no longer
 holds that text says so instead. No Temporal needed.
+
+The event log is data, not an address list: a source is opened only when it lies under the
+run's own `data.corpus` (its stored spec's) or its durable store, and the dataset only by
+its content hash in that store (`source_refusal`, ops/store_fields.py:dataset_key). Any
+other URL an event names (an internal `http://` address, `file:///dev/zero`) is shown
+as OUTSIDE, never fetched.
 """
 
 from __future__ import annotations
@@ -18,7 +24,6 @@ import argparse
 import hashlib
 import os
 import sys
-import unicodedata
 from typing import Any, Callable
 
 import structlog
@@ -26,13 +31,14 @@ import structlog
 from common.errors import BadConfig, BadData, StorageUnavailable
 from common.redact import redact
 from ops.cli_args import run_command
-from ops.cli_output import json_line
+from ops.cli_output import json_line, printable
+from ops.store_fields import checked_events
 
 log = structlog.get_logger(__name__)
 SNIPPET_CHARS = 80
 NOT_READABLE = "(source not readable)"
 CHANGED = "(source no longer holds this text)"
-_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
+OUTSIDE = "(source not opened: outside the run's data.corpus and store)"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -49,16 +55,35 @@ def snippet(text: str, width: int = SNIPPET_CHARS) -> str:
     """Pure: `text` scrubbed of secrets, then control and format characters escaped (no
     terminal escape or bidi override reaches the screen), cut at `width` characters with
     an ellipsis."""
-    out = []
-    for ch in redact(text):
-        if ch in _ESCAPES:
-            out.append(_ESCAPES[ch])
-        elif unicodedata.category(ch) in ("Cc", "Cf"):
-            out.append(f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}")
-        else:
-            out.append(ch)
-    shown = "".join(out)
-    return shown if len(shown) <= width else shown[:width - 1] + "…"
+    return printable(redact(text), width)
+
+
+def _root(url: str) -> str:
+    """Pure: the location every file of a corpus URL lies under: the URL itself, or for a
+    glob the directory before its first wildcard."""
+    from dataprep.inputs import GLOB_CHARS, corpus_url
+    from storage.fs import normalize_url
+
+    url = normalize_url(corpus_url(url))
+    cut = min((url.find(c) for c in GLOB_CHARS if c in url), default=-1)
+    return url if cut < 0 else url[:cut].rsplit("/", 1)[0]
+
+
+def source_refusal(source: str, corpus: str, durable_url: str) -> str | None:
+    """Pure: why `source`, a URL read from the event log, must not be opened (None: it may
+    be). Only a file under the run's `data.corpus` or its durable store may: an event
+    names its source, it does not get to choose what the operator's machine fetches."""
+    from storage.fs import normalize_url
+
+    if not source or any(ch.isspace() or not ch.isprintable() for ch in source):
+        return "not a plain URL"
+    url = normalize_url(source)
+    if any(part in (".", "..") for part in url.split("://", 1)[-1].split("/")):
+        return "has a '.' or '..' segment"
+    for root in (_root(corpus), normalize_url(durable_url)):
+        if url == root or url.startswith(root.rstrip("/") + "/"):
+            return None
+    return "outside data.corpus and the run's store"
 
 
 def source_text(source: str, record: int, sha256: str, data: Any) -> str | None:
@@ -86,14 +111,14 @@ def source_text(source: str, record: int, sha256: str, data: Any) -> str | None:
 
 def run_dataset(durable_url: str, events: list[dict]) -> str | None:
     """The manifest URL of the dataset the run trained on: by content hash in this store
-    (a store copied elsewhere still finds it), else the URI it recorded; None if neither."""
+    only (the event's `content_hash`, else its manifest URI's directory name); a URI the
+    event names is never opened itself. None when no content hash is recorded."""
+    from ops.store_fields import dataset_key
     from storage.dataset import manifest_url
 
     ready = [e["payload"] for e in events if e["kind"] == "dataset_ready"]
-    if not ready:
-        return None
-    key, uri = ready[-1].get("content_hash"), ready[-1].get("uri")
-    return manifest_url(durable_url, key) if key else uri
+    key = dataset_key(ready[-1]) if ready else None
+    return manifest_url(durable_url, key) if key else None
 
 
 def dataset_reader(manifest: str | None) -> Callable[[int, str], str | None]:
@@ -143,7 +168,7 @@ def quarantine_rows(durable_url: str, run_id: str) -> tuple[list[dict[str, Any]]
     from storage.events import read_events
     from storage.quarantine import quarantine_entries, quarantine_uri
 
-    events = read_events(durable_url, run_id)
+    events = checked_events(read_events(durable_url, run_id))
     if not events:
         raise missing_run(durable_url, run_id)
     entries = quarantine_entries(events)
@@ -152,12 +177,17 @@ def quarantine_rows(durable_url: str, run_id: str) -> tuple[list[dict[str, Any]]
     rows = []
     for e in entries:
         text, where = from_dataset(e.document, e.sha256), "dataset"
-        if text is None:
+        refusal = source_refusal(e.source, data.corpus, durable_url) if text is None else None
+        if refusal:
+            log.warning("quarantine_source_refused", source=printable(redact(e.source), 200),
+                        why=refusal, corpus=redact(data.corpus))
+            text, where = OUTSIDE, "source"
+        elif text is None:
             text, where = source_text(e.source, e.record, e.sha256, data), "source"
-        found = text not in (None, CHANGED)
-        rows.append({"source": redact(e.source), "record": e.record, "sha256": e.sha256,
+        found = text not in (None, CHANGED, OUTSIDE)
+        rows.append({"source": printable(redact(e.source), 500), "record": e.record, "sha256": e.sha256,
                      "z": e.z, "loss": e.loss, "step": e.step, "document": e.document,
-                     "chars": e.chars, "event_id": e.event_id,
+                     "chars": e.chars, "event_id": printable(e.event_id, 200),
                      "snippet": snippet(text) if found else text or NOT_READABLE,
                      "text_from": where if found else None})
     return rows, redact(quarantine_uri(durable_url, run_id))
@@ -179,7 +209,7 @@ def cmd_quarantine(args: argparse.Namespace) -> int:
     try:
         rows, uri = quarantine_rows(args.durable, args.run_id)
     except (BadConfig, StorageUnavailable) as exc:
-        print(f"mainspring data quarantine: {' '.join(redact(str(exc)).split())}",
+        print(f"mainspring data quarantine: {printable(' '.join(redact(str(exc)).split()))}",
               file=sys.stderr)
         return exit_code(exc)
     if args.json:

@@ -26,7 +26,8 @@ from typing import Any
 from common.errors import BadConfig, StorageUnavailable
 from common.redact import redact
 from ops.cli_args import run_command
-from ops.cli_output import json_line
+from ops.cli_output import json_line, printable
+from ops.store_fields import valid_run_id
 from sweep.saving import pruning_saving
 
 STATUSES = ("complete", "diverged", "failed", "pruned")  # as recorded; derived: the first two
@@ -66,9 +67,18 @@ def _index(payload: dict, event_id: str, fallback: int) -> int:
     for text, sep in ((str(payload.get("trial_run_id", "")), "-trial-"),
                       (event_id, "sweep_trial/")):
         tail = text.rsplit(sep, 1)[-1] if sep in text else ""
-        if tail.isdigit():
+        if tail.isascii() and tail.isdigit() and len(tail) <= 6:  # a trial number (sweep.trials <= 1000)
             return int(tail)
     return fallback
+
+
+def _params(value: Any) -> dict[str, float]:
+    """The swept point: names (printable, at most 80 characters) to finite numbers; any
+    other entry of a stored `params` is left out."""
+    if not isinstance(value, dict):
+        return {}
+    return {printable(k, 80): float(v) for k, v in value.items()
+            if isinstance(k, str) and _finite(v) is not None}
 
 
 def sweep_rows(events: list[dict], trial_steps: int | None = None) -> list[TrialRow]:
@@ -84,9 +94,11 @@ def sweep_rows(events: list[dict], trial_steps: int | None = None) -> list[Trial
         steps = p.get("steps")
         rungs = [[int(r[0]), _finite(r[1])] for r in p.get("rungs") or []
                  if isinstance(r, (list, tuple)) and len(r) == 2 and _finite(r[0]) is not None]
+        rid = p.get("trial_run_id")
         rows.setdefault(index, TrialRow(  # a trial's event written twice: the first stays
-            trial=index, run_id=str(p.get("trial_run_id", "")), source=str(p.get("source", "")),
-            round=int(p.get("round", 0)), params=dict(p.get("params") or {}), status=status,
+            trial=index, run_id=rid if valid_run_id(rid) else "",
+            source=printable(p.get("source", ""), 40), round=int(p.get("round", 0)),
+            params=_params(p.get("params")), status=status,
             val_loss=loss if status == "complete" else None,
             steps=steps if isinstance(steps, int) else trial_steps, rungs=rungs))
     ordered = [rows[i] for i in sorted(rows)]
@@ -177,19 +189,21 @@ def document(run_id: str, rows: list[TrialRow]) -> dict[str, Any]:
 def cmd_sweep(args: argparse.Namespace) -> int:
     from common import telemetry
     from ops.report import exit_code, missing_run
+    from ops.store_fields import checked_events
     from storage.events import read_events
 
     # Logs (a damaged batch's warning) to stderr: stdout carries only the table.
     telemetry.configure_logging(os.environ.get("MAINSPRING_LOG_LEVEL", "warning"))
     try:
-        events = read_events(args.durable, args.run_id)
+        events = checked_events(read_events(args.durable, args.run_id))
         if not events:
             raise missing_run(args.durable, args.run_id)
         rows = sweep_rows(events)
         if any(r.steps is None for r in rows):
             rows = sweep_rows(events, _stored_trial_steps(args.durable, args.run_id))
     except (BadConfig, StorageUnavailable) as exc:
-        print(f"mainspring sweep: {' '.join(redact(str(exc)).split())}", file=sys.stderr)
+        print(f"mainspring sweep: {printable(' '.join(redact(str(exc)).split()))}",
+              file=sys.stderr)
         return exit_code(exc)
     if args.json:
         print(json_line(document(args.run_id, rows)))
@@ -197,6 +211,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(f"run {args.run_id}: no sweep — its event log holds no sweep_trial event "
               "(sweep.enabled false, or the sweep has not scored a trial yet).")
     else:
-        print(table(args.run_id, rows))
+        print(table(args.run_id, rows))  # its cells printable (`table`)
     return 0
 

@@ -20,6 +20,7 @@ from ops.cli_output import automatic_rollback, injected, progress_view, recoveri
 from ops.client import connect, localize, start_run
 from ops.report import build_report
 from ops.services import TemporalDevServer, free_port, port_free
+from ops.store_fields import checked_events
 from spec import RunSpec, preset
 from storage.events import read_events
 
@@ -56,7 +57,7 @@ async def watch(client, run_id: str, durable: str, out=sys.stderr, every_s: floa
             while not task.done():
                 try:
                     status = await handle.query("status", rpc_timeout=QUERY_TIMEOUT)
-                    view.show(snapshot(status, read_events(durable, run_id)))
+                    view.show(snapshot(status, checked_events(read_events(durable, run_id))))
                 except (TemporalError, StorageUnavailable) as exc:
                     view.waiting(type(exc).__name__)  # a query fails across continue-as-new
                 await asyncio.wait([task], timeout=every_s)

@@ -28,8 +28,10 @@ from typing import Any
 from common.errors import BadConfig, StorageUnavailable
 from common.redact import redact_value
 from ops.cli_args import run_command
+from ops.cli_output import printable
 from ops.report import exit_code, missing_run, ordered
 from ops.report_map import accelerators
+from ops.store_fields import whole
 
 SPIKE_KINDS = ("loss_spike", "batch_skipped", "spike_diagnosed", "rollback")
 DECISIONS = ("needs_attention", "oom_adapted", "lr_adjusted", "checkpoint_corrupt",
@@ -84,8 +86,13 @@ class Sentence:
         return text
 
     def payload(self, name: str, event: dict, key: str, spec: str = "") -> str:
-        value = event["payload"][key]
-        return self.fig(name, value, format(value, spec) if spec else str(value), event, key)
+        """The payload's `key` as a figure; "?" where the record lacks it (a checked
+        event's field that was out of range is removed, ops/store_fields.py)."""
+        value = event["payload"].get(key)
+        if value is None:
+            return self.fig(name, None, "?", event, key)
+        return self.fig(name, value, format(value, spec) if spec and not isinstance(
+            value, (str, bool, list, dict)) else str(value), event, key)
 
     def opt(self, template: str, name: str, event: dict, key: str, spec: str = "") -> None:
         """Say `template` with the payload's `key` in it ({}), only when the record has
@@ -151,7 +158,7 @@ def incidents(events: Iterable[dict], spec: dict | None = None) -> list[Incident
             found.append((e, operator_story(e), [e["event_id"]], "operator"))
         elif e["kind"] in DECISIONS:
             found.append((e, decision_story(e), [e["event_id"]], e["kind"]))
-    found.sort(key=lambda x: (x[0]["ts"], x[0]["step"]))
+    found.sort(key=lambda x: (x[0]["ts"], -1 if x[0]["step"] is None else x[0]["step"]))
     out = []
     for n, (first, s, ids, kind) in enumerate(found, 1):
         text = f"Incident {n}: " + s.text()
@@ -266,9 +273,9 @@ def spike_groups(evs: list[dict]) -> list[list[dict]]:
         open_group = bool(groups) and groups[-1][-1]["kind"] != "rollback"
         if e["kind"] in ("rollback", "spike_diagnosed"):
             onset = e["payload"].get("onset", e["step"])
-            fresh = not open_group or onset > (last or 0) + 1
+            fresh = not open_group or (onset or 0) > (last or 0) + 1
         else:
-            fresh = not open_group or e["step"] > (last or 0) + 1
+            fresh = not open_group or (e["step"] or 0) > (last or 0) + 1
         if fresh:
             groups.append([])
         groups[-1].append(e)
@@ -284,11 +291,12 @@ def at_commit(e: dict) -> bool:
 
 def spike_cause(group: list[dict], injected: list[dict]) -> dict | None:
     """Pure: an injected data or LR fault whose steps cover the spike's first step."""
-    first = group[0]["step"]
+    first = group[0]["step"] or 0
     for i in injected:
         p = i["payload"]
-        start = int(p.get("at_step", i["step"]))
-        if start <= first < start + max(1, int(p.get("steps") or 1)) + 1:
+        start = p.get("at_step", i["step"]) or 0  # checked: a whole step, or absent
+        steps = p.get("steps") if whole(p.get("steps"), 1) else 1
+        if start <= first < start + steps + 1:
             return i
     return None
 
@@ -460,10 +468,11 @@ def decision_story(e: dict) -> Sentence:
 
 # ---- the command -------------------------------------------------------------------------
 def explain(durable_url: str, run_id: str) -> list[Incident]:
+    from ops.store_fields import checked_events
     from storage.events import read_events
     from storage.runs import stored_spec
 
-    events = redact_value(read_events(durable_url, run_id))
+    events = checked_events(redact_value(read_events(durable_url, run_id)))
     if not events:
         raise missing_run(durable_url, run_id)
     return incidents(events, stored_spec(durable_url, run_id))
@@ -490,7 +499,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         print(f"run {args.run_id}: no incidents — no fault, spike, operator command or hold "
               "is recorded.")
     else:
-        print("\n\n".join(i.text for i in found))
+        print("\n\n".join(printable(i.text) for i in found))
     return 0
 
 

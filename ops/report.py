@@ -30,6 +30,7 @@ import structlog
 from common.errors import BadConfig, StorageUnavailable
 from common.redact import redact, redact_value
 from ops.cli_args import run_command
+from ops.cli_output import printable
 from ops.goodput import from_record
 from ops.report_map import (
     accelerators,
@@ -51,6 +52,7 @@ from ops.report_render import (
     plot_plan,
     render_html,
 )
+from ops.store_fields import loss_window, whole
 
 log = structlog.get_logger(__name__)
 
@@ -95,27 +97,56 @@ def loss_series(events: Iterable[dict]) -> LossSeries:
 
     A window partly replaced keeps the steps still its own (its statistics include the
     replaced steps; windows end on multiples of `every`, and rollbacks and retries restart
-    at checkpoint steps, so this is rare).
+    at checkpoint steps, so this is rare). Worked out on step ranges, newest window first,
+    never step by step: a window is two numbers however many steps it claims, so a record
+    claiming steps 0 to 10^12 costs what any other does.
     """
-    wins = sorted((e for e in events if e["kind"] == "train_metrics"), key=_emit_order)
-    owner: dict[int, int] = {}
-    for i, e in enumerate(wins):
-        for s in range(e["payload"]["first_step"], e["payload"]["last_step"] + 1):
-            owner[s] = i
-    owned: dict[int, list[int]] = {}
-    for s, i in owner.items():
-        owned.setdefault(i, []).append(s)
-    current = sorted((_window(wins[i], min(st), max(st)) for i, st in owned.items()),
+    wins = sorted(filter(loss_window, events), key=_emit_order)
+    taken: list[tuple[int, int]] = []  # steps later windows own: sorted, disjoint ranges
+    owned: dict[int, tuple[int, int]] = {}
+    for i in range(len(wins) - 1, -1, -1):
+        p = wins[i]["payload"]
+        free = uncovered(p["first_step"], p["last_step"], taken)
+        if free:
+            owned[i] = (free[0][0], free[-1][1])
+            taken = merged(taken, (p["first_step"], p["last_step"]))
+    current = sorted((_window(wins[i], a, b) for i, (a, b) in owned.items()),
                      key=lambda w: w.last)
     abandoned = [_window(e, e["payload"]["first_step"], e["payload"]["last_step"])
                  for i, e in enumerate(wins) if i not in owned]
     return LossSeries(current=current, abandoned=abandoned)
 
 
+def uncovered(first: int, last: int, taken: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Pure: the parts of [first, last] outside the sorted, disjoint ranges `taken`."""
+    out, at = [], first
+    for a, b in taken:
+        if b < at or a > last:
+            continue
+        if a > at:
+            out.append((at, a - 1))
+        at = max(at, b + 1)
+    if at <= last:
+        out.append((at, last))
+    return out
+
+
+def merged(taken: list[tuple[int, int]], new: tuple[int, int]) -> list[tuple[int, int]]:
+    """Pure: the sorted, disjoint ranges covering `taken` and `new` (adjacent ones joined)."""
+    out: list[tuple[int, int]] = []
+    for a, b in sorted([*taken, new]):
+        if out and a <= out[-1][1] + 1:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
 def _window(e: dict, first: int, last: int) -> Window:
     p = e["payload"]
     return Window(first=first, last=last, mean=p.get("loss_mean"), lo=p.get("loss_min"),
-                  hi=p.get("loss_max"), skipped=p.get("skipped", 0), ts=e["ts"],
+                  hi=p.get("loss_max"), ts=e["ts"],
+                  skipped=p["skipped"] if whole(p.get("skipped"), 0, 2**53) else 0,
                   attempt=p.get("attempt", e.get("attempt", 0)))
 
 
@@ -127,7 +158,7 @@ def val_series(events: Iterable[dict]) -> list[tuple[int, float]]:
         if e["kind"] == "eval" and e["step"] is not None and finite(p.get("val_loss")):
             latest[e["step"]] = float(p["val_loss"])
         elif e["kind"] == "stage_finished" and p.get("stage") == "evaluate":
-            for step, val in (p.get("val_loss") or {}).items():
+            for step, val in (p.get("val_loss") or {}).items():  # checked: digit keys
                 if finite(val):
                     latest[int(step)] = float(val)
     return sorted(latest.items())
@@ -142,7 +173,7 @@ def evidence(e: dict, limit: int = 300) -> str:
     p = e["payload"]
     keys = KEY_FIELDS.get(e["kind"]) or sorted(p)
     text = " ".join(f"{k}={fmt(p[k])}" for k in keys if k in p and p[k] not in (None, ""))
-    return text if len(text) <= limit else text[:limit - 1] + "…"
+    return printable(text, limit)
 
 
 def timeline(events: Iterable[dict]) -> list[dict]:
@@ -303,12 +334,14 @@ def plan_chart(events: list[dict], spans: list[dict]) -> PlanChart:
 
 def list_runs(durable_url: str, limit: int = 20) -> list[str]:
     """Run ids with an event log under the store (for the not-found message)."""
+    from ops.store_fields import valid_run_id
     from storage.fs import join, resolve
 
     try:
         fs, root = resolve(durable_url)
-        names = sorted(p.rstrip("/").rsplit("/", 1)[-1]
-                       for p in fs.ls(join(root, "runs"), detail=False))
+        names = sorted(n for n in (p.rstrip("/").rsplit("/", 1)[-1]
+                                   for p in fs.ls(join(root, "runs"), detail=False))
+                       if valid_run_id(n))  # a name in the store is not shown unchecked
         return [n for n in names if fs.exists(join(root, "runs", n, "events"))][-limit:]
     except (FileNotFoundError, StorageUnavailable, OSError):
         return []
@@ -343,20 +376,21 @@ def build_report(durable_url: str, run_id: str, out_dir: str, *,
     """Write loss.png, training_map.png and report.html for `run_id` into out_dir; return
     their paths. `price` per accelerator-hour overrides the spec's ops.accelerator_hour_price."""
     from ops.explain import incidents
+    from ops.store_fields import checked_events, checked_spans
     from storage.events import read_events
     from storage.fs import normalize_url
     from storage.spans import read_spans
 
     # Scrubbed again here: a log written before redaction existed, or by another tool,
     # must not carry a secret into a page that is mailed around.
-    events = redact_value(read_events(durable_url, run_id))
+    events = checked_events(redact_value(read_events(durable_url, run_id)))
     if not events:
         raise missing_run(durable_url, run_id)
     from storage.runs import stored_spec
 
     spec = stored_spec(durable_url, run_id)
     hourly = hour_price(spec, price)  # a bad price is refused before anything is written
-    spans = read_spans(durable_url, run_id)
+    spans = checked_spans(read_spans(durable_url, run_id))
     out_dir = os.path.abspath(out_dir)
     os.makedirs(out_dir, exist_ok=True)
     series, vals = loss_series(events), val_series(events)
@@ -393,15 +427,20 @@ def training_map_of(durable_url: str, run_id: str, events: list[dict], spans: li
                     spec: dict | None, price: float) -> TrainingMap:
     """The map's records gathered from the store: the dataset manifest's stats and each
     sweep trial's loss curve (its own event log), with the accelerators of the spec."""
+    from ops.store_fields import checked_events, valid_run_id
     from storage.events import read_events
 
     stats, source = dataset_stats(durable_url, events)
     curves = {}
     for e in events:
         rid = e["payload"].get("trial_run_id") if e["kind"] == "sweep_trial" else None
-        if rid:
-            windows = loss_series(redact_value(read_events(durable_url, str(rid)))).current
-            curves[str(rid)] = [(w.last, w.mean) for w in windows if w.mean is not None]
+        if rid and not valid_run_id(rid):  # `../x` would read another directory's events
+            log.warning("sweep_trial_run_id_invalid", run_id=run_id,
+                        trial_run_id=printable(rid, 80))
+        elif rid and rid not in curves:
+            windows = loss_series(checked_events(redact_value(
+                read_events(durable_url, rid)))).current
+            curves[rid] = [(w.last, w.mean) for w in windows if w.mean is not None]
     count, count_from = accelerators(spec, spans)
     return training_map(events, from_record(events, spans), stats=stats, stats_source=source,
                         trials=trials_of(events, curves), accelerators=count,

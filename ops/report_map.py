@@ -67,19 +67,19 @@ PRICE_FIX = ("set ops.accelerator_hour_price (or --price) to what one accelerato
 
 # ---- the read of the store (the spec: storage/runs.py stored_spec) ----------------------
 def dataset_stats(durable_url: str, events: list[dict]) -> tuple[dict, str]:
-    """(the dataset manifest's stats, where they came from). The manifest is looked up by
-    content hash in this store first (a store copied elsewhere still finds it), then at
-    the URI the run recorded; without either, the `dataset_ready` event's counts."""
+    """(the dataset manifest's stats, where they came from). The manifest is read from this
+    store only, by content hash: the `dataset_ready` event's, else the directory name of the
+    URI the run recorded; a URI in an event is never opened itself (store data is data,
+    not an address). Without a readable manifest, the `dataset_ready` event's counts."""
+    from ops.store_fields import dataset_key
     from storage.dataset import load_manifest, manifest_url
 
     ready = [e["payload"] for e in events if e["kind"] == "dataset_ready"]
     done = [e["payload"] for e in events if e["kind"] == "stage_finished"
             and e["payload"].get("stage") == "prepare_data"]
-    uri = (done[-1].get("dataset") if done else None) or (ready[-1].get("uri") if ready else None)
-    key = ready[-1].get("content_hash") if ready else None
-    if not key and uri and uri.endswith("/MANIFEST.json"):
-        key = uri.rsplit("/", 2)[-2]
-    for url in ([manifest_url(durable_url, key)] if key else []) + ([uri] if uri else []):
+    key = dataset_key(ready[-1] if ready else {}, done[-1].get("dataset") if done else None)
+    if key:
+        url = manifest_url(durable_url, key)
         try:
             return dict(load_manifest(url).stats), url
         except (BadData, StorageUnavailable, OSError, ValueError) as exc:
@@ -361,7 +361,8 @@ def trials_of(events: list[dict], curves: dict[str, list[tuple[int, float]]]) ->
     for e in of_kind(events, "sweep_trial"):
         p = e["payload"]
         rid = str(p.get("trial_run_id", ""))
-        index = int(rid.rsplit("-trial-", 1)[1]) if "-trial-" in rid else len(rows)
+        tail = rid.rsplit("-trial-", 1)[-1] if "-trial-" in rid else ""
+        index = int(tail) if tail.isascii() and tail.isdigit() and len(tail) <= 6 else len(rows)
         loss = p.get("result")
         finite = isinstance(loss, (int, float)) and math.isfinite(loss)  # NaN: it diverged
         # a pruned trial's result is its loss where it stopped, not a final one: never best

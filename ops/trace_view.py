@@ -24,6 +24,8 @@ from typing import Any
 
 from common.errors import BadConfig, StorageUnavailable
 from ops.cli_args import run_command
+from ops.cli_output import printable, printable_strings
+from ops.store_fields import checked_events, checked_spans
 
 # Event attributes the tree line names in its head (`fault rank_lost step 25`) or drops.
 _HEAD_KEYS = ("event_id", "step", "kind", "evidence", "run_id")
@@ -36,6 +38,12 @@ class Node:
     span: dict
     children: tuple[Node, ...] = ()
     parent_lost: bool = False
+
+
+# Nesting of the tree: mainspring's deepest is about 8 (run, stage, activity, segment, rank,
+# phase, ...); a stored chain deeper than this is cut and continued as roots, so neither
+# this walk nor rich's drawing recurses without bound.
+MAX_TREE_DEPTH = 64
 
 
 def _start(span: dict) -> tuple:
@@ -58,9 +66,12 @@ def build_tree(spans: Iterable[dict]) -> list[Node]:
         kids.setdefault(parent, []).append(span)
     seen: set[str] = set()
 
-    def node(span: dict) -> Node:
+    def node(span: dict, depth: int = 0) -> Node:
         seen.add(span["span_id"])
-        children = tuple(node(c) for c in sorted(kids.get(span["span_id"], ()), key=_start)
+        if depth >= MAX_TREE_DEPTH:  # a parent chain this long is a damaged record: its
+            return Node(span, (), span["span_id"] in lost)  # rest is shown from the top
+        children = tuple(node(c, depth + 1) for c in sorted(kids.get(span["span_id"], ()),
+                                                            key=_start)
                          if c["span_id"] not in seen)
         return Node(span, children, span["span_id"] in lost)
 
@@ -410,7 +421,7 @@ def goodput_view(result: dict):
     time.add_row("wall", _seconds(wall), "", style="bold")
     faults = Table("fault kind", "count", "recovered", "MTTR median", "MTTR max", "lost steps")
     for kind, f in sorted((result.get("faults") or {}).items()):
-        faults.add_row(kind, str(f.get("count", "–")), str(f.get("recovered", "–")),
+        faults.add_row(Text(kind), str(f.get("count", "–")), str(f.get("recovered", "–")),
                        _seconds(f.get("mttr_s_median")), _seconds(f.get("mttr_s_max")),
                        str(f.get("lost_steps", "–")))
     for column in (*time.columns[1:], *faults.columns[1:]):
@@ -450,12 +461,13 @@ def cmd_trace(args: argparse.Namespace) -> int:
     from storage.spans import read_spans
 
     try:
-        # scrubbed again: a Perfetto file or a pasted tree travels further than the store
-        spans = redact_value(read_spans(args.durable, args.run_id))
+        # scrubbed again: a Perfetto file or a pasted tree travels further than the store;
+        # checked: times, ids and attributes in range (ops/store_fields.py)
+        spans = checked_spans(redact_value(read_spans(args.durable, args.run_id)))
         if not spans:
             raise no_spans(args.durable, args.run_id)
     except (BadConfig, StorageUnavailable) as exc:
-        print(f"mainspring trace: {redact(str(exc))}", file=sys.stderr)
+        print(f"mainspring trace: {printable(redact(str(exc)))}", file=sys.stderr)
         return exit_code(exc)
     if args.perfetto:
         path = os.path.abspath(args.perfetto)
@@ -467,7 +479,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
     else:
         from rich.console import Console
 
-        Console(highlight=False).print(render_tree(spans))
+        Console(highlight=False).print(render_tree(printable_strings(spans)))
     return 0
 
 
@@ -479,12 +491,12 @@ def cmd_goodput(args: argparse.Namespace) -> int:
     from storage.spans import read_spans
 
     try:
-        events = read_events(args.durable, args.run_id)
+        events = checked_events(read_events(args.durable, args.run_id))
         if not events:
             raise missing_run(args.durable, args.run_id)
-        spans = read_spans(args.durable, args.run_id)
+        spans = checked_spans(read_spans(args.durable, args.run_id))
     except (BadConfig, StorageUnavailable) as exc:
-        print(f"mainspring goodput: {redact(str(exc))}", file=sys.stderr)
+        print(f"mainspring goodput: {printable(redact(str(exc)))}", file=sys.stderr)
         return exit_code(exc)
     result = from_record(events, spans)
     if args.json:
@@ -492,7 +504,7 @@ def cmd_goodput(args: argparse.Namespace) -> int:
     else:
         from rich.console import Console
 
-        Console(highlight=False).print(goodput_view(result))
+        Console(highlight=False).print(goodput_view(printable_strings(result)))
     return 0
 
 

@@ -11,6 +11,7 @@ from dataprep.clean import clean_text
 from ops.cli import main as cli
 from ops.cli_quarantine import NOT_READABLE, SNIPPET_CHARS, snippet
 from storage.events import EventLog
+from storage.runs import claim_run
 
 RUN = "spiky"
 SECRET_TEXT = ("leaked password=hunter2-very-secret-value\tthen\nAKIAIOSFODNN7EXAMPLE "
@@ -23,7 +24,9 @@ def sha(text: str) -> str:
 
 
 def make_run(tmp_path, sources: list[dict], verdict: str = "data") -> str:
+    """A run whose stored spec reads tmp_path/corpus: sources there may be opened."""
     store = str(tmp_path / "store")
+    claim_run(store, RUN, "h", {"run_id": RUN, "data": {"corpus": str(tmp_path / "corpus")}})
     with EventLog(store, RUN, "trainer") as log:
         log.emit("run_started", event_id="run_started", spec_hash="x")
         log.emit("spike_diagnosed", step=78, event_id="spike_diagnosed/78/76/70/a1r1",
@@ -47,7 +50,7 @@ def test_each_document_is_listed_with_a_redacted_escaped_truncated_snippet(tmp_p
     store = make_run(tmp_path, [
         {"document": 4, "source": jsonl, "record": 2, "sha256": sha(SECRET_TEXT), "chars": 300},
         {"document": 5, "source": txt, "record": -1, "sha256": sha(PLAIN_TEXT), "chars": 129},
-        {"document": 6, "source": str(tmp_path / "gone.jsonl"), "record": 1,
+        {"document": 6, "source": str(tmp_path / "corpus" / "gone.jsonl"), "record": 1,
          "sha256": "ab" * 16, "chars": 99}])
     capsys.readouterr()  # the event log's own log lines
     assert cli(["data", "quarantine", RUN, "--durable", store]) == 0
