@@ -52,6 +52,7 @@ from ops.report_render import (
     plot_plan,
     render_html,
 )
+from ops.step_ranges import merged, uncovered
 from ops.store_fields import loss_window, whole
 
 log = structlog.get_logger(__name__)
@@ -115,31 +116,6 @@ def loss_series(events: Iterable[dict]) -> LossSeries:
     abandoned = [_window(e, e["payload"]["first_step"], e["payload"]["last_step"])
                  for i, e in enumerate(wins) if i not in owned]
     return LossSeries(current=current, abandoned=abandoned)
-
-
-def uncovered(first: int, last: int, taken: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Pure: the parts of [first, last] outside the sorted, disjoint ranges `taken`."""
-    out, at = [], first
-    for a, b in taken:
-        if b < at or a > last:
-            continue
-        if a > at:
-            out.append((at, a - 1))
-        at = max(at, b + 1)
-    if at <= last:
-        out.append((at, last))
-    return out
-
-
-def merged(taken: list[tuple[int, int]], new: tuple[int, int]) -> list[tuple[int, int]]:
-    """Pure: the sorted, disjoint ranges covering `taken` and `new` (adjacent ones joined)."""
-    out: list[tuple[int, int]] = []
-    for a, b in sorted([*taken, new]):
-        if out and a <= out[-1][1] + 1:
-            out[-1] = (out[-1][0], max(out[-1][1], b))
-        else:
-            out.append((a, b))
-    return out
 
 
 def _window(e: dict, first: int, last: int) -> Window:
