@@ -80,7 +80,17 @@ def too_deep(value: Any, max_depth: int = MAX_DEPTH) -> bool:
     return _depth_over(value, max_depth)
 
 
-def _decode(raw: bytes | str, what: str, max_bytes: int, max_depth: int) -> Any:
+def _null_constant(name: str) -> None:
+    return None
+
+
+def _finite_or_null(text: str) -> float | None:
+    value = float(text)
+    return value if math.isfinite(value) else None
+
+
+def _decode(raw: bytes | str, what: str, max_bytes: int, max_depth: int,
+            nonfinite_null: bool = False) -> Any:
     if len(raw) > max_bytes:
         raise StoreRecordInvalid(what, f"{len(raw)} bytes, over the {max_bytes}-byte bound")
     if isinstance(raw, bytes):
@@ -89,8 +99,9 @@ def _decode(raw: bytes | str, what: str, max_bytes: int, max_depth: int) -> Any:
         except UnicodeDecodeError as exc:
             raise StoreRecordInvalid(what, f"not UTF-8 ({exc.reason})") from None
     try:
-        value = json.loads(raw, parse_constant=_reject_constant, parse_float=_finite_float,
-                           parse_int=_bounded_int)
+        value = json.loads(raw, parse_int=_bounded_int,
+                           parse_constant=_null_constant if nonfinite_null else _reject_constant,
+                           parse_float=_finite_or_null if nonfinite_null else _finite_float)
     except StoreRecordInvalid as exc:
         raise StoreRecordInvalid(what, exc.problem) from None
     except RecursionError:
@@ -104,11 +115,14 @@ def _decode(raw: bytes | str, what: str, max_bytes: int, max_depth: int) -> Any:
 
 
 def load_record(raw: bytes | str, what: str, *, max_bytes: int = MAX_RECORD_BYTES,
-                max_depth: int = MAX_DEPTH, expect: type | None = dict) -> Any:
+                max_depth: int = MAX_DEPTH, expect: type | None = dict,
+                nonfinite_null: bool = False) -> Any:
     """One JSON document from the store: bounded in size and depth, finite numbers only,
     integers of at most 19 digits, and (by default) an object. StoreRecordInvalid
-    otherwise."""
-    value = _decode(raw, what, max_bytes, max_depth)
+    otherwise. `nonfinite_null`: read NaN, Infinity and 1e999 as null instead of refusing
+    the record, for records whose writer measures (a diverged trial's loss is NaN: its
+    event is still the record of that trial)."""
+    value = _decode(raw, what, max_bytes, max_depth, nonfinite_null)
     if expect is not None and not isinstance(value, expect):
         raise StoreRecordInvalid(what, f"a JSON {type(value).__name__}, not an "
                                        f"{'object' if expect is dict else expect.__name__}")
@@ -116,10 +130,11 @@ def load_record(raw: bytes | str, what: str, *, max_bytes: int = MAX_RECORD_BYTE
 
 
 def load_line(raw: bytes | str, what: str, *, max_bytes: int = MAX_LINE_BYTES,
-              max_depth: int = MAX_DEPTH) -> dict[str, Any]:
+              max_depth: int = MAX_DEPTH, nonfinite_null: bool = False) -> dict[str, Any]:
     """One line of a JSON-lines record (events, spans, quarantine): an object, bounded as
     `load_record` with a smaller size bound."""
-    return load_record(raw, what, max_bytes=max_bytes, max_depth=max_depth, expect=dict)
+    return load_record(raw, what, max_bytes=max_bytes, max_depth=max_depth, expect=dict,
+                       nonfinite_null=nonfinite_null)
 
 
 def field_int(record: dict[str, Any], key: str, what: str, *, low: int = 0,

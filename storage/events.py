@@ -265,9 +265,11 @@ def _parse(data: bytes, path: str = "") -> tuple[list[dict], list[str]]:
         if not raw.strip():
             continue
         try:
-            event = load_line(raw, path)
+            # a measured NaN (a diverged loss) is written as the writer's json.dumps puts it
+            # and read as null, as `events --json` prints it: the event stays in the record
+            event = load_line(raw, path, nonfinite_null=True)
         except ValueError:  # StoreRecordInvalid: a torn tail of a pre-atomic writer, bad bytes,
-            event = None  # too deep, a non-finite or over-long number
+            event = None  # too deep, an over-long number
         if well_formed(event):
             good.append(event)
             continue

@@ -110,3 +110,11 @@ def _numbers(value):
             yield from _numbers(item)
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
         yield value
+
+
+def test_a_measured_nan_reads_as_null_where_the_reader_asks_for_it():
+    raw = '{"loss": NaN, "hi": Infinity, "big": 1e999, "ok": 2.5}'
+    with pytest.raises(StoreRecordInvalid):
+        load_line(raw, "r")
+    assert load_line(raw, "r", nonfinite_null=True) == {"loss": None, "hi": None, "big": None,
+                                                         "ok": 2.5}
