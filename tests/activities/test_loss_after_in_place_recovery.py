@@ -7,20 +7,16 @@ Driven against a real event log on local files, through Temporal's activity envi
 
 from __future__ import annotations
 
-import dataclasses
-from datetime import datetime, timezone
-
 from temporalio.testing import ActivityEnvironment
 
-from activities.contracts import TrainSegmentInput
 from activities.heartbeat import Beat, DurableCommit
 from activities.recovery import FaultRecorder, Recovery
 from common.faults import Fault
 from common.protocol import StartLine, StepLine
 from ops.goodput import fault_summary
 from storage.events import EventLog, read_events
+from tests.activities.retries import INP, retry_attempt
 
-INP = TrainSegmentInput(spec={}, dataset_uri="", from_step=0, to_step=40)
 HUNG_AT, HANG_SEEN = 100.0, 130.1  # the last step line before the hang; the timeout firing
 LAST_BEAT, RETRY_SCHEDULED = 150.0, 158.0  # the killed worker's last beat; the timeout
 
@@ -55,17 +51,10 @@ def in_place_recovery(store: str, tmp_path) -> dict:
 
 def retry(store: str, tmp_path, details: dict) -> Recovery:
     """Attempt 2, scheduled when the killed worker's heartbeat timed out; its first step."""
-    env = ActivityEnvironment()
-    env.info = dataclasses.replace(
-        env.info, attempt=2, heartbeat_details=[details],
-        current_attempt_scheduled_time=datetime.fromtimestamp(RETRY_SCHEDULED, timezone.utc))
-    workdir = tmp_path / "retry"
-    workdir.mkdir()
-    rec = env.run(lambda: Recovery(EventLog(store, "r1", "supervisor", attempt=2),
-                                   str(workdir), INP, 2, "ex").settled())
-    rec.on_progress(StartLine(resumed_from=20, world_size=2, to_step=40, attempt=2, ts=165.0))
-    rec.on_progress(StepLine(step=21, loss=1.0, lr=1e-3, ts=170.0))
-    return rec
+    return retry_attempt(tmp_path, store, details, RETRY_SCHEDULED,
+                         StartLine(resumed_from=20, world_size=2, to_step=40, attempt=2,
+                                   ts=165.0),
+                         StepLine(step=21, loss=1.0, lr=1e-3, ts=170.0))
 
 
 def assert_one_recovery_per_incident(store: str) -> dict:

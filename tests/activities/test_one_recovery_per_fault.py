@@ -9,19 +9,14 @@ local files, in both orders."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
-from datetime import datetime, timezone
 
-from temporalio.testing import ActivityEnvironment
-
-from activities.contracts import TrainSegmentInput
 from activities.recovery import Recovery
 from activities.server_watch import ServerWatch
 from common.protocol import StartLine, StepLine
 from storage.events import EventLog, read_events
+from tests.activities.retries import retry_attempt
 
-INP = TrainSegmentInput(spec={}, dataset_uri="", from_step=0, to_step=40)
 
 
 def outage(tmp_path, store: str) -> ServerWatch:
@@ -41,17 +36,10 @@ def outage(tmp_path, store: str) -> ServerWatch:
 def retry(tmp_path, store: str) -> Recovery:
     """Attempt 2, retried by the server when it was back: no fault in attempt 1's heartbeat,
     so it answers the outage the watch recorded; its first step is its recovery."""
-    env = ActivityEnvironment()
-    env.info = dataclasses.replace(
-        env.info, attempt=2, heartbeat_details=[{"step": 10, "ts": 101.0}],
-        current_attempt_scheduled_time=datetime.fromtimestamp(160.0, timezone.utc))
-    workdir = tmp_path / "retry"
-    workdir.mkdir()
-    rec = env.run(lambda: Recovery(EventLog(store, "r1", "supervisor", attempt=2),
-                                   str(workdir), INP, 2, "ex").settled())
-    rec.on_progress(StartLine(resumed_from=10, world_size=1, to_step=40, attempt=2, ts=165.0))
-    rec.on_progress(StepLine(step=11, loss=1.0, lr=1e-3, ts=169.1))
-    return rec
+    return retry_attempt(tmp_path, store, {"step": 10, "ts": 101.0}, 160.0,
+                         StartLine(resumed_from=10, world_size=1, to_step=40, attempt=2,
+                                   ts=165.0),
+                         StepLine(step=11, loss=1.0, lr=1e-3, ts=169.1))
 
 
 def closing_events(store: str) -> tuple[list[dict], list[dict]]:
