@@ -18,7 +18,6 @@ from storage.events import EventLog, read_events
 from tests.activities.retries import retry_attempt
 
 
-
 def outage(tmp_path, store: str) -> ServerWatch:
     """Attempt 1's watch: the server answered at 100, then two probes failed."""
     progress = tmp_path / "progress.jsonl"
