@@ -316,7 +316,8 @@ def distill_box(events: list[dict]) -> tuple[list[str], dict]:
     p = stage_payload(events, DISTILL)
     keys = ("student_run", "baseline_run", "teacher_step", "steps", "alpha", "temperature",
             "teacher_val_loss", "student_val_loss", "baseline_val_loss", "student_wall_s",
-            "baseline_wall_s", "student_promoted")
+            "baseline_wall_s", "student_promoted", "student_status", "baseline_status",
+            "student_error", "baseline_error")
     fig = {k: p.get(k) for k in keys}
     if not p:
         return ["not finished"], fig
@@ -327,13 +328,21 @@ def distill_box(events: list[dict]) -> tuple[list[str], dict]:
              f"{fmt_num(fig['steps'])} steps from step {fmt_num(fig['teacher_step'])}, "
              f"α {fig['alpha']}, T {fig['temperature']}",
              f"held-out loss, teacher: {fmt_num(fig['teacher_val_loss'], '.4f')}",
-             f"   student: {fmt_num(student, '.4f')} ({duration(fig['student_wall_s'])})"]
+             f"   student: {child_outcome(fig, 'student', student)}"]
     if fig["baseline_run"]:
-        lines += [f"   without teacher: {fmt_num(base, '.4f')} "
-                  f"({duration(fig['baseline_wall_s'])})",
+        lines += [f"   without teacher: {child_outcome(fig, 'baseline', base)}",
                   f"   teacher's gain: {fmt_num(fig['gain'], '+.4f')} nats/token"]
-    lines.append("promoted in its own run, beside the teacher")
+    lines.append("promoted in its own run, beside the teacher" if fig["student_status"] != "failed"
+                 else "the student failed: nothing promoted for it; the teacher's run stands")
     return lines, fig
+
+
+def child_outcome(fig: dict, prefix: str, loss: object) -> str:
+    """A child run's held-out loss and wall time, or that it failed and why (its error is
+    the child's own failure message, bounded by the workflow and escaped on output)."""
+    if fig.get(f"{prefix}_status") == "failed":
+        return f"failed ({str(fig.get(f'{prefix}_error') or 'no reason recorded')[:200]})"
+    return f"{fmt_num(loss, '.4f')} ({duration(fig[f'{prefix}_wall_s'])})"
 
 
 def teacher_lines(events: list[dict]) -> tuple[list[str], dict | None]:

@@ -87,3 +87,16 @@ def test_a_student_runs_training_box_names_its_teacher_and_its_forward_cost():
     assert train.figures["teacher"]["forward_s_per_step"] == pytest.approx(0.02)
     assert "teacher: base@160" in train.lines
     assert "   its memory: weights 2.0 MB, logits 4.2 MB" in train.lines
+
+
+def test_a_failed_student_is_shown_failed_with_its_reason_and_nothing_promoted_for_it():
+    from ops.report_map import distill_box
+
+    failed = {**STAGE, "student_status": "failed", "student_val_loss": None,
+              "student_promoted": None, "student_error": "BadData: shard 3 unreadable",
+              "baseline_status": "completed"}
+    lines, fig = distill_box([event("stage_finished", 1.0, stage="distill", **failed)])
+    text = "\n".join(lines)
+    assert "student: failed (BadData: shard 3 unreadable)" in text
+    assert "without teacher: 4.5000" in text and fig["gain"] is None
+    assert "promoted in its own run" not in text and "teacher's run stands" in text
