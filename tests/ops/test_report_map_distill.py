@@ -10,7 +10,7 @@ import pytest
 
 from ops.goodput import from_record
 from ops.report import loss_series, training_map_of, val_series
-from ops.report_map import DISTILL_ROW, OTHER
+from ops.report_map import DISTILL_ROW, OTHER, distill_box
 from ops.report_map_render import map_html, plot_map
 from storage.events import read_events
 from storage.runs import stored_spec
@@ -90,8 +90,6 @@ def test_a_student_runs_training_box_names_its_teacher_and_its_forward_cost():
 
 
 def test_a_failed_student_is_shown_failed_with_its_reason_and_nothing_promoted_for_it():
-    from ops.report_map import distill_box
-
     failed = {**STAGE, "student_status": "failed", "student_val_loss": None,
               "student_promoted": None, "student_error": "BadData: shard 3 unreadable",
               "baseline_status": "completed"}
