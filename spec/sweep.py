@@ -189,12 +189,16 @@ def trial_overrides(params: Mapping[str, float], train: TrainConfig,
     """A trial: trial_steps long, one segment and one checkpoint, faults off, on one node
     with the run's global batch (decision 65), then the point applied."""
     steps = sweep.trial_steps
+    # The budget weighs the sweep against the main run and was checked there; read in a
+    # trial, whose own total_steps is one trial's, it would refuse every trial. Cleared only
+    # where it was set, so every other trial's spec (and hash) is as it always was.
+    budget = {"sweep.budget_fraction": 0.0} if sweep.budget_fraction else {}
     return {"faults": [], "train.total_steps": steps, "train.segment_steps": steps,
             "train.checkpoint_every": steps,
             "train.warmup_steps": min(train.warmup_steps, steps // 5),
             "train.nodes": 1, "train.min_nodes": 0,
             "train.grad_accum": train.grad_accum * train.nodes,
-            **point_overrides(params, train, ranks=train.procs_per_node)}
+            **budget, **point_overrides(params, train, ranks=train.procs_per_node)}
 
 
 def sweep_ends(name: str, dim: SearchDim) -> tuple[tuple[str, float | int], ...]:

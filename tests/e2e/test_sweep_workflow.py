@@ -95,5 +95,7 @@ def test_sweep_rounds_start_at_the_prior_record_their_source_and_replay(temporal
     losses = [e["payload"]["result"] for e in events]
     # Step Law's lr for the demo (6.9e-3) sits near the bowl's bottom: nothing the sampler
     # tried in six more trials beat it, and the lowest finite loss won.
-    assert losses[0] == min(losses) and math.isinf(max(losses))
-    assert result.best_params == params[losses.index(min(losses))]
+    # a diverged trial's loss (inf) reads back from the record as null
+    finite = [x for x in losses if x is not None]
+    assert None in losses and losses[0] == min(finite)
+    assert result.best_params == params[losses.index(min(finite))]

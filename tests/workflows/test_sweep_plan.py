@@ -66,3 +66,16 @@ def test_an_older_lr_only_point_builds_the_trial_it_always_did():
     assert trial.train.lr == 5e-3 and trial.train.warmup_steps == 3  # min(10, 15 // 5)
     assert (trial.train.betas, trial.train.grad_accum) == (spec.train.betas, 1)
     assert with_params(spec, {"lr": 5e-3}) == spec.replace(**{"train.lr": 5e-3})
+
+
+@pytest.mark.parametrize("trial_steps", [15, "auto"])
+def test_a_trial_of_a_budgeted_sweep_is_a_valid_run_of_its_own(trial_steps):
+    """The budget weighs the sweep against the main run; a trial, whose total_steps is one
+    trial's, used to be refused by it (BadConfig naming sweep.budget_fraction)."""
+    spec = preset("demo", **{"sweep.enabled": True, "sweep.trials": 2,
+                             "sweep.trial_steps": trial_steps, "sweep.budget_fraction": 0.5,
+                             "train.total_steps": 200})
+    trial = trial_spec(spec, 0, {"lr": 2e-3})
+    assert trial.train.total_steps == spec.sweep.trial_steps and trial.train.lr == 2e-3
+    assert trial.sweep.budget_fraction == 0.0 and spec.sweep.budget_fraction == 0.5
+
