@@ -88,22 +88,13 @@ def apply_retention(store, policy: RetentionPolicy, *, newest_verified: int | No
     """Delete what the policy lets go from `store` (a CheckpointStore); returns the steps."""
     if not policy.enabled:
         return []
-    from storage.rollback import (  # (storage/rollback.py imports the store)
-        drop_if_abandoned,
-        pinned_steps,
-        read_branches,
-        split_abandoned,
-    )
+    from storage.rollback import live_committed, pinned_steps  # (rollback imports the store)
     from storage.scrub import scrubbed_steps
 
     # A commit of a lineage a rollback left (one a rollback cut short did not uncommit, or
     # a racing writer's) is neither the newest nor a fallback: counted, it would push the
     # live checkpoints a rollback needs out of the policy's window.
-    branches = read_branches(store)
-    committed, left = split_abandoned(store, store.list_committed(), branches)
-    for step in reversed(left):
-        drop_if_abandoned(store, step, branches)
-    doomed = steps_to_delete(committed, policy,
+    doomed = steps_to_delete(live_committed(store), policy,
                              promoted=frozenset(store.list_promoted()),
                              newest_verified=newest_verified, pinned=pinned_steps(store),
                              scrubbed=scrubbed_steps(store))

@@ -158,21 +158,31 @@ def left_behind(durable: CheckpointStore, step: int, lineage: int) -> int | None
 def commit_unless_left_behind(durable: CheckpointStore, step: int, lineage: int,
                               commit: Callable[[], CheckpointManifest],
                               ) -> CheckpointManifest | int:
-    """A durable commit of (step, lineage) no rollback elsewhere can race: the records are
-    read before the commit (`left_behind`) and again after its manifest's put-if-absent.
-    A rollback puts its record (put-if-absent too) and only then lists what to uncommit; on
-    a store that reads its own writes (S3, a file system) whichever of the two comes second
-    sees the other's write: the rollback's listing finds this manifest, or this re-read
-    finds its record and uncommits the step here. Returns the committed manifest, or the
-    run's current lineage when a rollback has left `lineage` (nothing of it stays)."""
-    if (current := left_behind(durable, step, lineage)) is not None:
-        return current
+    """A durable commit of (step, lineage) no rollback elsewhere can race. The writer checks
+    the lineage records before it uploads (`left_behind`, tiered_writer's `_abandoned`);
+    this reads them again after the manifest's put-if-absent. A rollback puts its record
+    (put-if-absent too) and only then lists what to uncommit; on a store that reads its own
+    writes (S3, a file system) whichever of the two comes second sees the other's write: the
+    rollback's listing finds this manifest, or this re-read finds its record and uncommits
+    the step here. Returns the committed manifest, or the run's current lineage when a
+    rollback has left `lineage` (nothing of it stays)."""
     man = commit()
     branches = read_branches(durable)
     if abandoned(step, lineage_of(man), branches):
         drop_if_abandoned(durable, step, branches)
         return current_lineage(branches)
     return man
+
+
+def live_committed(store: CheckpointStore) -> list[int]:
+    """The committed steps on a lineage no rollback left, for retention and the scrub: an
+    abandoned commit is no fallback (a restore drops it), so it is neither counted as the
+    newest nor kept as one; it is dropped here, as a resume would."""
+    branches = read_branches(store)
+    live, left = split_abandoned(store, store.list_committed(), branches)
+    for step in reversed(left):
+        drop_if_abandoned(store, step, branches)
+    return live
 
 
 def split_abandoned(store: CheckpointStore, steps: Sequence[int], branches: Sequence[Branch],

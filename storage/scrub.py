@@ -50,15 +50,7 @@ from storage.checkpoints import (
     emit_corrupt,
 )
 from storage.fs import join, pipe_durable
-from storage.rollback import (
-    drop_if_abandoned,
-    pin,
-    pinned_steps,
-    pins_dir,
-    read_branches,
-    split_abandoned,
-    unpin,
-)
+from storage.rollback import live_committed, pin, pinned_steps, pins_dir, unpin
 from storage.throttle import on_low_priority_thread, slow_view
 
 log = structlog.get_logger(__name__)
@@ -206,18 +198,6 @@ def scrub(store: CheckpointStore, events, policy: ScrubPolicy, *,
              needs_attention=report.needs_attention, bytes_read=report.bytes_read,
              seconds=report.seconds)
     return report
-
-
-def live_committed(store: CheckpointStore) -> list[int]:
-    """The committed steps on a lineage no rollback left (storage/rollback.py): an abandoned
-    one is no fallback — a restore drops it — so it is neither read as one, nor counted as
-    the newest, nor taken as the verified commit below a corrupt one; it is dropped here
-    as a resume would."""
-    branches = read_branches(store)
-    live, left = split_abandoned(store, store.list_committed(), branches)
-    for step in reversed(left):
-        drop_if_abandoned(store, step, branches)
-    return live
 
 
 def act_on(store: CheckpointStore, events, bad: dict[int, tuple[str, list[CorruptCheckpoint]]],

@@ -249,27 +249,32 @@ class Writer:
                 self._uploading = job
             self.send(op="started", step=job.step)
             try:
-                man = None
-                if not (self.cfg.node_rank == 0 and self._abandoned(job)):
-                    with upload_span(job, self.cfg.run_id):
-                        man = self._durable_commit(job)
-                if isinstance(man, int):  # a rollback elsewhere left it while it committed
-                    self._refuse(job, man)
-                if man is None or isinstance(man, int):
-                    with self._cond:
-                        self._uploading = None
-                    if man is None and self._closing:
-                        return  # closed while waiting out an outage
-                    self.send(op="done", step=job.step)
-                    continue
-                self._after_commit(job.step, man)
+                uploaded = self._upload(job)
             except BaseException as exc:
                 log.exception("checkpoint_writer_failed", step=job.step, stage="durable")
                 self._fail(job.step, "durable", exc)
                 return
             with self._cond:
                 self._uploading = None
+            if not uploaded:
+                return  # closed while waiting out an outage
             self.send(op="done", step=job.step)
+
+    def _upload(self, job: _Job) -> bool:
+        """The job's durable commit, unless its lineage is left: before the upload (node 0
+        reads the lineage records) or while it committed (a rollback elsewhere; the commit
+        is taken back). False once closing."""
+        if self.cfg.node_rank == 0 and self._abandoned(job):
+            return True
+        with upload_span(job, self.cfg.run_id):
+            man = self._durable_commit(job)
+        if man is None:
+            return False
+        if isinstance(man, int):
+            self._refuse(job, man)
+        else:
+            self._after_commit(job.step, man)
+        return True
 
     def _abandoned(self, job: _Job) -> bool:
         """Where commits are made (node 0): a snapshot whose lineage a rollback recorded on
@@ -307,8 +312,9 @@ class Writer:
 
     def _commit(self, job: _Job, remote: dict[str, FileEntry] | None,
                 ) -> CheckpointManifest | int:
-        """The durable commit, the lineage records read before and after it (a rollback
-        elsewhere cannot slip in between: storage/rollback.py commit_unless_left_behind)."""
+        """The durable commit, the lineage records read again after it (`_abandoned` read
+        them before: a rollback elsewhere cannot slip in between; storage/rollback.py
+        commit_unless_left_behind)."""
         fast_man = job.manifest
         return commit_unless_left_behind(
             self.durable, job.step, lineage_of(fast_man), lambda: self.durable.commit(
