@@ -139,7 +139,8 @@ def write_record(shape: Shape, url: str, run_id: str) -> Truth:
     wf = w.log("workflow")
     end = T0 + shape.sim_s
     w.emit(wf, "run_started", T0, spec_hash="0" * 16)
-    w.emit(wf, "stage_started", T0 + 0.001, stage="prepare_data")  # after run_started, as a real run
+    # just after run_started, as a real run records it
+    w.emit(wf, "stage_started", T0 + 0.001, stage="prepare_data")
     w.emit(wf, "stage_finished", T0 + DATA_S, stage="prepare_data", cache_hit=True)
     t = T0 + DATA_S
     w.emit(wf, "stage_started", t, stage="train")
@@ -354,8 +355,8 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "scale_record", **asdict(shape), "sim_days": sim_days,
         "run_id": run_id, "durable": url, "write_s": round(write_s, 2),
         "record": size,
-        "per_day": {p: {"lines": round(v["lines"] / sim_days), "bytes": round(v["bytes"] / sim_days)}
-                    for p, v in size.items()},
+        "per_day": {p: {"lines": round(v["lines"] / sim_days),
+                        "bytes": round(v["bytes"] / sim_days)} for p, v in size.items()},
         "truth": {"steps": truth.steps, "faults": truth.faults, "wall_s": truth.wall_s,
                   "productive_s": truth.productive_s, "goodput": truth.goodput,
                   "lost_s_mean": (sum(truth.lost_s) / len(truth.lost_s)) if truth.lost_s

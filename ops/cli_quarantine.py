@@ -185,7 +185,8 @@ def quarantine_rows(durable_url: str, run_id: str) -> tuple[list[dict[str, Any]]
         elif text is None:
             text, where = source_text(e.source, e.record, e.sha256, data), "source"
         found = text not in (None, CHANGED, OUTSIDE)
-        rows.append({"source": printable(redact(e.source), 500), "record": e.record, "sha256": e.sha256,
+        rows.append({"source": printable(redact(e.source), 500), "record": e.record,
+                     "sha256": e.sha256,
                      "z": e.z, "loss": e.loss, "step": e.step, "document": e.document,
                      "chars": e.chars, "event_id": printable(e.event_id, 200),
                      "snippet": snippet(text) if found else text or NOT_READABLE,

@@ -67,7 +67,8 @@ def _index(payload: dict, event_id: str, fallback: int) -> int:
     for text, sep in ((str(payload.get("trial_run_id", "")), "-trial-"),
                       (event_id, "sweep_trial/")):
         tail = text.rsplit(sep, 1)[-1] if sep in text else ""
-        if tail.isascii() and tail.isdigit() and len(tail) <= 6:  # a trial number (sweep.trials <= 1000)
+        # a trial number: sweep.trials is at most 1000, so six digits are plenty
+        if tail.isascii() and tail.isdigit() and len(tail) <= 6:
             return int(tail)
     return fallback
 

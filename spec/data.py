@@ -55,7 +55,8 @@ class DedupConfig:
 
     exact: bool = True  # drop documents whose normalised text hash was already seen
     near: bool = True  # drop documents whose word-shingle Jaccard to a kept one >= threshold
-    threshold: float = num(0.8, 0, 1, lo_open=True)  # word n-gram Jaccard similarity counted as near-duplicate
+    # word n-gram Jaccard similarity counted as near-duplicate
+    threshold: float = num(0.8, 0, 1, lo_open=True)
     num_perm: int = num(128, 16, 1024)  # MinHash permutations (signature length)
     ngram: int = num(5, 1, 32)  # words per shingle (5 as in RefinedWeb and BigCode near-dedup)
 

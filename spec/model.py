@@ -24,7 +24,8 @@ class ModelConfig:
     n_layers: int = num(4, 1, 1024)
     n_heads: int = num(4, 1, 1024)
     n_kv_heads: int = num(4, 1, 1024)
-    ffn_mult: float = num(4.0, 0, 64, lo_open=True)  # SwiGLU hidden = ffn_mult * d_model * 2/3, rounded up to 64
+    # SwiGLU hidden = ffn_mult * d_model * 2/3, rounded up to 64
+    ffn_mult: float = num(4.0, 0, 64, lo_open=True)
     seq_len: int = num(128, 1, 1 << 20)
     tie_embeddings: bool = True
     attention: str = "auto"  # auto | flash | sdpa

@@ -156,8 +156,7 @@ def remedy(*, b_simple: float | None, batch: int, grad_accum: int, max_grad_accu
     the block, and a shaking that skipping its data does not end would otherwise roll back
     forever)."""
     noisy = b_simple is not None and b_simple > cfg.batch_margin * batch
-    if noisy and not batch_requested:
-        assert b_simple is not None
+    if b_simple is not None and noisy and not batch_requested:
         want = min(max_grad_accum, grad_accum * math.ceil(min(b_simple, 1e12) / batch))
         if want > grad_accum:
             return Remedy(action="raise_batch", grad_accum=want,

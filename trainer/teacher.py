@@ -5,10 +5,10 @@ checkpoint is fetched (once the disk is seen to hold it) and verified file by fi
 its manifest, read by the bounded weights-only loader (trainer/safe_load.py: a pickle
 payload is refused, never run) into a GPT of the teacher run's own model config (its stored
 spec, RUN.json, no larger than `distill.max_teacher_params`: checked before the GPT is
-built), then frozen and put in eval mode on this rank's device. The teacher is not wrapped by DeepSpeed, holds no
-optimizer state and is not checkpointed: it is the same on every load, and its forward is
-deterministic, so a resumed student segment computes the same losses as an uninterrupted
-one (resume stays bitwise exact).
+built), then frozen and put in eval mode on this rank's device. The teacher is not wrapped
+by DeepSpeed, holds no optimizer state and is not checkpointed: it is the same on every
+load, and its forward is deterministic, so a resumed student segment computes the same
+losses as an uninterrupted one (resume stays bitwise exact).
 """
 
 from __future__ import annotations
