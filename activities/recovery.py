@@ -44,7 +44,16 @@ from common.errors import (
     RepeatedFailure,
     StorageUnavailable,
 )
-from common.faults import NEXT_ATTEMPT, SUPERVISOR, Fault, Repeat, record_fault, recovered_id
+from common.faults import (
+    NEXT_ATTEMPT,
+    SUPERVISOR,
+    Fault,
+    Repeat,
+    detection_between,
+    record_fault,
+    recovered_id,
+    to_ms,
+)
 from common.protocol import StartLine, StepLine, launch_tag
 from common.threads import in_context
 from storage.events import EventLog, read_events
@@ -244,7 +253,7 @@ class Recovery:
                 if unanswered is not None and not unanswered.reported else None
             self.also = [i for i in (earlier.fault_event_id, *earlier.also) if i] \
                 if earlier is not None else []
-            self.fault_ts = f.fault_ts or time.time()
+            self.fault_ts = f.fault_ts or to_ms(time.time())
             self.detected_ts = f.detected_ts or self.fault_ts
             self.last_step = in_place.last_step if in_place.last_step is not None \
                 else inp.from_step
@@ -312,8 +321,9 @@ class Recovery:
         # execution's other open faults: answered too
         self.also = list(found.also)
         known = [t for t in (beat_ts, local_ts) if t is not None]
-        self.fault_ts = seen.fault_ts or (max(known) if known else scheduled)
-        self.detected_ts = seen.detected_ts or scheduled
+        # to the millisecond, as the fault event keeps them: its detection_s is ours
+        self.fault_ts = seen.fault_ts or to_ms(max(known) if known else scheduled)
+        self.detected_ts = seen.detected_ts or to_ms(scheduled)
         candidates = [s for s in (seen.last_step, local_step, self.beat_step)
                       if s is not None]
         self.last_step = max(candidates) if candidates else self.inp.from_step
@@ -362,7 +372,7 @@ class Recovery:
             lost_steps=max(0, self.last_step - (resumed or 0)), attempt=self.attempt,
             **({"restart": self.restart, "in_place": True} if self.restart else {}),
             tier=start.restore_tier if start else "",
-            detection_s=round_s(self.detected_ts - self.fault_ts),
+            detection_s=detection_between(self.fault_ts, self.detected_ts),
             restart_s=round_s(restore_began - self.detected_ts) if restore_began else None,
             restore_s=round_s(restore_s),
             mttr_s=mttr_s)

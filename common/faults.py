@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, overload
 
 from common.fault_kinds import TRANSIENT_KINDS
 
@@ -68,9 +68,7 @@ class Fault:
     def __post_init__(self) -> None:
         # to the millisecond, as the event log keeps them: the same record on both sides
         for name in ("fault_ts", "detected_ts"):
-            value = getattr(self, name)
-            if value is not None:
-                object.__setattr__(self, name, round(value, 3))
+            object.__setattr__(self, name, to_ms(getattr(self, name)))
 
     @property
     def transient(self) -> bool:
@@ -79,9 +77,7 @@ class Fault:
 
     @property
     def detection_s(self) -> float | None:
-        if self.fault_ts is None or self.detected_ts is None:
-            return None
-        return round(max(0.0, self.detected_ts - self.fault_ts), 3)
+        return detection_between(self.fault_ts, self.detected_ts)
 
     def to_json(self) -> dict[str, Any]:
         """The one JSON shape of a fault: the event payload, the heartbeat's and the
@@ -131,6 +127,22 @@ class Fault:
     def answering(self, *others: str) -> Fault:
         """This fault, with `others` (fault ids) answered by the same recovery."""
         return dataclasses.replace(self, also=tuple(others))
+
+
+@overload
+def to_ms(ts: float) -> float: ...
+@overload
+def to_ms(ts: None) -> None: ...
+def to_ms(ts: float | None) -> float | None:
+    """A time as the event log keeps it: to the millisecond."""
+    return None if ts is None else round(ts, 3)
+
+
+def detection_between(fault_ts: float | None, detected_ts: float | None) -> float | None:
+    """Pure: seconds from a fault to its detection, of the two times as the log keeps
+    them, so the fault event and its `recovered` event say the same number."""
+    a, b = to_ms(fault_ts), to_ms(detected_ts)
+    return None if a is None or b is None else round(max(0.0, b - a), 3)
 
 
 # left out of the JSON when empty (no older reader looks for them); the rest always there

@@ -5,7 +5,17 @@ from __future__ import annotations
 
 import json
 
-from common.faults import Fault, fault_event, record_fault, recovered_id
+from hypothesis import given
+from hypothesis import strategies as st
+
+from common.faults import (
+    Fault,
+    detection_between,
+    fault_event,
+    record_fault,
+    recovered_id,
+    to_ms,
+)
 from storage.events import EventLog, read_events
 
 HANG = Fault("hang", "no progress for 60.0s", event_id="fault/0-40/ex/1", detected_by="supervisor",
@@ -57,3 +67,19 @@ def test_one_writer_puts_the_record_in_the_log_at_its_step_under_its_id(tmp_path
 
 def test_the_recovered_that_closes_a_fault_has_the_id_derived_from_it():
     assert recovered_id("fault/0-40/ex/1") == "recovered/fault/0-40/ex/1"
+
+
+@given(st.floats(1.7e9, 1.9e9), st.floats(0.0, 120.0))
+def test_the_detection_a_recovery_reports_is_the_one_its_fault_event_says(fault_ts, wait):
+    # the two events are read side by side: from raw times, 4.8895 s read as 4.89 on one
+    # and 4.889 on the other
+    detected_ts = fault_ts + wait
+    said = Fault("worker_lost", fault_ts=fault_ts, detected_ts=detected_ts).detection_s
+    assert detection_between(fault_ts, detected_ts) == said
+    assert detection_between(to_ms(fault_ts), to_ms(detected_ts)) == said
+
+
+def test_times_that_round_apart_give_the_logs_detection_not_the_raw_difference():
+    fault_ts, detected_ts = 1743697860.0126, 1743697864.9021
+    assert round(detected_ts - fault_ts, 3) == 4.89
+    assert detection_between(fault_ts, detected_ts) == 4.889  # 864.902 - 860.013
