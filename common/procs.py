@@ -177,6 +177,9 @@ class WorkerFleet:
     # test) and extra worker flags appended to its command line; both empty by default.
     wrap: tuple[str, ...] = ()
     args: tuple[str, ...] = ()
+    # The checkout the workers run (its code first on their and their children's path):
+    # this one when empty; another release's, for an upgrade in the middle of a run.
+    root: str = ""
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     restarts: dict[str, int] = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -185,11 +188,11 @@ class WorkerFleet:
     def spawn(self, role: str) -> subprocess.Popen:
         os.makedirs(self.log_dir, exist_ok=True)
         out = open(os.path.join(self.log_dir, f"worker-{role}.log"), "ab")
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        root = self.root or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env = worker_env({**os.environ, **self.env})
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
         cmd = worker_command(role, self.address, args=self.args, wrap=self.wrap)
-        proc = subprocess.Popen(cmd, stdout=out,
+        proc = subprocess.Popen(cmd, stdout=out, cwd=self.root or None,
                                 stderr=subprocess.STDOUT, env=env, start_new_session=True,
                                 preexec_fn=set_parent_death_signal)
         self.procs[role] = proc
