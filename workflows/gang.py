@@ -63,6 +63,29 @@ with workflow.unsafe.imports_passed_through():
 WAIT_POLL_S = 5.0  # how often a run waiting for nodes reads the registry again
 LOST, OWN, PEER = 3, 2, 1  # how surely a failed member is the one at fault
 
+# One execution's history, kept under the 10,240 events and 10 MiB past which Temporal warns
+# (it terminates a run at 51,200 / 50 MiB). A launch writes per member its scheduled,
+# started and closing events, a cancel request when a peer failed, and at worst the three
+# events of a workflow task its result woke; each scheduled event holds the member's input
+# (the spec, most of it). Temporal suggests continuing as new from
+# 4,096 events or 4 MiB, but that is read only between launches: a launch of 1,024 members
+# after the suggestion's threshold could carry the history past the warning.
+HISTORY_EVENTS_BUDGET, HISTORY_BYTES_BUDGET = 9_216, 9 * 2**20
+EVENTS_PER_MEMBER = 8
+MEMBER_OVERHEAD_BYTES = 1_024  # a member's events beside its input: ids, times, its result
+FRESH_EVENTS = 64  # an execution this new launches whatever the launch costs
+
+
+def launch_fits(events: int, size: int, members: int, input_bytes: int) -> bool:
+    """Pure: whether one more launch of `members` members, each scheduled with an input of
+    `input_bytes`, keeps an execution's history (now `events` events, `size` bytes) within
+    the budget. A fresh execution always launches: continuing as new cannot make it
+    smaller."""
+    if events <= FRESH_EVENTS:
+        return True
+    return (events + members * EVENTS_PER_MEMBER <= HISTORY_EVENTS_BUDGET
+            and size + members * (input_bytes + MEMBER_OVERHEAD_BYTES) <= HISTORY_BYTES_BUDGET)
+
 
 # ---- pure: which nodes --------------------------------------------------------------------
 def candidates(nodes: list[NodeInfo], now: float, s: RunSpec, set_aside: dict[str, str]

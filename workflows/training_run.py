@@ -9,6 +9,7 @@ operator_handlers.py (OperatorHandlers, which also sets the state they share).
 
 from __future__ import annotations
 
+import json
 import math
 
 from temporalio import workflow
@@ -34,7 +35,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.distill import distill
     from workflows.escalation import ESCALATE_LOWER_LR, ESCALATE_PAUSE
     from workflows.failures import FAILURE_EXCEPTION_TYPES
-    from workflows.gang import blame, members, pick_nodes, run_gang, suspected
+    from workflows.gang import blame, launch_fits, members, pick_nodes, run_gang, suspected
     from workflows.interval import choose as choose_interval
     from workflows.operator_handlers import OperatorHandlers
     from workflows.operator_queue import aborting
@@ -153,7 +154,8 @@ class TrainingRun(OperatorHandlers):
             await self._apply_operator()  # pause / rollback / LR / abort, at a step boundary
             if c.next_step >= s.train.total_steps:
                 break
-            if segments_this_run >= s.train.segments_per_run or self._history_full():
+            if (segments_this_run >= s.train.segments_per_run or self._history_full()
+                    or self._launch_overflows(s)):
                 await self._scrub_settled(wait=True)
                 await self._continue_as_new()  # keep history bounded (DESIGN §3)
             lo, hi = segment_bounds(c.next_step, s)
@@ -232,6 +234,18 @@ class TrainingRun(OperatorHandlers):
             c.interval.train_wall_s += (workflow.now() - began).total_seconds()
         await self._decide(train_spec, lo, failure)
         return None  # the loop schedules the segment again, from storage
+
+    def _launch_overflows(self, s: RunSpec) -> bool:
+        """A multi-node launch would carry this execution's history past its budget
+        (workflows/gang.py launch_fits): continue as new first. Histories from before the
+        budget replay without it."""
+        if s.train.nodes <= 1:
+            return False
+        info = workflow.info()
+        return not launch_fits(
+            info.get_current_history_length(), info.get_current_history_size(),
+            self._carry.gang.nodes_used or s.train.nodes, len(json.dumps(s.to_dict()))
+        ) and workflow.patched("launch_history_budget")
 
     async def _gang_segment(self, s: RunSpec, lo: int, hi: int) -> TrainSegmentResult | None:
         """A multi-node segment (workflows/gang.py): choose the nodes (or wait for them),
