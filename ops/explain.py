@@ -16,12 +16,15 @@ against the record (tests/ops/test_explain.py).
 from __future__ import annotations
 
 import argparse
+import bisect
+import functools
 import json
+import math
 import os
 import statistics
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -38,6 +41,14 @@ DECISIONS = ("needs_attention", "oom_adapted", "lr_adjusted", "checkpoint_corrup
              "checkpoint_failed")
 # an injected fault and the fault the supervisor detected from it: at most this far apart
 CAUSE_S = 2.0
+# The kinds incidents are found and told from; each one MARKED in the batch names of the
+# event log (storage/events.py), so `explain` fetches only the batches that hold one.
+TOLD_KINDS = ("fault", "recovered", *SPIKE_KINDS, "operator", *DECISIONS)
+# An incident's steps trained again are priced at the run's typical step time around it:
+# the train_metrics windows within this many seconds either side. A long run's throughput
+# moves (nodes come and go, the batch grows), and the day around an incident is what its
+# replayed steps cost; a run shorter than the window is priced at its whole median.
+STEP_WINDOW_S = 12 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -113,28 +124,59 @@ class Sentence:
         return "".join(self.parts)
 
 
-def step_seconds(events: list[dict], tokens_per_step: int | None) -> float | None:
-    """Pure: the run's typical step time, from its train_metrics windows (tokens/s over
-    the tokens of a step); None without either."""
-    rates = [e["payload"]["tokens_per_s"] for e in events if e["kind"] == "train_metrics"
-             and (e["payload"].get("tokens_per_s") or 0) > 0]
-    if not rates or not tokens_per_step:
+def rates_of(events: Iterable[dict]) -> list[tuple[float, float]]:
+    """Pure: (ts, tokens_per_s) of each train_metrics window with a positive rate, by time."""
+    return sorted((e["ts"], e["payload"]["tokens_per_s"]) for e in events
+                  if e["kind"] == "train_metrics" and (e["payload"].get("tokens_per_s") or 0) > 0)
+
+
+def step_tokens(spec: dict | None) -> int | None:
+    """Pure: the tokens of one step of the run (its spec's micro-batch tokens, gradient
+    accumulation and accelerators); None without a spec that says."""
+    train = (spec or {}).get("train") or {}
+    if not train.get("micro_batch_tokens"):
         return None
-    return tokens_per_step / statistics.median(rates)
+    accels, _ = accelerators(spec, [])
+    return int(train["micro_batch_tokens"]) * int(train.get("grad_accum", 1)) * accels
+
+
+def step_seconds(rates: list[tuple[float, float]], tokens_per_step: int | None,
+                 at: float) -> float | None:
+    """Pure: the run's typical step time around `at` — the tokens of a step over the median
+    rate of the windows (`rates_of`) within STEP_WINDOW_S of it; None without either."""
+    if not tokens_per_step:
+        return None
+    lo = bisect.bisect_left(rates, (at - STEP_WINDOW_S,))
+    hi = bisect.bisect_right(rates, (at + STEP_WINDOW_S, math.inf))
+    if lo >= hi:
+        return None
+    return tokens_per_step / statistics.median(rate for _, rate in rates[lo:hi])
 
 
 def accelerator_hours(seconds: float, accels: int) -> float:
     return seconds * accels / 3600.0
 
 
-def incidents(events: Iterable[dict], spec: dict | None = None) -> list[Incident]:
-    """Pure: the run's incidents in order of time, numbered from 1."""
+@dataclass(frozen=True)
+class Found:
+    """An incident found and placed in the run's order, not yet told: its first event, its
+    kind, its events' ids, and its story at a price (`Cost`)."""
+
+    first: dict
+    kind: str
+    event_ids: tuple[str, ...]
+    story: Callable[[Cost], Sentence]
+
+    def told(self, number: int, cost: Cost) -> Incident:
+        s = self.story(cost)
+        return Incident(number, self.kind, self.first["step"], self.first["ts"],
+                        f"Incident {number}: " + s.text(), tuple(s.figures), self.event_ids)
+
+
+def found_incidents(events: Iterable[dict]) -> list[Found]:
+    """Pure: the run's incidents in order of time (the n-th is incident n), from its events
+    of TOLD_KINDS (others are ignored)."""
     evs = ordered(events)
-    accels, _ = accelerators(spec, [])
-    train = (spec or {}).get("train") or {}
-    per_step = (int(train["micro_batch_tokens"]) * int(train.get("grad_accum", 1)) * accels
-                if train.get("micro_batch_tokens") else None)
-    cost = Cost(accels, step_seconds(evs, per_step))
     faults = [e for e in evs if e["kind"] == "fault"]
     injected = [e for e in faults if e["payload"].get("injected")]
     detected = [e for e in faults if not e["payload"].get("injected")]
@@ -145,26 +187,38 @@ def incidents(events: Iterable[dict], spec: dict | None = None) -> list[Incident
     # fault itself (a record from before detected faults had events of their own)
     told = [f for f in faults if f in detected or f["event_id"] not in explained]
     recoveries = recoveries_of(evs, told)
-    found: list[tuple[dict, Sentence, list[str], str]] = []
+    found: list[Found] = []
     for f in told:
         cause, rec = causes.get(f["event_id"]), recoveries.get(f["event_id"])
-        found.append((f, fault_story(f, cause, rec, cost),
-                      [e["event_id"] for e in (f, cause, rec) if e], "fault"))
+        found.append(Found(f, "fault", tuple(e["event_id"] for e in (f, cause, rec) if e),
+                           functools.partial(fault_story, f, cause, rec)))
     for group, cause in groups:
-        found.append((group[0], spike_story(group, cause, cost),
-                      [e["event_id"] for e in ([cause] if cause else []) + group], "spike"))
+        found.append(Found(group[0], "spike",
+                           tuple(e["event_id"] for e in ([cause] if cause else []) + group),
+                           functools.partial(spike_story, group, cause)))
     for e in evs:
         if e["kind"] == "operator":
-            found.append((e, operator_story(e), [e["event_id"]], "operator"))
+            found.append(Found(e, "operator", (e["event_id"],),
+                               functools.partial(_costless, operator_story, e)))
         elif e["kind"] in DECISIONS:
-            found.append((e, decision_story(e), [e["event_id"]], e["kind"]))
-    found.sort(key=lambda x: (x[0]["ts"], -1 if x[0]["step"] is None else x[0]["step"]))
-    out = []
-    for n, (first, s, ids, kind) in enumerate(found, 1):
-        text = f"Incident {n}: " + s.text()
-        out.append(Incident(n, kind, first["step"], first["ts"], text, tuple(s.figures),
-                            tuple(ids)))
-    return out
+            found.append(Found(e, e["kind"], (e["event_id"],),
+                               functools.partial(_costless, decision_story, e)))
+    found.sort(key=lambda x: (x.first["ts"], -1 if x.first["step"] is None else x.first["step"]))
+    return found
+
+
+def _costless(story: Callable[[dict], Sentence], event: dict, cost: Cost) -> Sentence:
+    return story(event)
+
+
+def incidents(events: Iterable[dict], spec: dict | None = None) -> list[Incident]:
+    """Pure: the run's incidents in order of time, numbered from 1, each priced at the
+    step time around it (`step_seconds`)."""
+    evs = ordered(events)
+    accels, _ = accelerators(spec, [])
+    rates, per_step = rates_of(evs), step_tokens(spec)
+    return [f.told(n, Cost(accels, step_seconds(rates, per_step, f.first["ts"])))
+            for n, f in enumerate(found_incidents(evs), 1)]
 
 
 @dataclass(frozen=True)
@@ -467,15 +521,47 @@ def decision_story(e: dict) -> Sentence:
 
 
 # ---- the command -------------------------------------------------------------------------
-def explain(durable_url: str, run_id: str) -> list[Incident]:
-    from ops.store_fields import checked_events
-    from storage.events import read_events
+def explain(durable_url: str, run_id: str, number: int | None = None) -> list[Incident]:
+    """The run's incidents from its record, or only the `number`-th (BadConfig naming the
+    range when it has no such one), told as `incidents` tells them.
+
+    Only what they need is fetched (storage/events.py names each batch with its span and
+    whether it holds a MARKED kind): the batches marked as holding incidents, then, where
+    the spec prices a step, those whose span meets STEP_WINDOW_S around the incident told
+    (around each, when all are: the whole log)."""
+    from ops.store_fields import checked_events, event_problem
+    from storage.events import list_batches, load_batches, merge, select
     from storage.runs import stored_spec
 
-    events = checked_events(redact_value(read_events(durable_url, run_id)))
-    if not events:
+    batches = list_batches(durable_url, run_id)
+    marked = select(batches, kinds=TOLD_KINDS)
+    loaded = load_batches(durable_url, run_id, marked)
+    events = merge(loaded)
+    if not batches or (len(marked) == len(batches)  # it read them all: are any usable?
+                       and not any(event_problem(e) is None for e in events)):
         raise missing_run(durable_url, run_id)
-    return incidents(events, stored_spec(durable_url, run_id))
+    found = found_incidents(checked_events(redact_value(
+        [e for e in events if e["kind"] in TOLD_KINDS])))
+    if number is not None and not 1 <= number <= len(found):
+        raise BadConfig("--incident", f"run {run_id} has {len(found)} incidents, not {number}",
+                        f"choose 1 to {len(found)}" if found else "leave --incident out")
+    numbered = list(enumerate(found, 1))
+    if number is not None:
+        numbered = [numbered[number - 1]]
+    spec = stored_spec(durable_url, run_id)
+    per_step, rates = step_tokens(spec), []
+    if per_step and numbered:
+        at = numbered[0][1].first["ts"]
+        window = (None, None) if number is None else (at - STEP_WINDOW_S, at + STEP_WINDOW_S)
+        seen = {b.path for b in marked}
+        more = [b for b in select(batches, since=window[0], until=window[1])
+                if b.path not in seen]
+        loaded += load_batches(durable_url, run_id, more)
+        # numbers only: a rate is never scrubbed, so the windows are checked, not redacted
+        rates = rates_of(checked_events(e for e in merge(loaded) if e["kind"] == "train_metrics"))
+    accels, _ = accelerators(spec, [])
+    return [f.told(n, Cost(accels, step_seconds(rates, per_step, f.first["ts"])))
+            for n, f in numbered]
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
@@ -483,13 +569,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
     telemetry.configure_logging(os.environ.get("MAINSPRING_LOG_LEVEL", "warning"))
     try:
-        found = explain(args.durable, args.run_id)
-        if args.incident is not None:
-            if not 1 <= args.incident <= len(found):
-                raise BadConfig("--incident", f"run {args.run_id} has {len(found)} incidents, "
-                                f"not {args.incident}", f"choose 1 to {len(found)}"
-                                if found else "leave --incident out")
-            found = [found[args.incident - 1]]
+        found = explain(args.durable, args.run_id, args.incident)
     except (BadConfig, StorageUnavailable) as exc:
         print(f"mainspring explain: {exc}", file=sys.stderr)
         return exit_code(exc)
