@@ -53,17 +53,25 @@ def event_line(event: dict, as_json: bool) -> str:
 
 
 class Finished:
-    """Whether the run has finished: its newest event (by time) is TERMINAL. A run started
-    again after an abort writes on, so an older TERMINAL does not count."""
+    """Whether the run has finished: TERMINAL is among its newest events (by time). A run
+    started again after an abort writes on, so an older TERMINAL does not count; one at the
+    same time as another event does (the workflow writes the last stage's end and the run's
+    in one moment, and nothing comes after the run's end)."""
 
     def __init__(self) -> None:
-        self.newest: tuple[float, str] = (float("-inf"), "")
+        self.newest = float("-inf")
+        self.seen = False
+        self.terminal = False
 
     def see(self, event: dict) -> None:
-        self.newest = max(self.newest, (event["ts"], event["kind"]))
+        self.seen = True
+        if event["ts"] > self.newest:
+            self.newest, self.terminal = event["ts"], event["kind"] == TERMINAL
+        elif event["ts"] == self.newest:
+            self.terminal = self.terminal or event["kind"] == TERMINAL
 
     def __call__(self) -> bool:
-        return self.newest[1] == TERMINAL
+        return self.terminal
 
 
 def cmd_events(args: argparse.Namespace) -> int:
@@ -101,7 +109,7 @@ def _follow(args: argparse.Namespace, kinds: tuple[str, ...]) -> int:
 
     def stop() -> bool:  # called after each poll of the log
         nonlocal polled
-        if not polled and finished.newest[1] == "":
+        if not polled and not finished.seen:
             print(f"mainspring events: run {args.run_id!r} has no events under {args.durable} "
                   "yet; waiting for them (Ctrl-C stops; check the run id and --durable)",
                   file=sys.stderr, flush=True)
