@@ -192,3 +192,28 @@ def test_no_tracked_doc_or_source_cites_a_ticket_number() -> None:
             if TICKET.search(line):
                 hits.append(f"{rel}:{n}: {line.strip()[:100]}")
     assert not hits, f"{len(hits)} lines cite a ticket number:\n" + "\n".join(hits)
+
+
+# The docs stay short: the README shows one current figure per benchmark row (history lives
+# in benchmarks/HISTORY.md), design.md is reference by subsystem, decisions.md says what was
+# chosen, over what and why. Counted as `wc -w` counts: whitespace-separated tokens.
+WORD_LIMITS = {"README.md": 2_500, "docs/design.md": 10_000, "docs/decisions.md": 12_000}
+
+
+def word_count(text: str) -> int:
+    return len(text.split())
+
+
+def test_word_count_counts_as_wc_does() -> None:
+    # what `printf 'a  b\tc\n\nd — `e`\n' | wc -w` prints
+    assert word_count("a  b\tc\n\nd — `e`\n") == 6
+
+
+@pytest.mark.parametrize("rel", sorted(WORD_LIMITS))
+def test_each_long_doc_stays_within_its_word_limit(rel: str) -> None:
+    words = word_count((REPO / rel).read_text(encoding="utf-8"))
+    limit = WORD_LIMITS[rel]
+    assert words <= limit, (
+        f"{rel} has {words} words (wc -w), over its limit of {limit}: move history to "
+        f"benchmarks/HISTORY.md and repetition to the document that owns it"
+    )
