@@ -6,7 +6,10 @@ operator runs it.
         [--step-s 5] [--metrics-every 10] [--checkpoint-every 300] [--segment-steps 3000]
         [--durable file:///tmp/dir] [--timeout-s 300] [--keep]
 
-The record: run_started, the prepare_data and train stages, then segments of
+The record: the run's claim (RUN.json with its spec: `--nodes` nodes of 8 accelerators, the
+tokens of a step that `--step-s` and the train_metrics' tokens/s agree on, so explain prices
+a fault's replayed steps as a real run's would), run_started, the prepare_data and train
+stages, then segments of
 `--segment-steps` steps, each written by its own `EventLog` (one per trainer process, as a
 real segment is) and flushed at every checkpoint: segment_started/finished, train_metrics
 every `--metrics-every` steps, checkpoint_saved/committed every `--checkpoint-every`, and
@@ -24,7 +27,9 @@ of a gang's node 0): the event rate grows with nodes through the fault rate only
 Figures (one JSON line): inputs; the record's events, spans, batch objects and bytes, and
 lines and bytes per simulated day; per tool (`events` full dump, `events --follow`
 catch-up, `explain --incident 1`, `report`, `trace --json`, `goodput --json`) its wall
-seconds, peak RSS MB (os.wait4 on that child alone), exit code, whether it timed out, and
+seconds, the seconds to its first line of output (a follower that streams prints its first
+events long before its last), peak RSS MB (os.wait4 on that child alone), exit code,
+whether it timed out, and
 `within_bound` against the bounds the scale work set (report <= 30 s and <= 1 GB, explain
 <= 2 s; the others have none, null); `goodput`: from the record vs the simulation's ground
 truth (productive step time ÷ run wall time) and their relative error (bound 1 %).
@@ -49,7 +54,9 @@ from dataclasses import asdict, dataclass
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from spec import preset  # noqa: E402
 from storage.events import EventLog  # noqa: E402
+from storage.runs import claim_run  # noqa: E402
 from storage.spans import DurableSpanExporter  # noqa: E402
 
 LLAMA3_FAULTS, LLAMA3_DAYS, LLAMA3_NODES = 419, 54, 2048  # 16,384 GPUs, 8 a node
@@ -57,6 +64,7 @@ FAULT_KINDS = ("rank_lost", "worker_lost", "hang", "nccl", "ecc", "preempted", "
 T0 = 1_700_000_000.0  # simulated start: a fixed epoch, so reruns write the same record
 DATA_S, STARTUP_S, DETECTION_S, RESTART_S = 600.0, 90.0, 30.0, 60.0
 BOUNDS = {"report": (30.0, 1024.0), "explain": (2.0, None)}  # (seconds, MB)
+PROCS_PER_NODE, MICRO_BATCH_TOKENS, GRAD_ACCUM = 8, 8192, 2
 
 
 @dataclass(frozen=True)
@@ -77,6 +85,21 @@ class Shape:
     @property
     def faults_per_day(self) -> float:
         return LLAMA3_FAULTS / LLAMA3_DAYS * self.nodes / LLAMA3_NODES
+
+    @property
+    def tokens_per_s(self) -> float:
+        """The throughput a step of `step_s` means for the spec's batch (`run_spec`)."""
+        return (MICRO_BATCH_TOKENS * GRAD_ACCUM * self.nodes * PROCS_PER_NODE / self.step_s)
+
+
+def run_spec(shape: Shape, run_id: str) -> dict:
+    """The spec the run's claim stores: the demo preset's, at the shape's nodes and batch
+    (as JSON, unchecked: a readers' benchmark needs the fields they read, not a model that
+    fits 8,192 accelerators)."""
+    spec = preset("demo", run_id=run_id).to_dict()
+    spec["train"].update(nodes=shape.nodes, procs_per_node=PROCS_PER_NODE,
+                         micro_batch_tokens=MICRO_BATCH_TOKENS, grad_accum=GRAD_ACCUM)
+    return spec
 
 
 @dataclass(frozen=True)
@@ -135,6 +158,7 @@ class Writer:
 
 def write_record(shape: Shape, url: str, run_id: str) -> Truth:
     """Write the run's record; return what really happened (module docstring)."""
+    claim_run(url, run_id, "0" * 16, run_spec(shape, run_id))
     w = Writer(url, run_id)
     wf = w.log("workflow")
     end = T0 + shape.sim_s
@@ -170,7 +194,7 @@ def write_record(shape: Shape, url: str, run_id: str) -> Truth:
                 w.emit(seg, "train_metrics", t, step, segment=segment, attempt=1, seq=step,
                        first_step=step - shape.metrics_every + 1, last_step=step,
                        steps=shape.metrics_every, loss_mean=2.0, loss_min=1.9,
-                       loss_max=2.1, nonfinite=0, lr=3e-4, tokens_per_s=1.6e7,
+                       loss_max=2.1, nonfinite=0, lr=3e-4, tokens_per_s=shape.tokens_per_s,
                        mfu=0.4, skipped=0, peak_mem_bytes=70 << 30)
             if step % shape.checkpoint_every == 0 or step == to_step:
                 close_window(w, seg, exporter, pid, step, window, t)
@@ -205,8 +229,8 @@ def write_record(shape: Shape, url: str, run_id: str) -> Truth:
                attempt=2, tier="fast")
         nxt.flush()
     w.emit(wf, "stage_finished", t, stage="train", final_step=committed, segments=segment)
-    # a moment later, as the workflow's next activity writes it: `events --follow` ends
-    # when the newest (ts, kind) is run_finished, and a tie with stage_finished sorts after
+    # a moment later, as the workflow's next activity writes it (`events --follow` ends
+    # on it, tie or not: tests/ops/test_cli_events_follow.py)
     w.emit(wf, "run_finished", t + 0.001, status="completed")
     wf.flush()
     return Truth(steps=committed, productive_s=committed * shape.step_s, wall_s=t - T0,
@@ -228,6 +252,7 @@ def close_window(w: Writer, log: EventLog, exporter: DurableSpanExporter, pid: i
 @dataclass(frozen=True)
 class Timed:
     seconds: float
+    first_line_s: float | None
     peak_mb: float
     rc: int | None
     timed_out: bool
@@ -248,6 +273,7 @@ def run_tool(argv: list[str], timeout_s: float, caught_up: int = 0) -> Timed:
 
     def drain_out() -> None:  # counted, not kept: a 30-day dump is large
         for line in proc.stdout:
+            out.setdefault("first_s", time.monotonic() - t0)
             out["lines"] += 1
             out["tail"] = line[-100_000:]  # goodput's one JSON line is read from it
             if caught_up and out["lines"] >= caught_up:
@@ -269,7 +295,9 @@ def run_tool(argv: list[str], timeout_s: float, caught_up: int = 0) -> Timed:
     for r in readers:
         r.join(5)
     proc.returncode = os.waitstatus_to_exitcode(status)
-    return Timed(seconds=round(seconds, 3), peak_mb=round(usage.ru_maxrss / 1024, 1),
+    first = out.get("first_s")
+    return Timed(seconds=round(seconds, 3), first_line_s=None if first is None else round(first, 3),
+                 peak_mb=round(usage.ru_maxrss / 1024, 1),
                  rc=proc.returncode, timed_out=timed_out, stdout_lines=out["lines"],
                  stdout_tail=out["tail"].decode(errors="replace").strip(),
                  stderr_tail=out["err"].decode(errors="replace").strip()[-600:])
@@ -361,7 +389,8 @@ def main(argv: list[str] | None = None) -> int:
                   "productive_s": truth.productive_s, "goodput": truth.goodput,
                   "lost_s_mean": (sum(truth.lost_s) / len(truth.lost_s)) if truth.lost_s
                   else 0.0, "events": truth.counts},
-        "tools": {k: {"seconds": t.seconds, "peak_mb": t.peak_mb, "rc": t.rc,
+        "tools": {k: {"seconds": t.seconds, "first_line_s": t.first_line_s,
+                      "peak_mb": t.peak_mb, "rc": t.rc,
                       "timed_out": t.timed_out, "stdout_lines": t.stdout_lines,
                       "complete": t.stdout_lines == events if k.startswith("events") else None,
                       "within_bound": within(k, t),

@@ -159,6 +159,8 @@ def redact(text: str, environ: Mapping[str, str] | None = None) -> str:
 def redact_value(obj: Any, environ: Mapping[str, str] | None = None) -> Any:
     """A JSON-like value (dicts, lists, tuples, strings) with its secrets scrubbed; a string
     under a secret-named key is masked whole. Other leaves are returned as they are."""
+    if obj is None or type(obj) in (int, float, bool):  # most leaves: no ABC check for them
+        return obj
     if environ is None and isinstance(obj, (Mapping, list, tuple)):
         environ = secret_environ()  # once for the whole value, not once per string in it
     if isinstance(obj, str):

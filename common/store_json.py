@@ -69,7 +69,9 @@ def _depth_over(value: Any, limit: int) -> bool:
             continue
         if depth > limit:
             return True
-        stack.extend((child, depth + 1) for child in children)
+        # only containers go on the stack: most children are numbers and strings
+        stack.extend((child, depth + 1) for child in children
+                     if isinstance(child, (dict, list)))
     return False
 
 

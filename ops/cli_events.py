@@ -16,7 +16,7 @@ import sys
 import time
 
 from common.errors import BadConfig, StorageUnavailable
-from common.redact import redact, redact_value
+from common.redact import redact, redact_value, secret_environ
 from ops.cli_args import run_command, seconds
 from ops.cli_output import json_line, printable
 from ops.store_fields import checked_events
@@ -91,9 +91,10 @@ def cmd_events(args: argparse.Namespace) -> int:
     except (BadConfig, StorageUnavailable) as exc:
         print(f"mainspring events: {' '.join(redact(str(exc)).split())}", file=sys.stderr)
         return 1
+    environ = secret_environ()  # read once: os.environ costs more than a line's scrub
     for event in events:
         if not kinds or event["kind"] in kinds:
-            print(event_line(redact_value(event), args.json))
+            print(event_line(redact_value(event, environ), args.json))
     absent = sorted(set(kinds) - {e["kind"] for e in events})
     if absent:  # a typo prints nothing at all: say what there is
         there = ", ".join(sorted({e["kind"] for e in events}))
@@ -105,7 +106,7 @@ def cmd_events(args: argparse.Namespace) -> int:
 def _follow(args: argparse.Namespace, kinds: tuple[str, ...]) -> int:
     from storage.events import follow
 
-    finished, polled = Finished(), False
+    finished, polled, environ = Finished(), False, secret_environ()
 
     def stop() -> bool:  # called after each poll of the log
         nonlocal polled
@@ -124,7 +125,7 @@ def _follow(args: argparse.Namespace, kinds: tuple[str, ...]) -> int:
             event = checked[0]
             finished.see(event)
             if not kinds or event["kind"] in kinds:
-                print(event_line(redact_value(event), args.json), flush=True)
+                print(event_line(redact_value(event, environ), args.json), flush=True)
     except KeyboardInterrupt:  # Ctrl-C is how a person stops following
         pass
     return 0

@@ -165,7 +165,7 @@ MARKED_KINDS = frozenset({
     "checkpoint_failed", "run_started", "run_finished", "stage_started", "stage_finished",
     "rollback_refused", "oscillation_detected"})
 # Up to 16 digits of milliseconds (year 2286 needs 13): a name never grows without bound.
-_SPAN_NAME = re.compile(r"\.(\d{1,16})-(\d{1,16})(\.m)?\.jsonl\Z")
+_SPAN_NAME = re.compile(r"\.([0-9]{1,16})-([0-9]{1,16})(\.m)?\.jsonl\Z")  # ASCII digits only
 _MAX_MS = 10**16 - 1
 
 
