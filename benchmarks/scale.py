@@ -87,7 +87,9 @@ class Shape:
     segments_per_run: int = 4  # continue-as-new cadence (train.segments_per_run)
     checkpoint_every: int = 40  # ten minutes of steps
     heartbeat_timeout_s: float = 10.0  # real
-    hang_floor_s: float = 10.0  # real
+    # real; twice the heartbeat timeout, as the defaults are (30 s, 60 s): a lost node is
+    # the heartbeat timeout's to see, not its stalled peers' hang watches
+    hang_floor_s: float = 20.0
     startup_s: float = 0.5  # real: a launch's start-up before its first step
     fault_boost: float = 0.0  # 0: auto
     want_faults: int = 6
@@ -523,7 +525,7 @@ def plots(results: list[dict], out: str) -> list[str]:
 def shapes(args: argparse.Namespace) -> list[Shape]:
     kinds = tuple(k for k in args.kinds.split(",") if k)
     if args.quick:
-        base = Shape(nodes=8, days=0.05, compress=60.0, want_faults=3, even=True,
+        base = Shape(nodes=8, days=0.06, compress=60.0, want_faults=3, even=True,
                      kinds=("node_lost", "rank_lost", "hang"), timeout_s=args.timeout_s or 240)
         nodes = [int(n) for n in args.nodes.split(",")] if args.nodes else [8]
         return [replace(base, nodes=n) for n in nodes]
@@ -536,7 +538,7 @@ def shapes(args: argparse.Namespace) -> list[Shape]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="8 nodes, an hour simulated, 3 faults")
+    p.add_argument("--quick", action="store_true", help="8 nodes, 1.4 hours simulated, 3 faults")
     p.add_argument("--nodes", default="", help="node counts, comma-separated (default 16,64)")
     p.add_argument("--days", type=float, default=1.0, help="simulated days of training")
     p.add_argument("--compress", type=float, default=60.0,
