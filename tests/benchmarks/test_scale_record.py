@@ -4,8 +4,9 @@ kinds and counts it claims, and its ground truth adds up."""
 from __future__ import annotations
 
 from benchmarks.scale_record import DATA_S, Shape, fault_times, write_record
+from ops.explain import explain
 from ops.goodput import from_record
-from storage.events import read_events
+from storage.events import list_batches, read_events
 from storage.spans import read_spans
 
 
@@ -36,6 +37,15 @@ def test_the_record_reads_back_as_written_and_goodput_matches_the_truth(tmp_path
     measured = from_record(events, read_spans(url, "r"))
     assert abs(measured["goodput"] - truth.goodput) / truth.goodput < 0.01
     assert sum(f["count"] for f in measured["faults"].values()) == truth.faults
+
+    # the stored spec and the windows' throughput agree on the step time, as a real run's
+    # do: explain prices a fault's replayed steps at the simulated step
+    (first,) = explain(url, "r", 1)
+    assert {f.name: f.value for f in first.figures}["step_s"] == shape.step_s
+    # each batch named with its span (storage/events.py): the faults' and milestones' marked
+    batches = list_batches(url, "r")
+    assert all(b.first is not None for b in batches)
+    assert sum(1 for b in batches if b.marked) >= 2 * truth.faults
 
 
 def test_the_fault_rate_is_llama3s_scaled_to_the_node_count():
