@@ -10,6 +10,7 @@ store and the fix, exit 1.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -76,8 +77,6 @@ class Finished:
 
 def cmd_events(args: argparse.Namespace) -> int:
     from common import telemetry
-    from ops.report import missing_run
-    from storage.events import read_events
 
     # Logs (a damaged batch's warning) to stderr: stdout carries only the events.
     telemetry.configure_logging(os.environ.get("MAINSPRING_LOG_LEVEL", "warning"))
@@ -85,22 +84,39 @@ def cmd_events(args: argparse.Namespace) -> int:
     try:
         if args.follow:
             return _follow(args, kinds)
-        events = checked_events(read_events(args.durable, args.run_id))
-        if not events:
-            raise missing_run(args.durable, args.run_id)
+        there = _print_log(args, kinds)
     except (BadConfig, StorageUnavailable) as exc:
         print(f"mainspring events: {' '.join(redact(str(exc)).split())}", file=sys.stderr)
         return 1
-    environ = secret_environ()  # read once: os.environ costs more than a line's scrub
-    for event in events:
-        if not kinds or event["kind"] in kinds:
-            print(event_line(redact_value(event, environ), args.json))
-    absent = sorted(set(kinds) - {e["kind"] for e in events})
+    absent = sorted(set(kinds) - there)
     if absent:  # a typo prints nothing at all: say what there is
-        there = ", ".join(sorted({e["kind"] for e in events}))
         print(f"mainspring events: no {printable(', '.join(absent))} events in run "
-              f"{args.run_id!r} (kinds there: {printable(there, 2000)})", file=sys.stderr)
+              f"{args.run_id!r} (kinds there: {printable(', '.join(sorted(there)), 2000)})",
+              file=sys.stderr)
     return 0
+
+
+# Events checked at once: a warning for the dropped ones per chunk, not per event.
+CHECK_CHUNK = 4096
+
+
+def _print_log(args: argparse.Namespace, kinds: tuple[str, ...]) -> set[str]:
+    """Print the run's log (of `kinds`) as it is read (storage/events.py stream_events: a
+    30-day log is never held whole); the kinds it holds. BadConfig when it holds none."""
+    from ops.report import missing_run
+    from storage.events import stream_events
+
+    environ = secret_environ()  # read once: os.environ costs more than a line's scrub
+    there: set[str] = set()
+    stream = stream_events(args.durable, args.run_id)
+    while read := list(itertools.islice(stream, CHECK_CHUNK)):
+        for event in checked_events(read):
+            there.add(event["kind"])
+            if not kinds or event["kind"] in kinds:
+                print(event_line(redact_value(event, environ), args.json))
+    if not there:
+        raise missing_run(args.durable, args.run_id)
+    return there
 
 
 def _follow(args: argparse.Namespace, kinds: tuple[str, ...]) -> int:
