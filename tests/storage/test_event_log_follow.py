@@ -16,6 +16,7 @@ from storage.events import (
     list_batches,
     load_batches,
     read_events,
+    stream_events,
     sweep,
 )
 from storage.fs import resolve
@@ -96,3 +97,14 @@ def test_older_batches_without_a_span_come_first_each_group_in_order(tmp_path):
 def test_a_group_of_no_batches_is_refused_with_the_fix():
     with pytest.raises(ValueError, match="read at least 1"):
         list(sweep([], lambda paths: [], group=0))
+
+
+def test_a_stream_of_the_log_is_read_events_answer_named_or_not(tmp_path):
+    url = str(tmp_path / "store")
+    write_hours(url, hours=8, per_batch=3, writers=3)
+    assert list(stream_events(url, "r", group=2)) == read_events(url, "r")
+    fs, root = resolve(url)
+    path = _batches(fs, f"{root}/runs/r/events")[5]  # one batch as older code named it
+    os.rename(path, os.path.join(os.path.dirname(path),
+                                 os.path.basename(path).split(".")[0] + ".jsonl"))
+    assert list(stream_events(url, "r", group=2)) == read_events(url, "r")
