@@ -42,7 +42,7 @@ DECISIONS = ("needs_attention", "oom_adapted", "lr_adjusted", "checkpoint_corrup
 # an injected fault and the fault the supervisor detected from it: at most this far apart
 CAUSE_S = 2.0
 # The kinds incidents are found and told from; each one MARKED in the batch names of the
-# event log (storage/events.py), so `explain` fetches only the batches that hold one.
+# event log (storage/event_batches.py), so `explain` fetches only the batches that hold one.
 TOLD_KINDS = ("fault", "recovered", *SPIKE_KINDS, "operator", *DECISIONS)
 # An incident's steps trained again are priced at the run's typical step time around it:
 # the train_metrics windows within this many seconds either side. A long run's throughput
@@ -525,12 +525,13 @@ def explain(durable_url: str, run_id: str, number: int | None = None) -> list[In
     """The run's incidents from its record, or only the `number`-th (BadConfig naming the
     range when it has no such one), told as `incidents` tells them.
 
-    Only what they need is fetched (storage/events.py names each batch with its span and
-    whether it holds a MARKED kind): the batches marked as holding incidents, then, where
-    the spec prices a step, those whose span meets STEP_WINDOW_S around the incident told
-    (around each, when all are: the whole log)."""
+    Only what they need is fetched (storage/event_batches.py: each batch is named with its
+    span and whether it holds a MARKED kind): the batches marked as holding incidents;
+    then, where the spec prices a step, those whose span meets STEP_WINDOW_S around the
+    incident told (around each, when all are: the whole log)."""
     from ops.store_fields import checked_events, event_problem
-    from storage.events import list_batches, load_batches, merge, select
+    from storage.event_batches import merge, select
+    from storage.events import list_batches, load_batches
     from storage.runs import stored_spec
 
     batches = list_batches(durable_url, run_id)

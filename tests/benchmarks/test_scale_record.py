@@ -42,7 +42,7 @@ def test_the_record_reads_back_as_written_and_goodput_matches_the_truth(tmp_path
     # do: explain prices a fault's replayed steps at the simulated step
     (first,) = explain(url, "r", 1)
     assert {f.name: f.value for f in first.figures}["step_s"] == shape.step_s
-    # each batch named with its span (storage/events.py): the faults' and milestones' marked
+    # each batch named with its span (storage/event_batches.py): the faults' and milestones' marked
     batches = list_batches(url, "r")
     assert all(b.first is not None for b in batches)
     assert sum(1 for b in batches if b.marked) >= 2 * truth.faults

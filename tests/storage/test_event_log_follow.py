@@ -1,4 +1,4 @@
-"""`follow`'s catch-up streams (storage/events.py `sweep`): a long log is read a group of
+"""`follow`'s catch-up streams (storage/event_batches.py `sweep`): a long log is read a group of
 batches at a time, in time order, and never held whole; each event once, as read_events
 has it."""
 
@@ -9,6 +9,7 @@ import os
 import pytest
 
 import storage.events as events_module
+from storage.event_batches import parse_batch, sweep
 from storage.events import (
     EventLog,
     _batches,
@@ -17,7 +18,6 @@ from storage.events import (
     load_batches,
     read_events,
     stream_events,
-    sweep,
 )
 from storage.fs import resolve
 
@@ -47,7 +47,7 @@ def test_a_catch_up_holds_a_group_of_batches_at_a_time_not_the_log(tmp_path):
     def load(paths: list[str]) -> list[list[dict]]:
         nonlocal held
         loads.append(len(paths))
-        batches = load_batches(url, "r", [events_module.parse_batch(p) for p in paths])
+        batches = load_batches(url, "r", [parse_batch(p) for p in paths])
         held += sum(len(b) for b in batches)
         return batches
 

@@ -1,4 +1,4 @@
-"""Event batch names (storage/events.py): each says the span of its events' times and
+"""Event batch names (storage/event_batches.py): each says the span of its events' times and
 whether it holds a MARKED kind, so a reader of a window or of incidents fetches only the
 batches it needs; a name that says nothing (older code's, or one that does not parse) is
 read by every reader, never an error."""
@@ -11,17 +11,8 @@ import os
 
 import pytest
 
-from storage.events import (
-    MARKED_KINDS,
-    Batch,
-    EventLog,
-    _batches,
-    batch_name,
-    list_batches,
-    parse_batch,
-    read_events,
-    select,
-)
+from storage.event_batches import MARKED_KINDS, Batch, batch_name, parse_batch, select
+from storage.events import EventLog, _batches, list_batches, read_events
 from storage.fs import resolve
 
 T0 = 1_700_000_000.0
