@@ -14,6 +14,7 @@ import pytest
 from storage.event_batches import MARKED_KINDS, Batch, batch_name, parse_batch, select
 from storage.events import EventLog, _batches, list_batches, read_events
 from storage.fs import resolve
+from tests.storage.ckpt_helpers import BACKENDS, durable_url
 
 T0 = 1_700_000_000.0
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -100,6 +101,18 @@ def test_a_window_read_fetches_only_the_batches_it_needs_and_old_ones(tmp_path):
     assert [e["event_id"] for e in read_events(url, "r", ("fault",))] == ["fault/2"]
     assert read_events(url, "r", since=T0 - 10, until=T0 + 1) == [
         e for e in read_events(url, "r") if e["ts"] <= T0 + 1]  # the old batch's events
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_each_store_lists_the_names_a_window_read_chooses_from(backend, tmp_path, request):
+    url = durable_url(backend, tmp_path, request)  # a local directory, real SeaweedFS S3
+    write_run(url, 4)
+    cache = str(tmp_path / "cache")
+    got = read_events(url, "r", since=T0 + 2 * 3600, until=T0 + 2 * 3600 + 1.5,
+                      cache_dir=cache)
+    assert [e["event_id"] for e in got] == ["m/2/0", "m/2/1", "fault/2"]
+    assert [n.split("-")[0] for n in os.listdir(cache)] == ["w2"]
+    assert [b.marked for b in list_batches(url, "r")] == [False, False, True, False]
 
 
 def test_a_read_of_marked_kinds_fetches_only_marked_batches(tmp_path):
