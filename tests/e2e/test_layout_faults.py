@@ -6,7 +6,7 @@ past, and the run ends with no commit lost. Real Temporal dev
 server, real workers, DeepSpeed children on gloo, two ranks: TP 2 (one replica of two
 shards) and PP 2 (one pipeline of two stages).
 
-What each fault does under data parallelism is test_lost_rank.py's, test_hung_rank.py's
+What each fault does under data parallelism is test_rank_faults.py's
 and test_spike_escalation.py's (default suite); these are their layouts' versions, about a
 minute each: soak."""
 
@@ -16,6 +16,8 @@ import pytest
 
 from storage.events import read_events
 from tests.e2e.runs import (
+    HUNG,
+    MID_SEGMENT,
     chaos_for,
     first_fault,
     newest_commit_at_or_before,
@@ -23,7 +25,6 @@ from tests.e2e.runs import (
     strike,
     tiny_spec,
 )
-from tests.e2e.test_hung_rank import HUNG, MID_SEGMENT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.soak]
 

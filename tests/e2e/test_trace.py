@@ -102,10 +102,10 @@ def assert_nested(spans: list[dict], run_id: str) -> None:
 
 # Soak: its claims are split over faster tests of the default suite, each on a run it makes
 # anyway - every fault recovered with no human action: test_demo.py (worker_lost),
-# test_drain.py (preempted), test_lost_rank.py (rank_lost), test_hung_rank.py (hang); each of
-# those faults a span event where it was seen: the same tests; one trace across every
-# process of a world-size-2 run on S3, its nesting, `mainspring trace`, --perfetto and
-# `goodput`: test_lost_rank.py; the train stage's span across continue-as-new: this file's
+# test_drain.py (preempted), test_rank_faults.py (rank_lost and hang); each of those faults
+# a span event where it was seen: the same tests; one trace across every process of a
+# world-size-2 run on S3, its nesting, `mainspring trace`, --perfetto and `goodput`:
+# test_rank_faults.py; the train stage's span across continue-as-new: this file's
 # test_a_run_started_with_the_temporal_cli_is_one_trace_and_reaches_an_otlp_receiver; the
 # rollback span event: test_demo.py.
 @pytest.mark.soak
