@@ -96,7 +96,7 @@ def run_spec(shape: Shape, run_id: str) -> dict:
     """The spec the run's claim stores: the demo preset's, at the shape's nodes and batch
     (as JSON, unchecked: a readers' benchmark needs the fields they read, not a model that
     fits 8,192 accelerators)."""
-    spec = preset("demo", run_id=run_id).to_dict()
+    spec = {**preset("demo").to_dict(), "run_id": run_id}  # `7.5d` is not a run id a spec takes
     spec["train"].update(nodes=shape.nodes, procs_per_node=PROCS_PER_NODE,
                          micro_batch_tokens=MICRO_BATCH_TOKENS, grad_accum=GRAD_ACCUM)
     return spec
