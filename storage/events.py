@@ -218,8 +218,9 @@ def stream_events(durable_url: str, run_id: str, *,
                   group: int = FOLLOW_GROUP) -> Iterator[dict]:
     """read_events' answer in its order, holding a group of batches at a time (`sweep`)
     where every batch's name gives its span; a log with one that does not (older code's)
-    is read whole first, as read_events reads it. (A damaged batch with no good line is
-    dated by its object's time, which its name does not bound: it can come out of order.)"""
+    is read whole first, as read_events reads it. (Out of order only where a name does not
+    bound its batch's times: one that lies, or a damaged batch with no good line, dated by
+    its object's time.)"""
     batches = list_batches(durable_url, run_id)
     if any(b.first is None for b in batches):
         yield from merge(load_batches(durable_url, run_id, batches))
