@@ -26,8 +26,10 @@ def test_sigterm_to_the_trainer_worker_moves_the_segment_to_another_worker_withi
     # a heartbeat timeout far above the 10 s the handover may take: a move that waited for
     # it could not pass
     spec = tiny_spec("e2e-drain", str(tmp_path / "store"), str(tmp_path / "fast"),
-                     # 4096 tokens a micro-batch: ~0.2 s steps, so the drain lands mid-segment
-                     **{"train.total_steps": 100, "train.segment_steps": 100,
+                     # 4096 tokens a micro-batch: ~0.2 s steps, so the drain lands mid-segment;
+                     # 60 steps: the strike's window (12-40) with room after it for the other
+                     # worker to train on past a scheduled commit (50)
+                     **{"train.total_steps": 60, "train.segment_steps": 60,
                         "train.checkpoint_every": 50, "train.micro_batch_tokens": 4096,
                         "sweep.enabled": False, "ops.heartbeat_timeout_s": 60.0})
     first = fleet_factory()
@@ -45,8 +47,8 @@ def test_sigterm_to_the_trainer_worker_moves_the_segment_to_another_worker_withi
     second = fleet_factory(roles=("trainer",), log_dir="logs-second")
     wait_for(lambda: b"workers_started" in open(tmp_path / "logs-second" / "worker-trainer.log",
                                                  "rb").read(), 60, "the second trainer worker")
-    # SIGTERM to the first worker while its segment is well inside (steps 12-40 of 100)
-    sigterm_at = strike(chaos, spec, "drain_worker", (0, 100), (12, 40))["ts"]
+    # SIGTERM to the first worker while its segment is well inside (steps 12-40 of 60)
+    sigterm_at = strike(chaos, spec, "drain_worker", (0, 60), (12, 40))["ts"]
     # the drained worker exits once its child has stopped at a commit
     first.procs["trainer"].wait(60)
     exited_s = time.time() - sigterm_at
@@ -67,6 +69,6 @@ def test_sigterm_to_the_trainer_worker_moves_the_segment_to_another_worker_withi
     assert started and started[0]["ts"] - sigterm_at < 10, (started, sigterm_at)
     assert exited_s < 30
     committed = CheckpointStore(spec.storage.durable, spec.run_id).list_committed()
-    assert stopped_at in committed_at_drain and committed[-1] == 100
+    assert stopped_at in committed_at_drain and committed[-1] == spec.train.total_steps
     assert set(committed_at_drain) <= set(committed)  # nothing committed was lost
     fault_span_events(spec, "preempted")  # a span event where it was seen, in the store
