@@ -73,6 +73,12 @@ from benchmarks.scale_plan import (
 
 ROOT = Path(__file__).resolve().parents[1]
 HOST_READY_S = 120.0
+# what says the orchestrator or the registry is past its limit, counted in the logs
+SIGNS = {"deadlock": "Potential deadlock detected",
+         "slow_workflow_task": "Workflow task duration exceeded",
+         "signal_limit": "exceeded workflow execution limit for signal events",
+         "announce_failed": "node_announce_failed",
+         "query_failed": "Unable to query workflow"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -195,6 +201,9 @@ class Count:
         self.marks: dict[str, float] = {}
         self.samples: dict[str, dict] = {}
         self.server_restarts: list[dict] = []
+        self.orch_log = os.path.join(svc.root, "logs", "worker-orchestrator.log")
+        self.orch_log_at = os.path.getsize(self.orch_log) if os.path.exists(self.orch_log) \
+            else 0
 
     def start_host(self) -> None:
         os.makedirs(self.root, exist_ok=True)
@@ -339,6 +348,17 @@ async def histories(client, workflow_id: str, since: float = 0.0) -> list[dict]:
     return out
 
 
+def log_signs(path: str, offset: int = 0) -> dict[str, int]:
+    """How often each of SIGNS appears in a log after `offset` bytes."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return {}
+    return {k: text.count(v) for k, v in SIGNS.items()}
+
+
 def read_truth(root: str) -> dict[str, list[dict]]:
     out: dict[str, list[dict]] = {"step": [], "launch": [], "strike": []}
     path = os.path.join(root, "truth.jsonl")
@@ -426,6 +446,8 @@ def figures(c: Count, raw: dict) -> dict:
                   "run_wall_s": run_wall, "train_wall_s": wall, "sim_days": sim_days,
                   "train_sim_days": train_sim_days, "steps_kept": true["steps_kept"],
                   "load_1m": [t0["load_1m"], t1["load_1m"]]},
+        "signs": {"orchestrator": log_signs(c.orch_log, c.orch_log_at),
+                  "node_host": log_signs(os.path.join(c.root, "host.log"))},
         "recovery": {"per_fault": recs, "by_kind": by_kind,
                      "all": {"decision_s": spread([r["decision_s"] for r in recs
                                                    if r["decision_s"] is not None]),
@@ -474,14 +496,23 @@ def run_count(svc: Services, shape: Shape) -> dict:
 
 
 def machine(results: list[dict]) -> dict:
-    """The largest count's per-node cost against this machine."""
+    """The largest count's per-node cost against this machine: the node host's, and the
+    whole harness's (host + orchestrator worker + Temporal server, all on these cores)."""
     cores, mem_mb = os.cpu_count() or 1, psutil.virtual_memory().total / 2**20
     ok = [r for r in results if "cost" in r]
     if not ok:
         return {}
-    big = max(ok, key=lambda r: r["nodes"])["cost"]["host"]
-    return {"cores": cores, "mem_mb": round(mem_mb), "from_nodes": max(r["nodes"] for r in ok),
-            **machine_limit(big["cores_per_node"], big["rss_mb_per_node"], cores, mem_mb)}
+    big = max(ok, key=lambda r: r["nodes"])
+    cost = big["cost"]
+    host = cost["host"]
+    server = cost["temporal_server"]["cpu_cores"] or 0.0
+    whole = (host["cores_per_node"] * big["hosted_nodes"] + cost["orchestrator"]["cpu_cores"]
+             + server) / big["nodes"]
+    return {"cores": cores, "mem_mb": round(mem_mb), "from_nodes": big["nodes"],
+            "host_only": machine_limit(host["cores_per_node"], host["rss_mb_per_node"], cores,
+                                       mem_mb),
+            "cores_per_node_all": whole,
+            **machine_limit(whole, host["rss_mb_per_node"], cores, mem_mb)}
 
 
 def plots(results: list[dict], out: str) -> list[str]:
@@ -531,7 +562,7 @@ def shapes(args: argparse.Namespace) -> list[Shape]:
         return [replace(base, nodes=n) for n in nodes]
     return [Shape(nodes=int(n), days=args.days, compress=args.compress, step_s=args.step_s,
                   fault_boost=args.fault_boost, want_faults=args.want_faults, kinds=kinds,
-                  settle_s=args.settle_s, polls=args.polls, seed=args.seed,
+                  settle_s=args.settle_s, even=args.even, polls=args.polls, seed=args.seed,
                   timeout_s=args.timeout_s or 3000.0)
             for n in (args.nodes or "16,64").split(",")]
 
@@ -548,6 +579,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="x Llama 3's fault rate (0: auto, enough for --want-faults)")
     p.add_argument("--want-faults", type=int, default=6)
     p.add_argument("--kinds", default=",".join(FAULT_KINDS), help="fault kinds in rotation")
+    p.add_argument("--even", action="store_true",
+                   help="--want-faults faults spread evenly, not drawn at the rate")
     p.add_argument("--settle-s", type=float, default=30.0, help="least real gap between faults")
     p.add_argument("--polls", type=int, default=1, help="activity pollers per node worker")
     p.add_argument("--seed", type=int, default=0)

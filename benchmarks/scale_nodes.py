@@ -1,7 +1,7 @@
 """Many simulated nodes in one process, for the scale harness (benchmarks/scale.py).
 
     python -m benchmarks.scale_nodes --address HOST:PORT --names n0000,n0001,... --root DIR
-        --step-s 0.25 [--startup-s 0.5] [--polls 1]
+        --step-s 0.25 [--startup-s 0.5] [--polls 1] [--per-client 16]
 
 Each node is what `mainspring worker --role trainer --node NAME` runs, less the process:
 a temporalio Worker on the node's own queue (contracts.node_queue) with the real
@@ -40,6 +40,7 @@ import contextlib
 import contextvars
 import dataclasses
 import json
+import math
 import os
 import random
 import sys
@@ -266,18 +267,24 @@ async def host(args: argparse.Namespace) -> None:
     telemetry.add_exporter(DurableSpanExporter("worker-trainer"))
     SimChild.config = SimConfig(step_s=args.step_s, startup_s=args.startup_s)
     record = SimChild.record = Record(args.root)
-    client = await connect(args.address)
-    server_watch.configure(client.service_client.config)  # as run_workers does
     nodes = {n.info.name: n for n in make_nodes(args.names.split(","), args.root, args.address)}
+    # A connection of its own for every `per_client` nodes: a node's long poll holds an
+    # HTTP/2 stream for up to a minute, and the frontend serves ~100 streams a connection;
+    # past that, polls and heartbeats queue behind each other (seen at 256 nodes on one
+    # connection: schedule-to-start and heartbeat timeouts). A real node has its own.
+    clients = [await connect(args.address)
+               for _ in range(math.ceil(len(nodes) / args.per_client))]
+    server_watch.configure(clients[0].service_client.config)  # as run_workers does
     stop = asyncio.Event()
     tasks = []
-    for node in nodes.values():
+    for i, node in enumerate(nodes.values()):
+        client = clients[i // args.per_client]
         ctx = contextvars.copy_context()
         ctx.run(_NODE.set, node)
         w = node_worker(client, node, record, args.polls)
         tasks.append(asyncio.create_task(w.run(), context=ctx))
         node.announcer = asyncio.create_task(announce(client, stop), context=ctx)
-    log.info("sim_nodes_started", nodes=len(nodes), pid=os.getpid())
+    log.info("sim_nodes_started", nodes=len(nodes), clients=len(clients), pid=os.getpid())
     with open(os.path.join(args.root, "ready"), "w") as f:
         f.write(str(os.getpid()))
     await watch(nodes, record, args.root)
@@ -291,6 +298,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--step-s", type=float, required=True, help="real seconds per step")
     p.add_argument("--startup-s", type=float, default=0.5)
     p.add_argument("--polls", type=int, default=1, help="activity pollers per node worker")
+    p.add_argument("--per-client", type=int, default=16,
+                   help="nodes sharing one client connection")
     args = p.parse_args(argv)
     from common import telemetry
 
