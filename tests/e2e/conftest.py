@@ -12,13 +12,16 @@ from ops.client import connect
 from tests.e2e import runs
 
 
-async def terminate_running(address: str, reason: str) -> list[str]:
-    """Terminate every workflow still running on the server; returns their ids. A test that
-    fails midway leaves its run going, and the next test's workers would pick it up (its
-    activities, its spans, its load)."""
+async def terminate_running(address: str, reason: str,
+                            keep: frozenset[str] = frozenset()) -> list[str]:
+    """Terminate every workflow still running on the server but those `keep` names;
+    returns their ids. A test that fails midway leaves its run going, and the next test's
+    workers would pick it up (its activities, its spans, its load)."""
     client = await connect(address)
     ended = []
     async for wf in client.list_workflows('ExecutionStatus="Running"'):
+        if wf.id in keep:
+            continue
         try:
             await client.get_workflow_handle(wf.id, run_id=wf.run_id).terminate(reason=reason)
             ended.append(wf.id)

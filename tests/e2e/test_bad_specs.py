@@ -29,10 +29,14 @@ pytestmark = pytest.mark.e2e
 REFUSED_WITHIN_S = 20.0
 
 
-@pytest.fixture
-def orchestrator(temporal_server, tmp_path):
+@pytest.fixture(scope="module")
+def orchestrator(temporal_server, tmp_path_factory):
+    """One orchestrator worker for the module's refused runs: none of them leaves
+    anything running (each test's run ids are its own), and each worker takes seconds
+    to start and stop."""
     fleet = WorkerFleet(temporal_server.address, roles=("orchestrator",),
-                        log_dir=str(tmp_path / "logs"), restart=False).start()
+                        log_dir=str(tmp_path_factory.mktemp("bad-specs") / "logs"),
+                        restart=False).start()
     yield fleet
     fleet.stop()
 

@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from common.procs import WorkerFleet
 from ops.client import connect
 from ops.services import TemporalDevServer, free_port
 from storage.checkpoints import CheckpointStore
@@ -49,22 +50,44 @@ def hosts(tmp_path_factory):
             server.stop()
 
 
-@pytest.fixture
-def cluster_fleet(hosts, fleet_factory, tmp_path):
+@pytest.fixture(scope="module")
+def cluster_workers(hosts, tmp_path_factory):
     """The orchestrator and data workers in the root namespace, one trainer worker (a
-    node) per namespace host; all on the bridge's Temporal server."""
+    node) per namespace host; all on the bridge's Temporal server. One set for the
+    module's tests: the workers of a test's runs are the same whatever the run (a killed
+    node's worker comes back by itself: restart=True), and a set takes seconds to start
+    and to register."""
     cluster, server, bridged = hosts
-    fleet_factory(roles=("orchestrator", "data"), address=server.address, log_dir="logs-root")
+    root = tmp_path_factory.mktemp("netns-workers")
+    fleets = [WorkerFleet(server.address, roles=("orchestrator", "data"),
+                          log_dir=str(root / "logs-root")).start()]
     nodes = {}
-    for i, host in enumerate(cluster.hosts):
-        nodes[f"host{i}"] = fleet_factory(
-            roles=("trainer",), address=bridged, log_dir=f"logs-host{i}", restart=True,
-            wrap=tuple(host.argv([])), env={"GLOO_SOCKET_IFNAME": host.ifname},
-            args=("--node", f"host{i}", "--node-address", host.address,
-                  "--rdzv-port", "29400", "--fast-root", str(tmp_path / f"fast-host{i}")))
+    try:
+        for i, host in enumerate(cluster.hosts):
+            nodes[f"host{i}"] = WorkerFleet(
+                bridged, roles=("trainer",), log_dir=str(root / f"logs-host{i}"), restart=True,
+                wrap=tuple(host.argv([])), env={"GLOO_SOCKET_IFNAME": host.ifname},
+                args=("--node", f"host{i}", "--node-address", host.address,
+                      "--rdzv-port", "29400", "--fast-root", str(root / f"fast-host{i}"))
+            ).start()
+            fleets.append(nodes[f"host{i}"])
+        yield server, nodes, root
+    finally:
+        for fleet in fleets:
+            fleet.stop()
+
+
+@pytest.fixture
+def cluster_fleet(cluster_workers):
+    """The module's workers, both hosts registered; what a test's runs left running is
+    terminated when it ends (the next test's workers would pick it up), the node registry
+    kept (its nodes are the module's)."""
+    from activities.contracts import NODE_REGISTRY_ID
+
+    server, nodes, root = cluster_workers
     wait_for(lambda: len(registered(server.address)) == 2, 90, "both hosts registered")
-    yield server, nodes
-    asyncio.run(terminate_running(server.address, "end of test"))
+    yield server, nodes, root
+    asyncio.run(terminate_running(server.address, "end of test", keep=frozenset({NODE_REGISTRY_ID})))
 
 
 def registered(address: str) -> list[str]:
@@ -74,13 +97,13 @@ def registered(address: str) -> list[str]:
 
 def test_multinode_a_segment_runs_across_two_namespace_hosts_and_matches_a_one_host_run_bitwise(
         cluster_fleet, fleet_factory, tmp_path):
-    server, _ = cluster_fleet
+    server, _, root = cluster_fleet
     spec = tiny_spec("e2e-netns", str(tmp_path / "store"), str(tmp_path / "fast"),
                      **SMALL, **{"train.nodes": 2, "train.procs_per_node": 1})
     result = asyncio.run(run_to_end(server.address, spec, 600))
     assert result["status"] == "completed", result
     for i in range(2):  # both ranks trained, each on its own host
-        assert node_step(tmp_path / f"fast-host{i}", spec, "000000010-000000020") == 20
+        assert node_step(root / f"fast-host{i}", spec, "000000010-000000020") == 20
     store = CheckpointStore(spec.storage.durable, spec.run_id)
     events = read_events(spec.storage.durable, spec.run_id)
     committed = sorted({e["step"] for e in events if e["kind"] == "checkpoint_committed"})
@@ -98,11 +121,11 @@ def test_multinode_a_segment_runs_across_two_namespace_hosts_and_matches_a_one_h
 
 def test_multinode_killing_one_hosts_worker_stops_the_other_host_within_the_heartbeat_timeout_and_the_run_completes(
         cluster_fleet, tmp_path):
-    server, nodes = cluster_fleet
+    server, nodes, root = cluster_fleet
     spec = tiny_spec("e2e-netns-kill", str(tmp_path / "store"), str(tmp_path / "fast"),
                      **SLOW, **{"train.nodes": 2, "train.procs_per_node": 1})
     runner, box = run_in_background(server.address, spec, 600)
-    wait_for(lambda: node_step(tmp_path / "fast-host1", spec) >= 14, 240, "host1 past step 14")
+    wait_for(lambda: node_step(root / "fast-host1", spec) >= 14, 240, "host1 past step 14")
     committed_before = CheckpointStore(spec.storage.durable, spec.run_id).list_committed()
     killed_at = time.time()
     nodes["host1"].kill("trainer")
@@ -131,7 +154,7 @@ def test_multinode_killing_one_hosts_worker_stops_the_other_host_within_the_hear
 @pytest.mark.soak
 def test_multinode_a_host_that_keeps_failing_is_set_aside_and_the_run_finishes_on_the_other_from_the_resharded_zero2_checkpoint(
         cluster_fleet, tmp_path):
-    server, _ = cluster_fleet
+    server, _, _ = cluster_fleet
     spec = elastic_spec("e2e-netns-elastic", tmp_path, "host1")
     result = asyncio.run(run_to_end(server.address, spec, 600))
     assert result["status"] == "completed", result
@@ -140,7 +163,7 @@ def test_multinode_a_host_that_keeps_failing_is_set_aside_and_the_run_finishes_o
 
 def test_multinode_registry_sees_each_host_at_its_own_address(cluster_fleet, hosts):
     cluster = hosts[0]
-    server, _ = cluster_fleet
+    server, _, _ = cluster_fleet
 
     async def nodes():
         from activities.contracts import NODE_REGISTRY_ID, NodeInfo

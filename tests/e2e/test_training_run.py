@@ -130,7 +130,7 @@ def test_sigkilled_trainer_worker_is_replaced_and_resumes_from_last_commit(
 
 
 def test_malformed_spec_fails_at_once_naming_the_field(temporal_server, fleet_factory, tmp_path):
-    fleet_factory()
+    fleet_factory(roles=("orchestrator",))  # the workflow refuses it: no activity runs
     spec = tiny_spec("e2e-bad", str(tmp_path / "store"), str(tmp_path / "fast"))
 
     async def start_raw(raw: dict) -> Exception:
@@ -152,7 +152,7 @@ def test_malformed_spec_fails_at_once_naming_the_field(temporal_server, fleet_fa
 
 def test_unreadable_corpus_fails_the_run_without_retrying(temporal_server, fleet_factory,
                                                          tmp_path):
-    fleet_factory()
+    fleet_factory(roles=("orchestrator", "data"))  # the run ends in data prep
     missing = str(tmp_path / "no-such-corpus" / "*.txt")
     spec = tiny_spec("e2e-nocorpus", str(tmp_path / "store"), str(tmp_path / "fast"),
                      **{"data.corpus": missing})
