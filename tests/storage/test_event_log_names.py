@@ -6,6 +6,7 @@ read by every reader, never an error."""
 from __future__ import annotations
 
 import ast
+import json
 import math
 import os
 
@@ -148,3 +149,26 @@ def test_readers_that_look_for_rare_kinds_across_a_run_read_marked_kinds_only():
                   == "STARTUP_EVENTS"]
     assert set(startup) <= MARKED_KINDS
     assert {"fault", "recovered"} <= MARKED_KINDS  # the supervisor's (activities/recovery.py)
+
+
+def test_a_log_of_hostile_names_is_read_whole_by_every_reader(tmp_path):
+    from ops.explain import explain
+    from storage.events import follow, stream_events
+
+    url = str(tmp_path / "store")
+    directory = tmp_path / "store" / "runs" / "r" / "events"
+    directory.mkdir(parents=True)
+    names = ["workflow-123-12345678-000001.jsonl", "w.2000-1000.jsonl",
+             "w.12345678901234567-1.jsonl", "w.1e3-2e3.jsonl", "w.\u0661-\u0662.jsonl",
+             "w.1000-2000.mm.jsonl", ".jsonl", "w.0-0.m.jsonl"]
+    for i, name in enumerate(names):
+        line = {"event_id": f"f{i}", "kind": "fault", "ts": T0 + i, "step": i,
+                "payload": {"kind": "hang"}, "run_id": "r", "writer": "x"}
+        (directory / name).write_text(json.dumps(line) + "\n")
+    every = [f"f{i}" for i in range(len(names))]
+    # the last name parses, and lies: its span [0, 0] ms does not hold its event's time
+    assert [e["event_id"] for e in read_events(url, "r")] == every
+    assert sorted(e["event_id"] for e in follow(url, "r", stop=lambda: True)) == every
+    assert sorted(e["event_id"] for e in stream_events(url, "r")) == every
+    assert [e["event_id"] for e in read_events(url, "r", ("fault",))] == every
+    assert len(explain(url, "r")) == len(names)
