@@ -258,12 +258,14 @@ def summary(events: list[dict], series: LossSeries,
     }
 
 
-def goodput_section(events: list[dict], spans: list[dict], now: float | None = None) -> dict:
+def goodput_section(events: list[dict], spans: list[dict], now: float | None = None, *,
+                    rec: dict | None = None) -> dict:
     """The report's goodput rows (ops/goodput.from_record): headline figures, where the
     run's wall time went (productive first, then each badput cause, with its share), and
     real faults per kind with their MTTR. Without spans (a run from before the trainer
-    stored them) the step time is unknown: goodput is None, not 0."""
-    rec = from_record(events, spans, now)
+    stored them) the step time is unknown: goodput is None, not 0. `rec`: from_record's
+    answer when the caller has it (over a 30-day record it costs seconds)."""
+    rec = rec if rec is not None else from_record(events, spans, now)
     wall, train = rec["wall_s"], rec["train"]
     parts = {"productive": rec["productive_s"], **rec["badput_s"]}
     known = bool(spans)
@@ -283,7 +285,8 @@ def goodput_section(events: list[dict], spans: list[dict], now: float | None = N
     }
 
 
-def plan_chart(events: list[dict], spans: list[dict]) -> PlanChart:
+def plan_chart(events: list[dict], spans: list[dict], *, rec: dict | None = None
+               ) -> PlanChart:
     """The run's training time by step against `mainspring plan --from-run`'s prediction
     from its first 10 % (ops/plan_run.py, the same code): for each window of the latest
     trajectory, the seconds from the first segment's start to it and the prediction's at
@@ -293,7 +296,7 @@ def plan_chart(events: list[dict], spans: list[dict]) -> PlanChart:
 
     try:
         span = training_span(events, spans)
-        badput = from_record(events, spans)["badput_s"]
+        badput = (rec if rec is not None else from_record(events, spans))["badput_s"]
         figures = predict(span, fault_s=sum(badput.get(c) or 0.0 for c in FAULT_CAUSES))
     except BadConfig as exc:
         return PlanChart(steps=[], actual_s=[], predicted_s=[], seen_steps=0, figures={},
@@ -372,16 +375,17 @@ def build_report(durable_url: str, run_id: str, out_dir: str, *,
     series, vals = loss_series(events), val_series(events)
     png = os.path.join(out_dir, "loss.png")
     plot_losses(png, run_id, series, vals, ordered(events))
-    tmap = training_map_of(durable_url, run_id, events, spans, spec, hourly)
+    rec = from_record(events, spans)  # one walk of the record for the map, goodput, plan
+    tmap = training_map_of(durable_url, run_id, events, spans, spec, hourly, rec=rec)
     map_png = os.path.join(out_dir, "training_map.png")
     problems = plot_map(map_png, run_id, tmap, series, vals, ordered(events))
     if problems:  # legible is the point of the picture: say so where someone will look
         log.warning("training_map_hard_to_read", run_id=run_id, problems=problems[:5])
-    goodput = goodput_section(events, spans)
+    goodput = goodput_section(events, spans, rec=rec)
     goodput["time"] = priced(goodput["time"], tmap.accelerators, hourly)
     with open(map_png, "rb") as f:
         map_b64 = base64.b64encode(f.read()).decode("ascii")
-    chart = plan_chart(events, spans)
+    chart = plan_chart(events, spans, rec=rec)
     plan_b64 = ("" if chart.note else
                 base64.b64encode(plot_plan(chart, run_id)).decode("ascii"))
     page = os.path.join(out_dir, "report.html")
@@ -400,7 +404,8 @@ def build_report(durable_url: str, run_id: str, out_dir: str, *,
 
 
 def training_map_of(durable_url: str, run_id: str, events: list[dict], spans: list[dict],
-                    spec: dict | None, price: float) -> TrainingMap:
+                    spec: dict | None, price: float, *, rec: dict | None = None
+                    ) -> TrainingMap:
     """The map's records gathered from the store: the dataset manifest's stats and each
     sweep trial's loss curve (its own event log), with the accelerators of the spec."""
     from ops.store_fields import checked_events, valid_run_id
@@ -418,7 +423,8 @@ def training_map_of(durable_url: str, run_id: str, events: list[dict], spans: li
                 read_events(durable_url, rid)))).current
             curves[rid] = [(w.last, w.mean) for w in windows if w.mean is not None]
     count, count_from = accelerators(spec, spans)
-    return training_map(events, from_record(events, spans), stats=stats, stats_source=source,
+    rec = rec if rec is not None else from_record(events, spans)
+    return training_map(events, rec, stats=stats, stats_source=source,
                         trials=trials_of(events, curves), accelerators=count,
                         accelerators_from=count_from, price=price, layout=layout_of(spec))
 
