@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 # configured for pip, then `pip install -e '.[gpu]'`. Torch must precede deepspeed.
 TORCH  ?= torch==2.13.0
 
-.PHONY: install demo lint test test-all clean
+.PHONY: install demo lint test test-fast test-all clean
 
 install: $(VENV)/.installed
 
@@ -34,6 +34,12 @@ lint: install
 test: lint
 	@t0=$$(date +%s); $(BIN)/pytest -q -m 'not soak' --durations=30; rc=$$?; \
 	echo "make test: pytest took $$(( $$(date +%s) - t0 )) s wall time (exit $$rc)"; exit $$rc
+
+# The fast tier: no test that starts a process or a service (the `process` marker, set at
+# collection by tests/conftest.py, which also fails a test here that starts one unmarked).
+test-fast: install
+	@t0=$$(date +%s); $(BIN)/pytest -q -m 'not soak and not process' --durations=10; rc=$$?; \
+	echo "make test-fast: pytest took $$(( $$(date +%s) - t0 )) s wall time (exit $$rc)"; exit $$rc
 
 test-all: install
 	@t0=$$(date +%s); $(BIN)/pytest -q -m '' --durations=30; rc=$$?; \

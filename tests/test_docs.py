@@ -35,6 +35,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.process  # it starts processes (tests/conftest.py)
+
 REPO = Path(__file__).resolve().parent.parent
 
 # Extensions a path in prose or a command block must end with to be taken for one (rule 3).

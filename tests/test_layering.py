@@ -33,6 +33,7 @@ print(",".join(heavy))
 """
 
 
+@pytest.mark.process
 def test_every_module_a_worker_loads_leaves_torch_and_deepspeed_unimported():
     out = subprocess.run([sys.executable, "-c", PROBE], cwd=REPO, capture_output=True,
                          text=True, timeout=120, check=True)

@@ -249,6 +249,7 @@ def _run_quiet(tmp_path, steps: int, then: str, limits: HangLimits) -> tuple[dic
     return json.loads(json.dumps(seen[0].to_json())), time.monotonic() - t0
 
 
+@pytest.mark.process
 def test_a_child_quiet_after_its_steps_is_hung_at_the_auto_timeout_from_its_last_line(tmp_path):
     limits = HangLimits(floor_s=1.5, factor=10.0, checkpoint_every=1000, to_step=1000)
     payload, took = _run_quiet(tmp_path, steps=5, then="stop", limits=limits)
@@ -259,6 +260,7 @@ def test_a_child_quiet_after_its_steps_is_hung_at_the_auto_timeout_from_its_last
     assert took < 10.0
 
 
+@pytest.mark.process
 def test_a_child_that_never_steps_is_hung_at_the_startup_timeout_from_its_start(tmp_path):
     limits = HangLimits(floor_s=0.2, factor=10.0, startup_s=1.0)
     payload, took = _run_quiet(tmp_path, steps=0, then="sleep", limits=limits)

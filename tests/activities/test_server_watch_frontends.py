@@ -19,6 +19,8 @@ from ops.services import free_port
 from storage.events import EventLog, read_events
 from tests.activities.grpc_frontends import Frontend
 
+pytestmark = pytest.mark.process  # it starts processes (tests/conftest.py)
+
 EVERY_S = 0.2  # probes this far apart: a test sees several in a second
 
 

@@ -74,8 +74,8 @@ def namespace_error() -> str | None:
     return None if probe.returncode == 0 else f"no PID namespace here: {probe.stderr.strip()}"
 
 
-pytestmark = pytest.mark.skipif(namespace_error() is not None,
-                                reason=str(namespace_error()))
+pytestmark = [pytest.mark.skipif(namespace_error() is not None,
+                                 reason=str(namespace_error())), pytest.mark.process]
 
 
 def in_pid_namespace(*argv: str) -> subprocess.Popen:

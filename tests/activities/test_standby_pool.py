@@ -9,8 +9,12 @@ import signal
 import threading
 import time
 
+import pytest
+
 from activities import standby
 from activities.supervise import child_env
+
+pytestmark = pytest.mark.process  # it starts processes (tests/conftest.py)
 
 
 def eventually(predicate, timeout_s: float) -> bool:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from benchmarks.gpu.parts import NOISE_FACTOR, commits, resume_verdict
 
 
@@ -33,6 +35,7 @@ def test_commits_are_read_from_progress_lines_of_type_commit_and_a_torn_last_lin
     assert commits(tmp_path / "absent.jsonl") == []
 
 
+@pytest.mark.process
 def test_commits_reads_the_commit_lines_a_real_segment_writes(tmp_path):
     # The check kills a segment once it reads a commit: if the trainer's progress format
     # drifts from what `commits` parses, the kill never comes (as a text match once did).

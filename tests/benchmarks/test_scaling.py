@@ -68,6 +68,7 @@ def test_other_runnable_groups_leave_out_our_own_process_tree():
     assert str(os.getpid()) not in other_runnable_groups(os.getpid())
 
 
+@pytest.mark.process
 def test_a_process_without_a_readable_autogroup_has_none_rather_than_failing_the_scan():
     # a process that has ended (and, on machines with autogroup off or in some
     # containers, every process) has no group to read: the scan must not fail on it

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from benchmarks.scrub import main
+
+pytestmark = pytest.mark.process  # it starts processes (tests/conftest.py)
 
 
 def test_the_scrub_benchmark_prints_its_figures_and_the_scrub_keeps_to_its_rate(capsys):

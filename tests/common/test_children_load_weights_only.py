@@ -31,6 +31,8 @@ from tests.common.proc_environ import environ_of
 from tests.trainer.helpers import REPO
 from trainer.elastic import conversion_command, conversion_env
 
+pytestmark = pytest.mark.process  # it starts processes (tests/conftest.py)
+
 PROBE = "tests.common.pickle_probe"
 
 

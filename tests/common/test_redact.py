@@ -147,6 +147,7 @@ def _python(code: str, *args: str) -> list[str]:
     return [sys.executable, "-c", code, *args]
 
 
+@pytest.mark.process
 def test_supervised_child_inherits_no_worker_secrets(tmp_path, monkeypatch):
     for name, value in {**WORKER_SECRETS, **TRAINER_NEEDS}.items():
         monkeypatch.setenv(name, value)
@@ -171,6 +172,7 @@ PRINTED = (TRAINER_NEEDS["AWS_SECRET_ACCESS_KEY"], JWT, AWS_ID, AWS_SECRET.repla
            GH, HF)
 
 
+@pytest.mark.process
 def test_hardware_fault_message_scrubs_secrets_the_child_printed(tmp_path, monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", TRAINER_NEEDS["AWS_SECRET_ACCESS_KEY"])
     with pytest.raises(HardwareFault) as info:
@@ -181,6 +183,7 @@ def test_hardware_fault_message_scrubs_secrets_the_child_printed(tmp_path, monke
     assert "step=40 loss=3.2100" in info.value.message  # the evidence itself stays
 
 
+@pytest.mark.process
 def test_error_json_message_is_scrubbed_before_it_becomes_a_failure(tmp_path):
     code = ("import json; json.dump({'type': 'BadData', 'message': 'cannot read "
             "https://u:hunter2xx@h/c.txt?token=abcdefgh12'}, open('error.json', 'w')); exit(3)")
@@ -254,6 +257,7 @@ def test_span_files_hold_no_secrets_from_attributes_events_or_status(tmp_path, m
     assert "https://***@h/x" in text and "hardware fault" in text
 
 
+@pytest.mark.process
 def test_checkpoint_writer_process_gets_the_allow_listed_environment(tmp_path, monkeypatch):
     for name, value in {**WORKER_SECRETS, **TRAINER_NEEDS}.items():
         monkeypatch.setenv(name, value)

@@ -176,6 +176,7 @@ def test_a_resumed_build_writes_the_same_index(built):
     assert index_shas(resumed) == index_shas(built["manifest"])
 
 
+@pytest.mark.process
 def test_worker_processes_write_the_same_index_as_one_process(built):
     data = dataclasses.replace(built["data"], workers=2)
     _, two, _ = prepare_dataset(data, str(built["root"] / "two"), seed=1)

@@ -47,6 +47,7 @@ def small_units(tmp_path, **kw) -> DataConfig:
     return config(corpus, unit_bytes=400, **kw)  # ~4 files per unit: 12 units
 
 
+@pytest.mark.process
 def test_crash_while_cleaning_in_worker_processes_redoes_only_the_unfinished_units(tmp_path):
     data = small_units(tmp_path, workers=2)
     store = str(tmp_path / "store")
@@ -90,6 +91,7 @@ def test_a_corrupted_work_unit_is_redone_not_trusted(tmp_path):
     assert not work.exists()  # the work dir goes once the manifest is committed
 
 
+@pytest.mark.process
 def test_worker_processes_give_the_same_dataset_as_one_process(tmp_path):
     one = small_units(tmp_path, workers=1)
     two = small_units(tmp_path, workers=2)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 import dataprep.pipeline as dataprep
 from dataprep.pipeline import prepare_dataset
 from dataprep.tokens import train_tokenizer
@@ -74,6 +76,7 @@ def test_training_heartbeats_reach_progress_during_the_tokenizer_phase(tmp_path,
     assert seen.index("split") < seen.index("tokenizer_training") < seen.index("tokenizer")
 
 
+@pytest.mark.process
 def test_one_pool_of_workers_in_their_own_sessions_serves_every_phase():
     results: dict[str, dict[int, tuple[int, int]]] = {"clean": {}, "tokenize": {}}
     jobs = {i: (_pid_and_session, ()) for i in range(6)}

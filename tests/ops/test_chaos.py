@@ -16,6 +16,8 @@ from ops.chaos import Chaos, ProcInfo, cmdline_arg, corrupt_newest, rank_pids
 from storage.checkpoints import CheckpointStore
 from tests.storage.ckpt_helpers import save, tiered
 
+pytestmark = pytest.mark.process  # it starts processes (tests/conftest.py)
+
 PY = sys.executable
 LAUNCHER = (PY, "-m", "torch.distributed.run", "--nproc_per_node=2", "-m", "trainer.segment",
             "--workdir", "/w")

@@ -57,6 +57,7 @@ def test_free_ports_stay_below_the_ephemeral_range():
     assert all(free_port(10000) + 10000 < low for _ in range(20))
 
 
+@pytest.mark.process
 def test_bench_lists_the_scoreboard_scripts_and_runs_one_by_name(capsys):
     assert main(["bench"]) == 0
     listed = {line.split()[0] for line in capsys.readouterr().out.splitlines()}

@@ -193,6 +193,7 @@ def dry_run_prelude(report: str) -> str:
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.process
 def test_the_cpu_variants_install_steps_resolve_to_the_pinned_torch_and_the_project(tmp_path):
     instrs = variant("cpu")
     venv = str(tmp_path / "venv")

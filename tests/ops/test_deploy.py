@@ -311,6 +311,7 @@ def test_pods_turn_off_service_links_so_no_service_sets_a_mainspring_variable():
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="no bash")
+@pytest.mark.process
 def test_the_slurm_script_passes_bash_n():
     proc = subprocess.run(["bash", "-n", SBATCH], capture_output=True, text=True, timeout=10)
     assert proc.returncode == 0, proc.stderr

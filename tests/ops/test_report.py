@@ -185,6 +185,7 @@ def test_report_writes_png_and_escaped_html_with_rollback_and_fault_rows(url, tm
     assert "<h2>Incidents</h2><ol><li>" in page and "rolled back at step" in page
 
 
+@pytest.mark.process
 def test_missing_run_names_the_run_the_store_and_how_to_list_runs(url, tmp_path):
     with pytest.raises(BadConfig) as err:
         build_report(url, "no-such-run", str(tmp_path / "out"))
@@ -198,6 +199,7 @@ def test_missing_run_names_the_run_the_store_and_how_to_list_runs(url, tmp_path)
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.process
 def test_cli_prints_the_paths_as_one_json_line(url, tmp_path):
     done = report_cli(RUN, "--durable", url, "--out", str(tmp_path / "o"))
     assert done.returncode == 0, done.stderr

@@ -238,6 +238,7 @@ def test_a_negative_or_non_finite_price_is_refused_naming_the_field_and_the_fix(
         assert err.value.field == "ops.accelerator_hour_price"
 
 
+@pytest.mark.process
 def test_report_cli_refuses_a_negative_price_before_writing_anything(tmp_path):
     cli = ("import argparse, sys\nfrom ops.report import register\np = argparse.ArgumentParser()"
            "\nregister(p.add_subparsers())\na = p.parse_args(sys.argv[1:])\nsys.exit(a.fn(a))")

@@ -34,6 +34,7 @@ def two_commits(durable, fast_dir) -> None:
 
 
 @pytest.mark.parametrize("victim", sorted(payload(2)))
+@pytest.mark.process
 def test_flipped_byte_in_any_durable_file_is_reported_and_resume_falls_back(
         durable, tmp_path, victim):
     two_commits(durable, tmp_path / "fast-a")
@@ -49,6 +50,7 @@ def test_flipped_byte_in_any_durable_file_is_reported_and_resume_falls_back(
     assert store.verify(1) == [] and [p.file for p in store.verify(2)] == [victim]
 
 
+@pytest.mark.process
 def test_flipped_byte_in_the_fast_copy_falls_back_to_the_durable_copy(durable, tmp_path):
     two_commits(durable, tmp_path / "fast")
     fast = CheckpointStore.local(str(tmp_path / "fast"))
@@ -76,6 +78,7 @@ store.commit(2, sys.argv[2])
 """
 
 
+@pytest.mark.process
 def test_writer_sigkilled_mid_upload_leaves_nothing_visible_and_next_save_and_resume_work(
         durable, tmp_path):
     store = CheckpointStore(durable, "r")
@@ -97,6 +100,7 @@ def test_writer_sigkilled_mid_upload_leaves_nothing_visible_and_next_save_and_re
     assert store.verify(2) == [] and store.fetch_latest(str(tmp_path / "r2")).step == 2
 
 
+@pytest.mark.process
 def test_uploader_killed_after_fast_commit_resumes_locally_and_reuploads(durable, tmp_path):
     ckpt = tiered(durable, tmp_path / "fast")
     save(ckpt, 1)
@@ -114,6 +118,7 @@ def test_uploader_killed_after_fast_commit_resumes_locally_and_reuploads(durable
     assert CheckpointStore(durable, "r").verify(2) == []
 
 
+@pytest.mark.process
 def test_disk_full_on_the_fast_tier_is_a_clear_event_and_keeps_the_last_commit(
         durable, tmp_path, small_disk):
     events = EventLog(durable, "r", "test")

@@ -19,6 +19,8 @@ from storage.checkpoints import CheckpointStore
 from storage.events import EventLog, read_events
 from tests.storage.ckpt_helpers import kinds, save, tiered
 
+pytestmark = pytest.mark.process  # it starts processes (tests/conftest.py)
+
 
 class SeaweedOutage:
     def __init__(self, tmp_path, monkeypatch) -> None:

@@ -54,6 +54,7 @@ def spawn(code: str, *args: str, **kw) -> subprocess.Popen:
                             env={**os.environ, "PYTHONPATH": os.getcwd()}, **kw)
 
 
+@pytest.mark.process
 def test_two_writer_processes_with_retries_merge_without_duplicates_in_a_stable_order(
         url, tmp_path):
     n = 40
@@ -102,6 +103,7 @@ def test_a_cached_batch_is_read_from_the_cache_and_a_new_one_from_the_store(url,
     assert len(os.listdir(cache)) == 2
 
 
+@pytest.mark.process
 def test_a_sigkilled_writer_loses_only_its_unflushed_batch(url):
     child = spawn(CRASHER, url, stdout=subprocess.PIPE)
     for line in child.stdout:  # structlog shares stdout

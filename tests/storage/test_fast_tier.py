@@ -52,6 +52,7 @@ def test_a_snapshot_whose_upload_never_finished_is_kept(tmp_path):
     assert fast.list_committed() == [20] and not fast.verify(20)
 
 
+@pytest.mark.process
 def test_the_current_run_and_runs_held_by_another_activity_are_not_touched(tmp_path):
     mine = leftover_run(tmp_path, "mine", durable_steps=[10], fast_steps=[10])
     held = leftover_run(tmp_path, "held", durable_steps=[10], fast_steps=[10])

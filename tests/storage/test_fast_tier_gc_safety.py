@@ -106,6 +106,7 @@ def test_gc_removes_only_the_parts_of_a_run_directory_it_made(tmp_path):
     assert os.listdir(os.path.dirname(directory)) == []
 
 
+@pytest.mark.process
 def test_an_activity_leasing_the_run_while_gc_visits_it_keeps_its_files_and_its_lease(
         tmp_path, monkeypatch):
     # Between the collector's lease check and its deletion (a durable listing) an activity

@@ -11,6 +11,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from storage import fast_tier
 
 FILES = 30_000  # enough cache files that removing them takes a moment to interrupt
@@ -45,6 +47,7 @@ def kill_mid_collection(root: str) -> None:
         child.wait()
 
 
+@pytest.mark.process
 def test_a_collection_removes_what_a_collector_killed_mid_way_left(tmp_path):
     root, durable = str(tmp_path / "fast"), str(tmp_path / "durable")
     old_run(root, durable)

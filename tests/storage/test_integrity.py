@@ -93,6 +93,7 @@ def test_committing_a_step_again_over_its_corrupt_manifest_replaces_it(durable, 
     assert store.verify(2) == [] and store.fetch_latest(str(tmp_path / "restore")).step == 2
 
 
+@pytest.mark.process
 def test_tiered_resume_skips_a_step_whose_manifest_is_corrupt_on_both_tiers(tmp_path):
     durable, fast_dir = str(tmp_path / "durable"), tmp_path / "fast"
     ckpt = tiered(durable, fast_dir)
@@ -112,6 +113,7 @@ def test_tiered_resume_skips_a_step_whose_manifest_is_corrupt_on_both_tiers(tmp_
     assert [(c.step, c.file) for c in corrupt] == [(2, MANIFEST)] * 2  # fast, then durable
 
 
+@pytest.mark.process
 def test_resume_from_the_fast_tier_uploads_what_it_can_past_an_older_corrupt_manifest(tmp_path):
     durable, fast = str(tmp_path / "durable"), CheckpointStore.local(str(tmp_path / "fast"))
     for step in (1, 2):  # both committed locally only (the durable tier never got them)
@@ -227,6 +229,7 @@ def test_dataset_manifest_write_is_fsynced_and_renamed_into_place(tmp_path, monk
     assert_durable(trace, os.path.join(directory, "MANIFEST.json"))
 
 
+@pytest.mark.process
 def test_dataset_manifest_write_cut_short_by_a_full_disk_leaves_no_manifest(small_disk):
     fs, directory = resolve(str(small_disk / "dataset"))
     fs.makedirs(directory, exist_ok=True)

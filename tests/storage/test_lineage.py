@@ -83,6 +83,7 @@ def roll_back_on_b(durable: str, tmp_path) -> None:
             ckpt.close()
 
 
+@pytest.mark.process
 def test_a_retry_on_a_machine_holding_an_abandoned_copy_resumes_the_rollbacks_lineage(
         url, tmp_path):
     durable = url
@@ -100,6 +101,7 @@ def test_a_retry_on_a_machine_holding_an_abandoned_copy_resumes_the_rollbacks_li
     assert 700 not in CheckpointStore.local(fast_dir(a)).list_committed()
 
 
+@pytest.mark.process
 def test_gc_does_not_keep_a_fast_copy_of_an_abandoned_lineage(url, tmp_path):
     durable = url
     a = train_on_a(durable, tmp_path)
@@ -109,6 +111,7 @@ def test_gc_does_not_keep_a_fast_copy_of_an_abandoned_lineage(url, tmp_path):
         CheckpointStore.local(fast_dir(a)).list_committed() == []
 
 
+@pytest.mark.process
 def test_a_snapshot_written_before_another_machines_rollback_is_never_uploaded(tmp_path):
     # A's segment still runs (lineage 0) when B's rollback to 500 is recorded: A's next
     # snapshot, 800, continues the abandoned trajectory and must not become a commit.
@@ -130,6 +133,7 @@ def test_a_snapshot_written_before_another_machines_rollback_is_never_uploaded(t
     assert "checkpoint_abandoned" in kinds(durable)
 
 
+@pytest.mark.process
 def test_a_rollback_cut_short_after_its_record_is_finished_by_the_next_resume(tmp_path):
     # The record is written before the uncommit: a crash in between leaves 600 and 700 of
     # the abandoned lineage committed. The next resume uncommits them and restores 500, and

@@ -58,6 +58,7 @@ def manifest_appears(store: CheckpointStore, step: int, within_s: float) -> bool
     return False
 
 
+@pytest.mark.process
 def test_a_two_node_checkpoint_commits_once_after_both_nodes_files_with_one_manifest_listing_every_rank(  # noqa: E501
         durable, tmp_path):
     node0 = gang_node(durable, tmp_path / "fast0", 0)
@@ -87,6 +88,7 @@ def test_a_two_node_checkpoint_commits_once_after_both_nodes_files_with_one_mani
     assert store.list_committed() == [STEP]
 
 
+@pytest.mark.process
 def test_node_0_does_not_commit_while_a_node_part_is_missing(tmp_path):
     node0 = gang_node(str(tmp_path / "durable"), tmp_path / "fast0", 0)
     store = node0.durable
@@ -100,6 +102,7 @@ def test_node_0_does_not_commit_while_a_node_part_is_missing(tmp_path):
     assert node0.fast.list_committed() == [STEP]  # still resumable on its own fast tier
 
 
+@pytest.mark.process
 def test_node_0_fails_the_job_naming_the_missing_node_after_the_parts_timeout(tmp_path):
     node0 = gang_node(str(tmp_path / "durable"), tmp_path / "fast0", 0, nnodes=3,
                       parts_timeout_s=0.5)
@@ -116,6 +119,7 @@ def test_node_0_fails_the_job_naming_the_missing_node_after_the_parts_timeout(tm
     assert node0.durable.latest_committed() is None
 
 
+@pytest.mark.process
 def test_a_part_from_an_earlier_launch_is_not_merged(tmp_path):
     url = str(tmp_path / "durable")
     old = write_files(tmp_path / "old", node_files(1, b"o"))
@@ -165,6 +169,7 @@ def test_a_part_of_an_already_committed_step_is_a_no_op(durable, tmp_path):
     assert store.fs.cat_file(store.part_path(STEP, 1)) == part_before
 
 
+@pytest.mark.process
 def test_a_retry_of_a_committed_step_is_not_waited_for_on_either_node(tmp_path):
     url = str(tmp_path / "durable")
     store = CheckpointStore(url, "r")
@@ -213,6 +218,7 @@ def test_parts_never_land_in_a_manifest(durable, tmp_path):
     assert not store.fs.exists(store.part_path(STEP, 1))
 
 
+@pytest.mark.process
 def test_resume_with_fast_false_fetches_the_durable_copy_even_when_the_fast_copy_verifies(
         tmp_path):
     ckpt = gang_node(str(tmp_path / "durable"), tmp_path / "fast", 0, nnodes=1, session="")

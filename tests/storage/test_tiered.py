@@ -37,6 +37,7 @@ def stall():
             os.kill(pid, signal.SIGCONT)
 
 
+@pytest.mark.process
 def test_save_returns_before_the_upload_and_commit_is_reported_only_once_durable(
         tmp_path, stall):
     ckpt = tiered(str(tmp_path / "durable"), tmp_path / "fast", max_in_flight=4)
@@ -56,6 +57,7 @@ def test_save_returns_before_the_upload_and_commit_is_reported_only_once_durable
     assert seen == [(1, True)]  # reported after, never before, the durable manifest
 
 
+@pytest.mark.process
 def test_a_slow_uploader_makes_the_loop_wait_and_says_so(tmp_path, stall):
     url = str(tmp_path / "durable")
     ckpt = tiered(url, tmp_path / "fast", max_in_flight=1, events=EventLog(url, "r", "t"))
@@ -72,6 +74,7 @@ def test_a_slow_uploader_makes_the_loop_wait_and_says_so(tmp_path, stall):
     assert back[0]["payload"]["waited_s"] >= 0.4
 
 
+@pytest.mark.process
 def test_parent_chain_follows_the_saves(tmp_path):
     ckpt = tiered(str(tmp_path / "durable"), tmp_path / "fast")
     for step in (0, 4, 8):
@@ -139,6 +142,7 @@ def test_snapshots_queued_behind_a_stuck_upload_are_resumable_from_the_fast_tier
     assert CheckpointStore(url, "r").list_committed() == [1, 2, 3]
 
 
+@pytest.mark.process
 def test_an_upload_error_that_is_not_an_outage_stops_the_writer_and_the_loop_hears_of_it(
         tmp_path):
     blocked = tmp_path / "durable"
@@ -152,6 +156,7 @@ def test_an_upload_error_that_is_not_an_outage_stops_the_writer_and_the_loop_hea
     assert ckpt.fast.list_committed() == [1]  # still resumable locally
 
 
+@pytest.mark.process
 def test_a_dead_writer_process_fails_the_next_submit_instead_of_losing_saves(tmp_path):
     ckpt = tiered(str(tmp_path / "durable"), tmp_path / "fast")
     save(ckpt, 1)
@@ -176,6 +181,7 @@ time.sleep(60)
 """
 
 
+@pytest.mark.process
 def test_the_writer_is_a_low_priority_process_that_dies_with_the_training_process(tmp_path):
     owner = subprocess.Popen([sys.executable, "-c", OWNER, str(tmp_path / "d"),
                               str(tmp_path / "f")], stdout=subprocess.PIPE, text=True,

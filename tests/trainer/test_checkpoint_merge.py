@@ -169,6 +169,7 @@ def test_export_of_a_bad_tp_shard_is_bad_data_naming_the_step_and_a_good_one_exp
     assert "mp_rank_01_model_states.pt" in err.value.problem
 
 
+@pytest.mark.process
 def test_files_the_resharding_converter_cannot_convert_are_refused_exit_3_not_a_crash(
         tmp_path):
     """Files that load weights-only but are not a checkpoint the converter reads: the same

@@ -13,6 +13,8 @@ from temporalio.exceptions import ApplicationError
 
 from activities.supervise import child_env, supervise
 
+pytestmark = pytest.mark.process  # it starts processes (tests/conftest.py)
+
 CHILD = """
 import sys
 from common import errors

@@ -14,6 +14,8 @@ import torch
 from tests.trainer.helpers import run_rank_module, tiny_spec
 from trainer.model import GPT
 
+pytestmark = pytest.mark.process  # it starts processes (tests/conftest.py)
+
 VOCAB = 64
 
 

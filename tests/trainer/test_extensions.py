@@ -24,6 +24,8 @@ from trainer.extensions import (
     remove_if_orphaned,
 )
 
+pytestmark = pytest.mark.process  # it starts processes (tests/conftest.py)
+
 # A process that takes the build lock as a rank or standby does (the trainer's patched
 # FileBaton), says so, and holds it until it is killed.
 OWNER = """

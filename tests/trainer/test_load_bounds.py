@@ -113,6 +113,7 @@ print(json.dumps({"outcome": outcome, "grew_mib": peak_mib() - before}))
 """
 
 
+@pytest.mark.process
 def test_a_deflated_member_is_refused_before_anything_is_inflated(tmp_path):
     bomb = deflated(tmp_path / MODEL, 32 * 2**20)  # 128 MiB inflated
     assert bomb.stat().st_size < 2**20

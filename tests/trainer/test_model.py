@@ -247,6 +247,7 @@ def test_activation_checkpointing_keeps_packed_rows_exact():
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(out[0][1], out[1][1]))
 
 
+@pytest.mark.process
 def test_compiled_blocks_match_eager_under_its_names_and_take_any_packed_row_in_one_graph():
     """model.compile: the blocks compiled in place (a checkpoint saved either way loads in
     the other), numbers as eager, one graph for every block; per-document attention stays

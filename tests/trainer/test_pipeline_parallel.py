@@ -230,6 +230,7 @@ def _progress(workdir: Path) -> list[dict]:
     return [ln for ln in lines if ln["type"] == "step"]
 
 
+@pytest.mark.process
 def test_a_pp2_segment_trains_one_pipeline_and_commits_each_stages_layers(tmp_path):
     """`python -m trainer.segment` with train.layout {pp: 2} on two ranks: one pipeline
     (its stages read one replica's batches), each stage's layers in their own files, the
@@ -301,6 +302,7 @@ def _assert_same_trajectory(dp: np.ndarray, pp: np.ndarray, steps: int) -> None:
     assert np.max(np.abs(dp[norms, 1] - pp[norms, 1]) / dp[norms, 1]) < 1e-4
 
 
+@pytest.mark.process
 def test_pp2_training_follows_the_one_rank_trajectory_for_20_steps_within_1e4(tmp_path):
     """The step loop's loss under PP (DeepSpeed's mean over the micro-batches and
     replicas, which every stage holds) is the same quantity as without it, step by step,

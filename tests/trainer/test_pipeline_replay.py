@@ -19,6 +19,8 @@ import torch
 from tests.trainer.helpers import REPO, VOCAB, make_dataset, tiny_spec
 from trainer.pipeline_replay import from_header, header
 
+pytestmark = pytest.mark.process  # it starts processes (tests/conftest.py)
+
 PP2 = {"train.procs_per_node": 2, "train.grad_accum": 2,
        "train.layout": {"tp": 1, "pp": 2, "zero": 0}}
 CURSORS = list(range(6))

@@ -9,8 +9,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from common.procs import WORKER_PID_ENV
 from tests.trainer.helpers import REPO
+
+pytestmark = pytest.mark.process  # it starts processes (tests/conftest.py)
 
 # The worker: a subreaper (orphans below it come to it, as they come to PID 1 in a
 # container), which starts a launcher (torchrun's or the standby's place) that starts the

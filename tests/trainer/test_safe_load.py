@@ -27,6 +27,8 @@ from trainer.model import GPT
 from trainer.safe_load import UnsafeCheckpointFile, safe_torch_load
 from trainer.state import TrainState, state_file
 
+pytestmark = pytest.mark.process  # it starts processes (tests/conftest.py)
+
 TAG = step_dir(2)
 MODEL, OPTIM = "mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt"
 

@@ -14,6 +14,8 @@ from tests.trainer.helpers import run_segment, tiny_spec, write_spec
 from trainer.optim import SkippableAdamW
 from trainer.state import TrainState, state_file
 
+pytestmark = pytest.mark.process  # it starts processes (tests/conftest.py)
+
 # Fast-learning tiny run: by step 70 the loss is ~3 nats, a random-token batch ~7.
 SPIKY = {"train.total_steps": 100, "train.segment_steps": 100, "train.lr": 0.01,
          "train.min_lr": 0.001, "train.checkpoint_every": 5, "train.eval_every": 10,

@@ -17,6 +17,8 @@ from common.protocol import CommitLine, StepLine, parse_line
 from tests.trainer.helpers import run_segment, tiny_spec, write_spec
 from trainer.step_metrics import grad_norm, memory_bytes
 
+pytestmark = pytest.mark.process  # it starts processes (tests/conftest.py)
+
 
 def test_a_two_rank_segment_reports_grad_norm_memory_overlap_and_checkpoint_timings(
         dataset_uri, tmp_path):

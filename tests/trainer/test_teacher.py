@@ -64,6 +64,7 @@ def test_the_teacher_is_the_promoted_weights_frozen_in_eval_mode(tmp_path):
     assert cost["logits_bytes"] == 2 * 32 * VOCAB * 4  # one micro-batch of fp32 logits
 
 
+@pytest.mark.process
 def test_a_pickle_payload_in_the_teachers_files_is_refused_never_run(tmp_path):
     marker = tmp_path / "pwned"
     promote_teacher(tmp_path / "store", tmp_path, payload=lambda p: plant(p, marker, "module"))

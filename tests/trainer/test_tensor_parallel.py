@@ -132,6 +132,7 @@ def test_merging_shards_concatenates_columns_by_rows_and_rows_by_columns():
 TP2 = {"train.procs_per_node": 2, "train.layout": {"tp": 2, "pp": 1, "zero": 0}}
 
 
+@pytest.mark.process
 def test_a_tp2_segment_trains_one_replica_and_commits_each_ranks_shards(tmp_path):
     """`python -m trainer.segment` with train.layout {tp: 2} on two ranks: both ranks read
     data replica 0's batches (else DeepSpeed's first-step check fails: "Data inconsistency
