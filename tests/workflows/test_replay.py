@@ -31,6 +31,11 @@ Sweep issues the commands of the older sweep fixtures, which replay unpatched.
 two TrainingRun children (the student, its no-teacher baseline), behind
 `workflow.patched("distill_stage")`; a spec without `distill` schedules no child there.
 
+`upgrade_a25d676` holds a real run's chain (tests/e2e/test_upgrade_mid_run.py, soak) that
+started on the release at a25d676 and finished on the next: its workers were all replaced
+mid-segment, after a continue-as-new, so the second history holds workflow tasks of both
+releases; it replays here on today's code.
+
 Keep every directory. Record a new one (never over an old one) when a change makes new
 histories the old fixtures do not cover, with the workflow code of that commit:
     MAINSPRING_RECORD_HISTORIES=$(git rev-parse --short HEAD) \
