@@ -43,7 +43,7 @@ def test_repeated_spikes_lower_the_lr_then_pause_until_resumed(temporal_server, 
 
     asyncio.run(_start(address, spec))
     paused = wait_for(lambda: (s := status())["stage"] == "needs_attention" and s, 480,
-                      "the run to pause in needs_attention", every_s=2.0)
+                      "the run to pause in needs_attention")
     assert "even after lowering the LR" in paused["needs_attention"]
     assert len(paused["rollback_steps"]) == 3
     assert len(paused["lr_windows"]) == 1 and paused["lr_windows"][0][2] == spec.spikes.lr_backoff
