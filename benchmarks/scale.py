@@ -190,7 +190,7 @@ class Count:
         self.svc, self.shape = svc, shape
         self.boost = fault_boost(shape.nodes, shape.days, shape.want_faults, shape.fault_boost)
         self.strikes = even_strikes(shape.want_faults, shape.comp.real_s(shape.days * DAY_S),
-                                    shape.kinds) if shape.even else draw_strikes(
+                                    shape.kinds, shape.settle_s) if shape.even else draw_strikes(
             shape.nodes, shape.days, shape.comp, self.boost, shape.kinds, shape.seed,
             shape.settle_s)
         self.spares = spares_for(self.strikes)
@@ -557,7 +557,7 @@ def plots(results: list[dict], out: str) -> list[str]:
 def shapes(args: argparse.Namespace) -> list[Shape]:
     kinds = tuple(k for k in args.kinds.split(",") if k)
     if args.quick:
-        base = Shape(nodes=8, days=0.06, compress=60.0, want_faults=3, even=True,
+        base = Shape(nodes=8, days=0.06, compress=60.0, want_faults=3, even=True, settle_s=25.0,
                      kinds=("node_lost", "rank_lost", "hang"), timeout_s=args.timeout_s or 240)
         nodes = [int(n) for n in args.nodes.split(",")] if args.nodes else [8]
         return [replace(base, nodes=n) for n in nodes]

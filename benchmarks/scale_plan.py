@@ -89,12 +89,13 @@ def draw_strikes(nodes: int, days: float, compress: Compression, boost: float,
         out.append(Strike(round(t, 3), kinds[len(out) % len(kinds)]))
 
 
-def even_strikes(count: int, span_s: float, kinds: tuple[str, ...] = FAULT_KINDS
-                 ) -> list[Strike]:
-    """Pure: `count` faults spread evenly over `span_s` real seconds, kinds in rotation (the
-    quick run: a few faults for certain, where a draw at any rate may bring none)."""
-    return [Strike(round((i + 1) * span_s / (count + 1), 3), kinds[i % len(kinds)])
-            for i in range(count)]
+def even_strikes(count: int, span_s: float, kinds: tuple[str, ...] = FAULT_KINDS,
+                 settle_s: float = 0.0) -> list[Strike]:
+    """Pure: `count` faults spread evenly over `span_s` real seconds, at least `settle_s`
+    apart, kinds in rotation (the quick run: a few faults for certain, where a draw at any
+    rate may bring none)."""
+    gap = max(span_s / (count + 1), settle_s)
+    return [Strike(round((i + 1) * gap, 3), kinds[i % len(kinds)]) for i in range(count)]
 
 
 def spares_for(strikes: list[Strike]) -> int:

@@ -66,6 +66,8 @@ def test_even_strikes_spread_over_the_span_and_every_lost_node_has_a_spare():
     assert [(s.at_s, s.kind) for s in strikes] == [(20.0, "node_lost"), (40.0, "rank_lost"),
                                                    (60.0, "node_lost")]
     assert spares_for(strikes) == 3
+    # no closer than the settle gap: a recovery is timed before the next fault
+    assert [s.at_s for s in even_strikes(3, 80.0, settle_s=25.0)] == [25.0, 50.0, 75.0]
 
 
 def test_bad_draw_inputs_name_what_is_wrong():
