@@ -16,6 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 @pytest.mark.soak
+@pytest.mark.process  # it starts the services and workers (tests/conftest.py)
 @pytest.mark.timeout(900)
 def test_quick_scale_run_recovers_every_fault_and_its_goodput_matches_the_truth(tmp_path):
     proc = subprocess.run([sys.executable, "benchmarks/scale.py", "--quick",
